@@ -1,0 +1,307 @@
+"""Scaled dot-product attention, masks, multi-head attention and the KV cache.
+
+Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V
+
+Shapes: B batch, H heads, T query length, S key length, D head width.
+One mask convention everywhere: a boolean tensor, True = "may attend", broadcastable to
+(B, H, T, S), exactly as ``torch.nn.functional.scaled_dot_product_attention``.
+A query row with nothing to attend to gives a zero output and zero weights, never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.hooks import Hook
+
+# ---------------------------------------------------------------------------------------------
+# Masks (True = may attend)
+# ---------------------------------------------------------------------------------------------
+
+
+def causal_mask(T: int, S: int | None = None, device=None) -> Tensor:
+    """(T, S) mask where query t sees keys 0 .. t + (S - T): aligned bottom-right.
+
+    With T == S this is the usual lower triangle. With T < S (decoding after a KV cache holds
+    S - T earlier tokens) the last query sees every key, as it should.
+    """
+    S = T if S is None else S
+    q_pos = torch.arange(T, device=device).unsqueeze(1) + (S - T)  # (T, 1) absolute positions
+    k_pos = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    return k_pos <= q_pos  # (T, S)
+
+
+def padding_mask(
+    lengths: Tensor | None = None,
+    ids: Tensor | None = None,
+    pad_id: int | None = None,
+    S: int | None = None,
+) -> Tensor:
+    """(B, 1, 1, S) key mask from sequence lengths, or from token ids and a pad id."""
+    if ids is not None:
+        if pad_id is None:
+            raise ValueError("padding_mask from ids needs pad_id")
+        return (ids != pad_id)[:, None, None, :]
+    if lengths is None:
+        raise ValueError("padding_mask needs lengths or ids")
+    lengths = torch.as_tensor(lengths)
+    S = int(lengths.max()) if S is None else S
+    keep = torch.arange(S, device=lengths.device)[None, :] < lengths[:, None]  # (B, S)
+    return keep[:, None, None, :]
+
+
+def combine_masks(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of every mask given (None = no constraint); broadcasting as usual."""
+    out = None
+    for m in masks:
+        if m is None:
+            continue
+        out = m if out is None else (out & m)
+    return out
+
+
+def from_hf_attention_mask(attention_mask: Tensor) -> Tensor:
+    """Hugging Face (B, S) attention_mask, 1 = keep, to our (B, 1, 1, S) boolean mask."""
+    return attention_mask.to(torch.bool)[:, None, None, :]
+
+
+def from_torch_mha_mask(mask: Tensor) -> Tensor:
+    """``nn.MultiheadAttention`` mask (bool True = blocked, or additive float) to ours.
+
+    Works for both ``attn_mask`` (T, S) and ``key_padding_mask`` (B, S); a key padding mask is
+    returned as (B, 1, 1, S) so it broadcasts over heads and queries.
+    """
+    keep = ~mask if mask.dtype == torch.bool else ~torch.isneginf(mask)
+    return keep
+
+
+def from_torch_key_padding_mask(key_padding_mask: Tensor) -> Tensor:
+    """``nn.MultiheadAttention`` key_padding_mask (B, S), True = pad, to (B, 1, 1, S)."""
+    return from_torch_mha_mask(key_padding_mask)[:, None, None, :]
+
+
+def _as_bool_mask(mask: Tensor | None) -> Tensor | None:
+    if mask is not None and mask.dtype != torch.bool:
+        raise TypeError(f"attention masks are boolean (True = may attend), got {mask.dtype}")
+    return mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Scaled dot-product attention
+# ---------------------------------------------------------------------------------------------
+
+
+def reference_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Attention written one step per line. Returns (output, weights, scaled scores).
+
+    Masked scores are filled with the dtype's most negative finite number rather than -inf, and
+    masked weights are zeroed after the softmax, so an empty row gives zeros, never NaN.
+    """
+    scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
+    scores = q @ k.transpose(-2, -1)  # (..., T, S) raw similarities Q K^T
+    scores = scores * scale  # divide by sqrt(d_k) so the softmax does not saturate
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # hide what is not allowed
+    weights = torch.softmax(scores, dim=-1)  # (..., T, S) each row sums to 1 over the keys
+    if mask is not None:
+        weights = weights.masked_fill(~mask, 0.0)  # an empty row becomes all zeros
+    attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
+    out = attn @ v  # (..., T, d_v) weighted sum of the values
+    return out, weights, scores
+
+
+def _fused_attention(q, k, v, mask, scale, dropout_p):
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+    # The fused kernels return NaN for a row with nothing to attend to: open those rows, then
+    # zero their output, so both paths agree (and the gradient through them is zero).
+    empty = ~mask.any(dim=-1, keepdim=True)  # (..., T, 1)
+    if bool(empty.any()):
+        mask = mask | empty
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        return out.masked_fill(empty, 0.0)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    dropout_p: float = 0.0,
+    scale: float | None = None,
+    return_weights: bool = False,
+):
+    """softmax(Q K^T / sqrt(d_k)) V on (..., T, d_k), (..., S, d_k), (..., S, d_v).
+
+    Returns the output (..., T, d_v), or ``(output, weights)`` with weights (..., T, S) when
+    ``return_weights``. ``causal`` adds a bottom-right aligned causal mask. Without
+    ``return_weights`` the fused ``torch`` kernel is used; with it, the step-by-step reference.
+    """
+    mask = _as_bool_mask(mask)
+    T, S = q.size(-2), k.size(-2)
+    if return_weights:
+        cm = causal_mask(T, S, device=q.device) if causal else None
+        out, weights, _ = reference_attention(q, k, v, combine_masks(mask, cm), scale, dropout_p)
+        return out, weights
+    if causal and mask is None and T == S:
+        # torch's is_causal is top-left aligned: identical to ours only when T == S.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
+    if causal:
+        mask = combine_masks(mask, causal_mask(T, S, device=q.device))
+    return _fused_attention(q, k, v, mask, scale, dropout_p)
+
+
+# ---------------------------------------------------------------------------------------------
+# KV cache
+# ---------------------------------------------------------------------------------------------
+
+
+class KVCache:
+    """Preallocated keys and values of one attention layer, for incremental decoding.
+
+    ``append(k, v)`` writes the new step(s) after what is held and returns views of everything
+    held so far, (B, H, length, D). Nothing is concatenated: the buffers are made once.
+    """
+
+    def __init__(self, batch: int, max_len: int, n_heads: int, d_k: int, d_v: int, *, dtype=None, device=None):
+        self.k = torch.zeros(batch, n_heads, max_len, d_k, dtype=dtype, device=device)
+        self.v = torch.zeros(batch, n_heads, max_len, d_v, dtype=dtype, device=device)
+        self.length = 0
+
+    @property
+    def max_len(self) -> int:
+        return self.k.size(2)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        n = k.size(2)
+        if self.length + n > self.max_len:
+            raise ValueError(f"KV cache full: holds {self.length}, adding {n}, room for {self.max_len}")
+        self.k[:, :, self.length : self.length + n] = k
+        self.v[:, :, self.length : self.length + n] = v
+        self.length += n
+        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep batch rows ``index`` (beam search)."""
+        self.k = self.k.index_select(0, index)
+        self.v = self.v.index_select(0, index)
+
+
+class StaticKV:
+    """Keys and values computed once and reused (cross-attention over an encoder's output)."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def reorder(self, index: Tensor) -> None:
+        if self.k is not None:
+            self.k = self.k.index_select(0, index)
+            self.v = self.v.index_select(0, index)
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-head attention
+# ---------------------------------------------------------------------------------------------
+
+
+class MultiHeadAttention(nn.Module):
+    """Several attention heads side by side, concatenated, then an output projection.
+
+    Q = x W_Q, K = kv W_K, V = kv W_V, split into H heads of width d_k (d_v for values);
+    each head attends independently; heads are concatenated (H * d_v) and projected by W_O
+    back to d_model. Self-attention when ``kv`` is None, cross-attention otherwise.
+
+    Recorded (see ``attnlab.hooks``): q, k, v (B, H, T|S, D), scores (B, H, T, S) scaled and
+    before the mask, weights (B, H, T, S), z (B, H, T, d_v) per-head outputs, out (B, T, C).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_k: int | None = None,
+        d_v: int | None = None,
+        bias: bool = True,
+        dropout: float = 0.0,
+        kv_dim: int | None = None,
+        rotary: nn.Module | None = None,
+    ):
+        super().__init__()
+        if d_model <= 0 or n_heads <= 0:
+            raise ValueError("d_model and n_heads must be positive")
+        if d_k is None or d_v is None:
+            if d_model % n_heads:
+                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        self.n_heads = n_heads
+        self.d_k = d_k or d_model // n_heads
+        self.d_v = d_v or d_model // n_heads
+        kv_dim = kv_dim or d_model
+        self.q_proj = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
+        self.k_proj = nn.Linear(kv_dim, n_heads * self.d_k, bias=bias)
+        self.v_proj = nn.Linear(kv_dim, n_heads * self.d_v, bias=bias)
+        self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
+        self.dropout = dropout
+        self.rotary = rotary
+        self.use_fused = True  # set False to force the reference path (conformance checks)
+        for name in ("q", "k", "v", "scores", "weights", "z", "out"):
+            setattr(self, f"hook_{name}", Hook())
+
+    def _heads(self, x: Tensor, d: int) -> Tensor:
+        B, L, _ = x.shape
+        return x.view(B, L, self.n_heads, d).transpose(1, 2)  # (B, H, L, d)
+
+    def forward(
+        self,
+        x: Tensor,
+        kv: Tensor | None = None,
+        mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | StaticKV | None = None,
+        return_weights: bool = False,
+    ):
+        """x (B, T, C); kv (B, S, kv_dim) for cross-attention. Returns out (B, T, C), and the
+        per-head weights (B, H, T, S) too when ``return_weights``."""
+        q = self._heads(self.q_proj(x), self.d_k)  # (B, H, T, d_k)
+        if isinstance(cache, StaticKV) and cache.k is not None:
+            k, v = cache.k, cache.v  # encoder keys/values computed at the first step
+        else:
+            src = x if kv is None else kv
+            k = self._heads(self.k_proj(src), self.d_k)  # (B, H, S, d_k)
+            v = self._heads(self.v_proj(src), self.d_v)  # (B, H, S, d_v)
+            if self.rotary is not None:
+                offset = cache.length if isinstance(cache, KVCache) else 0
+                q, k = self.rotary(q, offset), self.rotary(k, offset)
+            if isinstance(cache, KVCache):
+                k, v = cache.append(k, v)
+            elif isinstance(cache, StaticKV):
+                cache.k, cache.v = k, v
+        q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        T, S = q.size(2), k.size(2)
+        p = self.dropout if self.training else 0.0
+        recording = self.hook_weights.active or self.hook_scores.active
+        if return_weights or recording or not self.use_fused:
+            if causal:
+                mask = combine_masks(mask, causal_mask(T, S, device=x.device))
+            z, weights, scores = reference_attention(q, k, v, _as_bool_mask(mask), None, p)
+            self.hook_scores(scores)
+            weights = self.hook_weights(weights)
+        else:
+            z = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, dropout_p=p)
+            weights = None
+        z = self.hook_z(z)  # (B, H, T, d_v)
+        B = z.size(0)
+        out = self.hook_out(self.out_proj(z.transpose(1, 2).reshape(B, T, -1)))  # (B, T, C)
+        return (out, weights) if return_weights else out

@@ -1,0 +1,227 @@
+"""The one place that reads and writes run directories.
+
+A run directory looks like a Hugging Face model directory:
+    config.json          {"attnlab_format": 1, "model_type": "gpt", "config": {...}, ...}
+    model.safetensors    the weights (tied copies stored once)
+    tokenizer.json       see attnlab.tokenizers
+plus, for training runs, trainer_state.json, optimizer.safetensors and metrics.jsonl.
+
+Every file is written to a temporary name in the same directory, fsynced, then renamed, so a
+crash never leaves half a file. Only safetensors and JSON are ever read: nothing is unpickled.
+Loading checks every tensor's name, shape and dtype against the model the config describes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab.config import ConfigError
+from attnlab.tokenizers import Tokenizer, TokenizerError, load_tokenizer
+
+FORMAT_VERSION = 1
+
+# model_type -> "module:Class"; the class has ``config_class`` and is built as Class(config).
+MODEL_TYPES: dict[str, str] = {
+    "gpt": "attnlab.models.gpt:GPT",
+    "encoder": "attnlab.models.encoder:Encoder",
+    "seq2seq": "attnlab.models.seq2seq:Seq2SeqTransformer",
+    "rnn": "attnlab.models.rnn:RNNSeq2Seq",
+    "vit": "attnlab.models.vit:ViT",
+}
+
+PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
+
+
+class RunError(ValueError):
+    """A run directory that is missing, incomplete, corrupt or inconsistent."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic writes
+# ---------------------------------------------------------------------------------------------
+
+
+def atomic_write(path: str | Path, write) -> None:
+    """Call ``write(tmp_path)``, fsync the result, then rename it onto ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def atomic_write_json(path: str | Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a safetensors file; anything else (a pickle, a truncated file) is a RunError."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"{path}: file not found")
+    try:
+        return load_file(str(path))
+    except Exception as e:  # safetensors raises its own error types for bad headers/lengths
+        raise RunError(f"{path}: not a valid safetensors file ({_short(e)})") from None
+
+
+def _short(e: Exception) -> str:
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+def model_class(model_type: str) -> type[nn.Module]:
+    if model_type not in MODEL_TYPES:
+        raise RunError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}")
+    module, name = MODEL_TYPES[model_type].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The unwrapped model's state dict with tied copies dropped (stored once)."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    model = getattr(model, "module", model)  # DistributedDataParallel wrapper
+    sd = model.state_dict()
+    tied = getattr(model, "tied_weights_keys", ()) if getattr(model.config, "tie_weights", False) else ()
+    return {k: v for k, v in sd.items() if k not in tied}
+
+
+def check_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Every name, shape and dtype must match what the config's model expects."""
+    expected = state_dict_for_saving(model)
+    missing = sorted(set(expected) - set(tensors))
+    extra = sorted(set(tensors) - set(expected))
+    if missing:
+        raise RunError(f"{source}: does not match config.json: missing tensor {missing[0]!r}"
+                       + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))  # fmt: skip
+    if extra:
+        raise RunError(f"{source}: does not match config.json: unexpected tensor {extra[0]!r}")
+    for k, ref in expected.items():
+        t = tensors[k]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise RunError(f"{source}: does not match config.json: {k} has shape {tuple(t.shape)}, "
+                           f"config implies {tuple(ref.shape)}")  # fmt: skip
+        if t.dtype != ref.dtype:
+            raise RunError(f"{source}: {k} has dtype {t.dtype}, expected {ref.dtype}")
+
+
+def save_model(run_dir: str | Path, model: nn.Module, tokenizer: Tokenizer | None = None, extra: dict | None = None) -> None:
+    """Write config.json, model.safetensors (and tokenizer.json) into ``run_dir``."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    inner = getattr(getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model))
+    save_tensors(run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"})
+    if tokenizer is not None:
+        atomic_write_text(run_dir / "tokenizer.json", tokenizer.to_json())
+    cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type, "config": inner.config.to_dict()}
+    cfg.update(extra or {})
+    atomic_write_json(run_dir / "config.json", cfg)
+
+
+def read_run_config(run_dir: str | Path) -> dict:
+    run_dir = Path(run_dir)
+    if not run_dir.exists():
+        raise RunError(f"{run_dir}: no such run directory")
+    if run_dir.is_file():
+        if run_dir.suffix.lower() in PICKLE_SUFFIXES:
+            raise RunError(f"{run_dir}: pickle checkpoints are refused (attnlab never unpickles); "
+                           "give a run directory with model.safetensors")  # fmt: skip
+        raise RunError(f"{run_dir}: expected a run directory, got a file")
+    pickles = [p.name for p in run_dir.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES]
+    path = run_dir / "config.json"
+    if not path.is_file():
+        hint = f" (found {pickles[0]}: pickles are refused, attnlab never unpickles)" if pickles else ""
+        raise RunError(f"{run_dir}: no config.json, so this is not an attnlab run directory{hint}")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise RunError(f"{path}: expected a JSON object")
+    version = cfg.get("attnlab_format")
+    if version is None:
+        raise RunError(f"{path}: no attnlab_format version (not written by attnlab, or too old)")
+    if version != FORMAT_VERSION:
+        raise RunError(f"{path}: unknown attnlab_format {version!r}; this attnlab reads {FORMAT_VERSION}")
+    if not (run_dir / "model.safetensors").is_file():
+        hint = f" (found {pickles[0]}: pickles are refused, attnlab never unpickles)" if pickles else ""
+        raise RunError(f"{run_dir}: no model.safetensors{hint}")
+    return cfg
+
+
+def build_model(cfg: dict) -> nn.Module:
+    cls = model_class(cfg.get("model_type", ""))
+    try:
+        config = cls.config_class.from_dict(cfg.get("config", {}))
+    except (ConfigError, TypeError) as e:
+        raise RunError(f"config.json: invalid {cls.__name__} config ({e})") from None
+    return cls(config)
+
+
+def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Module:
+    run_dir = Path(run_dir)
+    cfg = read_run_config(run_dir)
+    model = build_model(cfg)
+    tensors = load_tensors(run_dir / "model.safetensors")
+    check_state_dict(model, tensors, str(run_dir / "model.safetensors"))
+    model.load_state_dict(tensors, strict=False)  # tied copies are re-tied by the constructor
+    return model.to(device).eval()
+
+
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Tokenizer | None]:
+    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode."""
+    run_dir = Path(run_dir)
+    model = load_model(run_dir, device)
+    tok_path = run_dir / "tokenizer.json"
+    tokenizer = None
+    if tok_path.is_file():
+        try:
+            tokenizer = load_tokenizer(tok_path)
+        except TokenizerError as e:
+            raise RunError(f"{tok_path}: {e}") from None
+    return model, tokenizer

@@ -1,0 +1,86 @@
+"""attnlab's command line: argument parsing only; every verb calls a library function.
+
+Results go to stdout, progress and logs to stderr. Bad input exits 2 with one line on stderr.
+Each area of verbs lives in its own module here and registers its sub-parsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+AREAS = ("train", "lm", "look", "interop", "seq2seq")
+
+
+class UsageError(ValueError):
+    """Bad input from the user: reported as one line, exit code 2."""
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exception types that mean 'bad input', reported without a traceback."""
+    from attnlab.checkpoint import RunError
+    from attnlab.config import ConfigError
+    from attnlab.tokenizers import TokenizerError
+
+    errors = [UsageError, RunError, ConfigError, TokenizerError, FileNotFoundError, IsADirectoryError,
+              NotADirectoryError, PermissionError, UnicodeDecodeError]  # fmt: skip
+    try:
+        from attnlab.data import DataError
+
+        errors.append(DataError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="attnlab",
+        description="Build, train and look inside transformers. Every verb prints its results on "
+        "stdout and its progress on stderr.",
+    )
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for area in AREAS:
+        importlib.import_module(f"attnlab.cli.{area}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        result = args.func(args)
+    except KeyboardInterrupt:
+        print("attnlab: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except user_errors() as e:
+        if os.environ.get("ATTNLAB_DEBUG"):
+            raise
+        print(f"attnlab: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # a bug: still one line, with a way to see the traceback
+        if os.environ.get("ATTNLAB_DEBUG"):
+            raise
+        print(f"attnlab: internal error: {type(e).__name__}: {_one_line(e)} "
+              "(set ATTNLAB_DEBUG=1 for the traceback)", file=sys.stderr)  # fmt: skip
+        return 1
+    return int(result or 0)
+
+
+def _one_line(e: BaseException) -> str:
+    if isinstance(e, FileNotFoundError) and e.filename:
+        return f"{e.filename}: no such file or directory"
+    if isinstance(e, PermissionError) and e.filename:
+        return f"{e.filename}: permission denied"
+    if isinstance(e, UnicodeDecodeError):
+        return f"input is not valid {e.encoding} text (pass --encoding to name its encoding)"
+    text = str(e).strip() or type(e).__name__
+    return " ".join(text.split())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Self-validating dataclass configs that round-trip through JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is out of range or inconsistent."""
+
+
+@dataclasses.dataclass
+class BaseConfig:
+    """Validate on construction; ``to_dict``/``from_dict`` and ``to_json``/``from_json``."""
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:  # overridden by each config
+        pass
+
+    def _positive(self, *names: str) -> None:
+        for name in names:
+            value = getattr(self, name)
+            if value is None or value <= 0:
+                raise ConfigError(f"{name} must be positive, got {value}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]):
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown {cls.__name__} field(s): {', '.join(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str):
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes):
+        return dataclasses.replace(self, **changes)

@@ -1,0 +1,1 @@
+"""Models built from the blocks: GPT, encoder, encoder-decoder, LSTM, ViT."""

@@ -1,0 +1,154 @@
+"""GPT: a decoder-only language model trained on next-token prediction.
+
+    ids (B, T) -> token embedding (B, T, C) + positions -> n_layer causal blocks
+               -> final LayerNorm -> LM head tied to the embedding -> logits (B, T, vocab)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.attention import KVCache
+from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.config import BaseConfig, ConfigError
+from attnlab import hooks
+from attnlab.hooks import Hook
+from attnlab.positional import POSITIONAL, Rotary
+
+POSITIONS = ("learned", "sinusoidal", "rotary")
+
+
+@dataclasses.dataclass
+class GPTConfig(BaseConfig):
+    vocab_size: int = 65
+    block_size: int = 64
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    d_ff: int | None = None  # None = 4 * d_model
+    dropout: float = 0.0
+    bias: bool = True
+    pos: str = "learned"
+    norm_first: bool = True
+    activation: str = "gelu"
+    ln_eps: float = 1e-5
+    tie_weights: bool = True
+
+    def validate(self) -> None:
+        self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
+        if self.d_ff is not None:
+            self._positive("d_ff")
+        if self.d_model % self.n_head:
+            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.pos not in POSITIONS:
+            raise ConfigError(f"pos must be one of {', '.join(POSITIONS)}, got {self.pos!r}")
+        if self.pos == "rotary" and (self.d_model // self.n_head) % 2:
+            raise ConfigError("rotary positions need an even head width (d_model / n_head)")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.ln_eps <= 0:
+            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+
+
+PRESETS: dict[str, dict] = {
+    "baby": dict(n_layer=4, n_head=4, d_model=128, block_size=64),  # nanoGPT's CPU config
+    "small": dict(n_layer=6, n_head=6, d_model=384, block_size=256),
+    "gpt2": dict(n_layer=12, n_head=12, d_model=768, block_size=1024),
+}
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer. ``forward(ids)`` returns logits (B, T, vocab)."""
+
+    config_class = GPTConfig
+    model_type = "gpt"
+    tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
+
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = c = config
+        self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
+        head_dim = c.d_model // c.n_head
+        rotary = Rotary(head_dim, c.block_size) if c.pos == "rotary" else None
+        self.pos_embed = POSITIONAL[c.pos](c.block_size, c.d_model) if c.pos in POSITIONAL else None
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(c.d_model, c.n_head, c.d_ff, c.dropout, causal=True, norm_first=c.norm_first,
+                  activation=c.activation, ln_eps=c.ln_eps, bias=c.bias, rotary=rotary)
+            for _ in range(c.n_layer)
+        )  # fmt: skip
+        self.ln_f = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
+        self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
+        if c.tie_weights:
+            self.lm_head.weight = self.tok_embed.weight
+        self.hook_embed, self.hook_pos, self.hook_ln_f, self.hook_logits = Hook(), Hook(), Hook(), Hook()
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
+            if name.endswith(("out_proj.weight", "fc2.weight")):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding and isinstance(self.pos_embed, nn.Module):
+            n -= sum(p.numel() for p in self.pos_embed.parameters())
+        return n
+
+    def new_cache(self, batch: int, max_len: int | None = None) -> list[KVCache]:
+        """One preallocated KV cache per layer, for incremental decoding."""
+        c, p = self.config, next(self.parameters())
+        max_len = max_len or c.block_size
+        hd = c.d_model // c.n_head
+        return [KVCache(batch, max_len, c.n_head, hd, hd, dtype=p.dtype, device=p.device) for _ in self.blocks]
+
+    def forward(
+        self,
+        ids: Tensor,
+        cache: list[KVCache] | None = None,
+        record: bool = False,
+        logits_to_keep: int = 0,
+    ):
+        """ids (B, T) -> logits (B, T, vocab); with ``record=True``, (logits, activation cache).
+
+        ``cache`` holds earlier positions' keys and values (see ``new_cache``); ``logits_to_keep``
+        > 0 computes logits for the last that many positions only.
+        """
+        if record:
+            with hooks.record(self) as acts:
+                logits = self.forward(ids, cache=cache, logits_to_keep=logits_to_keep)
+            return logits, acts
+        B, T = ids.shape
+        offset = cache[0].length if cache else 0
+        if offset + T > self.config.block_size:
+            raise ValueError(f"sequence of {offset + T} tokens exceeds block_size {self.config.block_size}")
+        x = self.hook_embed(self.tok_embed(ids))  # (B, T, C) one vector per token
+        if self.pos_embed is not None:
+            x = x + self.hook_pos(self.pos_embed(T, offset))  # (T, C) broadcast over the batch
+        x = self.drop(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache=cache[i] if cache else None)
+        x = self.hook_ln_f(self.ln_f(x))
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return self.hook_logits(self.lm_head(x))  # (B, T, vocab)
+
+    def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
+        """Mean cross-entropy of predicting ``targets`` (B, T) from ``ids`` (B, T)."""
+        logits = self(ids)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
+

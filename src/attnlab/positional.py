@@ -1,0 +1,74 @@
+"""Positional encodings: learned, sinusoidal (the paper's) and rotary.
+
+Attention itself is blind to order (permuting the keys permutes nothing in the weights but
+their order), so position is added to the token embeddings (learned, sinusoidal) or rotated
+into the queries and keys (rotary).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d))."""
+    pos = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(n_positions, d_model)  # (P, C)
+    table[:, 0::2] = torch.sin(pos * freq)
+    table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
+    return table
+
+
+class LearnedPositions(nn.Module):
+    """One trained vector per position (GPT-2, BERT)."""
+
+    def __init__(self, n_positions: int, d_model: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(n_positions, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, T: int, offset: int = 0) -> Tensor:
+        return self.weight[offset : offset + T]  # (T, C)
+
+
+class SinusoidalPositions(nn.Module):
+    """The fixed sin/cos table of "Attention is all you need"; nothing to train."""
+
+    def __init__(self, n_positions: int, d_model: int):
+        super().__init__()
+        self.register_buffer("table", sinusoidal_table(n_positions, d_model), persistent=False)
+
+    def forward(self, T: int, offset: int = 0) -> Tensor:
+        return self.table[offset : offset + T]  # (T, C)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (RoFormer): rotate pairs of q/k channels by position * freq.
+
+    The dot product of a rotated query and key then depends only on their relative distance.
+    Applied inside attention to (B, H, T, D) tensors; D must be even.
+    """
+
+    def __init__(self, head_dim: int, n_positions: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary positions need an even head width, got {head_dim}")
+        inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv)  # (P, D/2)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        T = x.size(-2)
+        cos = self.cos[offset : offset + T].to(x.dtype)  # (T, D/2)
+        sin = self.sin[offset : offset + T].to(x.dtype)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, D/2, 2)
+        return rotated.flatten(-2)
+
+
+POSITIONAL = {"learned": LearnedPositions, "sinusoidal": SinusoidalPositions}

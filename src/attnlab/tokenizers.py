@@ -1,0 +1,221 @@
+"""Tokenizers: text -> token ids -> text.
+
+- ``CharTokenizer``: one id per character seen in the corpus (optionally an ``<unk>``).
+- ``WordTokenizer``: regex words and punctuation, ``<unk>``, minimum frequency.
+- ``HFTokenizer``: any Hugging Face ``tokenizers`` tokenizer: byte-level BPE trained here
+  (``train_bpe``), GPT-2's BPE or BERT's WordPiece brought in by ``import-hf``.
+
+Every tokenizer has ``encode(text) -> list[int]``, ``decode(ids) -> str`` and ``vocab_size``,
+and saves to one file, ``tokenizer.json``: the Hugging Face format for HF tokenizers, and a small
+JSON object with an ``"attnlab"`` key for char and word.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+UNK = "<unk>"
+
+
+class TokenizerError(ValueError):
+    """Text that a tokenizer cannot encode, or a tokenizer file that cannot be read."""
+
+
+class Tokenizer:
+    kind = "base"
+    special_tokens: dict[str, int] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def encode(self, text: str) -> list[int]:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int]) -> str:
+        raise NotImplementedError
+
+    def tokens(self, text: str) -> list[str]:
+        """The text split into the strings of its tokens (for labelling plots and tables)."""
+        return [self.decode([i]) for i in self.encode(text)]
+
+    def to_json(self) -> str:
+        raise NotImplementedError
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+
+class CharTokenizer(Tokenizer):
+    """One token per character; the vocabulary is the sorted set of the corpus's characters."""
+
+    kind = "char"
+
+    def __init__(self, chars: Iterable[str], unk: bool = False):
+        chars = sorted(set(chars) - {UNK})
+        self.itos = ([UNK] if unk else []) + chars
+        self.stoi = {s: i for i, s in enumerate(self.itos)}
+        self.unk_id = 0 if unk else None
+
+    @classmethod
+    def from_text(cls, text: str, unk: bool = False) -> CharTokenizer:
+        return cls(set(text), unk=unk)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> list[int]:
+        stoi = self.stoi
+        try:
+            return [stoi[ch] for ch in text]
+        except KeyError:
+            if self.unk_id is not None:
+                return [stoi.get(ch, self.unk_id) for ch in text]
+            missing = sorted({ch for ch in text if ch not in stoi})
+            shown = ", ".join(repr(ch) for ch in missing[:10])
+            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+            raise TokenizerError(f"characters not in the vocabulary: {shown}{more}") from None
+
+    def decode(self, ids: Iterable[int]) -> str:
+        itos = self.itos
+        return "".join(itos[int(i)] for i in ids)
+
+    def tokens(self, text: str) -> list[str]:
+        return [self.itos[i] for i in self.encode(text)]
+
+    def to_json(self) -> str:
+        body = {"type": "char", "vocab": self.itos[1:] if self.unk_id is not None else self.itos}
+        body["unk"] = self.unk_id is not None
+        return json.dumps({"attnlab": body}, ensure_ascii=False)
+
+
+WORD_RE = re.compile(r"\w+|[^\w\s]")
+
+
+class WordTokenizer(Tokenizer):
+    """Words and punctuation marks by regex; words rarer than ``min_freq`` become ``<unk>``.
+
+    Decoding joins tokens with spaces and closes the space before punctuation, so it restores
+    ordinary prose but not every original spacing.
+    """
+
+    kind = "word"
+
+    def __init__(self, vocab: list[str]):
+        self.itos = [UNK] + [w for w in vocab if w != UNK]
+        self.stoi = {s: i for i, s in enumerate(self.itos)}
+        self.unk_id = 0
+
+    @classmethod
+    def from_text(cls, text: str, min_freq: int = 1, max_size: int | None = None) -> WordTokenizer:
+        counts = Counter(WORD_RE.findall(text))
+        words = [w for w, n in counts.most_common(max_size) if n >= min_freq]
+        return cls(sorted(words))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.stoi.get(w, 0) for w in WORD_RE.findall(text)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        text = " ".join(self.itos[int(i)] for i in ids)
+        return re.sub(r" ([^\w\s<])", r"\1", text)
+
+    def tokens(self, text: str) -> list[str]:
+        return [self.itos[i] for i in self.encode(text)]
+
+    def to_json(self) -> str:
+        return json.dumps({"attnlab": {"type": "word", "vocab": self.itos}}, ensure_ascii=False)
+
+
+class HFTokenizer(Tokenizer):
+    """A Hugging Face ``tokenizers.Tokenizer`` (byte-level BPE, WordPiece, ...)."""
+
+    kind = "hf"
+
+    def __init__(self, tok):
+        self.tok = tok
+        vocab = tok.get_vocab()
+        self.special_tokens = {t: vocab[t] for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]",
+                                                      "<|endoftext|>") if t in vocab}  # fmt: skip
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def tokens(self, text: str, add_special_tokens: bool = False) -> list[str]:
+        enc = self.tok.encode(text, add_special_tokens=add_special_tokens)
+        return [text[a:b] if b > a else t for t, (a, b) in zip(enc.tokens, enc.offsets)]
+
+    def to_json(self) -> str:
+        return self.tok.to_str()
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 512, special_tokens: list[str] | None = None) -> HFTokenizer:
+    """Byte-level BPE trained on ``texts``: decode(encode(t)) == t for any text."""
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = HFTok(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special_tokens or ["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return HFTokenizer(tok)
+
+
+def tokenizer_from_json(text: str) -> Tokenizer:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TokenizerError(f"tokenizer.json is not valid JSON ({e})") from None
+    if isinstance(data, dict) and "attnlab" in data:
+        body = data["attnlab"]
+        if body.get("type") == "char":
+            return CharTokenizer(body["vocab"], unk=body.get("unk", False))
+        if body.get("type") == "word":
+            return WordTokenizer(body["vocab"])
+        raise TokenizerError(f"unknown tokenizer type {body.get('type')!r}")
+    from tokenizers import Tokenizer as HFTok
+
+    try:
+        return HFTokenizer(HFTok.from_str(text))
+    except Exception as e:  # the Rust side raises its own exception type
+        raise TokenizerError(f"tokenizer.json could not be read ({e})") from None
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    return tokenizer_from_json(Path(path).read_text(encoding="utf-8"))
+
+
+def build_tokenizer(kind: str, text: str, vocab_size: int = 512, min_freq: int = 1, unk: bool = False) -> Tokenizer:
+    """Build a ``char``, ``word`` or ``bpe`` tokenizer from a corpus."""
+    if kind == "char":
+        return CharTokenizer.from_text(text, unk=unk)
+    if kind == "word":
+        return WordTokenizer.from_text(text, min_freq=min_freq)
+    if kind == "bpe":
+        chunk = 1 << 20
+        return train_bpe((text[i : i + chunk] for i in range(0, len(text), chunk)), vocab_size=vocab_size)
+    raise TokenizerError(f"unknown tokenizer {kind!r}; choose char, word or bpe")
