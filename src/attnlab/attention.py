@@ -112,7 +112,9 @@ def reference_attention(
     scores = q @ k.transpose(-2, -1)  # (..., T, S) raw similarities Q K^T
     scores = scores * scale  # divide by sqrt(d_k) so the softmax does not saturate
     if mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # hide what is not allowed
+        scores = scores.masked_fill(
+            ~mask, torch.finfo(scores.dtype).min
+        )  # hide what is not allowed
     weights = torch.softmax(scores, dim=-1)  # (..., T, S) each row sums to 1 over the keys
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)  # an empty row becomes all zeros
@@ -129,7 +131,9 @@ def _fused_attention(q, k, v, mask, scale, dropout_p):
     empty = ~mask.any(dim=-1, keepdim=True)  # (..., T, 1)
     if bool(empty.any()):
         mask = mask | empty
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale
+        )
         return out.masked_fill(empty, 0.0)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
 
@@ -158,7 +162,9 @@ def scaled_dot_product_attention(
         return out, weights
     if causal and mask is None and T == S:
         # torch's is_causal is top-left aligned: identical to ours only when T == S.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale)
+        return F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale
+        )
     if causal:
         mask = combine_masks(mask, causal_mask(T, S, device=q.device))
     return _fused_attention(q, k, v, mask, scale, dropout_p)
@@ -176,7 +182,9 @@ class KVCache:
     held so far, (B, H, length, D). Nothing is concatenated: the buffers are made once.
     """
 
-    def __init__(self, batch: int, max_len: int, n_heads: int, d_k: int, d_v: int, *, dtype=None, device=None):
+    def __init__(
+        self, batch: int, max_len: int, n_heads: int, d_k: int, d_v: int, *, dtype=None, device=None
+    ):
         self.k = torch.zeros(batch, n_heads, max_len, d_k, dtype=dtype, device=device)
         self.v = torch.zeros(batch, n_heads, max_len, d_v, dtype=dtype, device=device)
         self.length = 0
@@ -188,7 +196,9 @@ class KVCache:
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         n = k.size(2)
         if self.length + n > self.max_len:
-            raise ValueError(f"KV cache full: holds {self.length}, adding {n}, room for {self.max_len}")
+            raise ValueError(
+                f"KV cache full: holds {self.length}, adding {n}, room for {self.max_len}"
+            )
         self.k[:, :, self.length : self.length + n] = k
         self.v[:, :, self.length : self.length + n] = v
         self.length += n
@@ -242,9 +252,8 @@ class MultiHeadAttention(nn.Module):
         super().__init__()
         if d_model <= 0 or n_heads <= 0:
             raise ValueError("d_model and n_heads must be positive")
-        if d_k is None or d_v is None:
-            if d_model % n_heads:
-                raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+        if (d_k is None or d_v is None) and d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
         self.n_heads = n_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or d_model // n_heads

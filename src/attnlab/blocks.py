@@ -28,7 +28,9 @@ class FeedForward(nn.Module):
     def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True):
         super().__init__()
         if activation not in ACTIVATIONS:
-            raise ValueError(f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}")
+            raise ValueError(
+                f"unknown activation {activation!r}; choose from {', '.join(ACTIVATIONS)}"
+            )
         self.fc1 = nn.Linear(d_model, d_ff, bias=bias)  # C -> 4C: widen
         self.fc2 = nn.Linear(d_ff, d_model, bias=bias)  # 4C -> C: back to the residual width
         self.act = ACTIVATIONS[activation]

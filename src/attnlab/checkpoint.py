@@ -86,7 +86,9 @@ def atomic_write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
-def save_tensors(path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+def save_tensors(
+    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+) -> None:
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
@@ -127,7 +129,11 @@ def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
     model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
     model = getattr(model, "module", model)  # DistributedDataParallel wrapper
     sd = model.state_dict()
-    tied = getattr(model, "tied_weights_keys", ()) if getattr(model.config, "tie_weights", False) else ()
+    tied = (
+        getattr(model, "tied_weights_keys", ())
+        if getattr(model.config, "tie_weights", False)
+        else ()
+    )
     return {k: v for k, v in sd.items() if k not in tied}
 
 
@@ -150,15 +156,28 @@ def check_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor], source:
             raise RunError(f"{source}: {k} has dtype {t.dtype}, expected {ref.dtype}")
 
 
-def save_model(run_dir: str | Path, model: nn.Module, tokenizer: Tokenizer | None = None, extra: dict | None = None) -> None:
+def save_model(
+    run_dir: str | Path,
+    model: nn.Module,
+    tokenizer: Tokenizer | None = None,
+    extra: dict | None = None,
+) -> None:
     """Write config.json, model.safetensors (and tokenizer.json) into ``run_dir``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    inner = getattr(getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model))
-    save_tensors(run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"})
+    inner = getattr(
+        getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model)
+    )
+    save_tensors(
+        run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"}
+    )
     if tokenizer is not None:
         atomic_write_text(run_dir / "tokenizer.json", tokenizer.to_json())
-    cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type, "config": inner.config.to_dict()}
+    cfg = {
+        "attnlab_format": FORMAT_VERSION,
+        "model_type": inner.model_type,
+        "config": inner.config.to_dict(),
+    }
     cfg.update(extra or {})
     atomic_write_json(run_dir / "config.json", cfg)
 
@@ -175,7 +194,11 @@ def read_run_config(run_dir: str | Path) -> dict:
     pickles = [p.name for p in run_dir.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES]
     path = run_dir / "config.json"
     if not path.is_file():
-        hint = f" (found {pickles[0]}: pickles are refused, attnlab never unpickles)" if pickles else ""
+        hint = (
+            f" (found {pickles[0]}: pickles are refused, attnlab never unpickles)"
+            if pickles
+            else ""
+        )
         raise RunError(f"{run_dir}: no config.json, so this is not an attnlab run directory{hint}")
     try:
         cfg = json.loads(path.read_text(encoding="utf-8"))
@@ -187,9 +210,15 @@ def read_run_config(run_dir: str | Path) -> dict:
     if version is None:
         raise RunError(f"{path}: no attnlab_format version (not written by attnlab, or too old)")
     if version != FORMAT_VERSION:
-        raise RunError(f"{path}: unknown attnlab_format {version!r}; this attnlab reads {FORMAT_VERSION}")
+        raise RunError(
+            f"{path}: unknown attnlab_format {version!r}; this attnlab reads {FORMAT_VERSION}"
+        )
     if not (run_dir / "model.safetensors").is_file():
-        hint = f" (found {pickles[0]}: pickles are refused, attnlab never unpickles)" if pickles else ""
+        hint = (
+            f" (found {pickles[0]}: pickles are refused, attnlab never unpickles)"
+            if pickles
+            else ""
+        )
         raise RunError(f"{run_dir}: no model.safetensors{hint}")
     return cfg
 
@@ -213,7 +242,9 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Mo
     return model.to(device).eval()
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Tokenizer | None]:
+def load_run(
+    run_dir: str | Path, device: str | torch.device = "cpu"
+) -> tuple[nn.Module, Tokenizer | None]:
     """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode."""
     run_dir = Path(run_dir)
     model = load_model(run_dir, device)

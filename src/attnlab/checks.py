@@ -56,7 +56,9 @@ def find_future_leak(
     return LeakReport(worst > atol, worst, where if worst > atol else None)
 
 
-def find_future_leak_grad(fn: Callable[[Tensor], Tensor], x: Tensor, atol: float = 0.0) -> LeakReport:
+def find_future_leak_grad(
+    fn: Callable[[Tensor], Tensor], x: Tensor, atol: float = 0.0
+) -> LeakReport:
     """Gradient probe on a float input (B, T, C): d out[:, t] / d x[:, j] must be 0 for j > t."""
     x = x.detach().clone().requires_grad_(True)
     out = fn(x)  # (B, T, ...)

@@ -11,13 +11,16 @@ def attention_table(tokens: list[str], weights: torch.Tensor) -> str:
     """A token x token table: row = the query token, column = the key token it attends to."""
     width = max(6, *(len(t) for t in tokens)) + 1
     head = " " * width + "".join(f"{t:>{width}}" for t in tokens)
-    rows = [f"{q:>{width}}" + "".join(f"{w:>{width}.2f}" for w in row.tolist()) for q, row in zip(tokens, weights)]
+    rows = [
+        f"{q:>{width}}" + "".join(f"{w:>{width}.2f}" for w in row.tolist())
+        for q, row in zip(tokens, weights)
+    ]
     return "\n".join([head, *rows])
 
 
 def main() -> None:
     torch.manual_seed(0)
-    tokens = "I like to eat apples".split()
+    tokens = ["I", "like", "to", "eat", "apples"]
     d_model = 16
     embed = torch.nn.Embedding(len(tokens), d_model)
     x = embed(torch.arange(len(tokens)))[None]  # (1, N, M): N tokens, M = d_model

@@ -16,7 +16,9 @@ from torch import Tensor, nn
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
     """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(pos / 10000^(2i/d))."""
     pos = torch.arange(n_positions, dtype=torch.float32).unsqueeze(1)  # (P, 1)
-    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )
     table = torch.zeros(n_positions, d_model)  # (P, C)
     table[:, 0::2] = torch.sin(pos * freq)
     table[:, 1::2] = torch.cos(pos * freq[: d_model // 2])
@@ -67,7 +69,9 @@ class Rotary(nn.Module):
         cos = self.cos[offset : offset + T].to(x.dtype)  # (T, D/2)
         sin = self.sin[offset : offset + T].to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
-        rotated = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)  # (..., T, D/2, 2)
+        rotated = torch.stack(
+            (x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1
+        )  # (..., T, D/2, 2)
         return rotated.flatten(-2)
 
 

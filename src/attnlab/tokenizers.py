@@ -167,7 +167,9 @@ class HFTokenizer(Tokenizer):
         return self.tok.to_str()
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int = 512, special_tokens: list[str] | None = None) -> HFTokenizer:
+def train_bpe(
+    texts: Iterable[str], vocab_size: int = 512, special_tokens: list[str] | None = None
+) -> HFTokenizer:
     """Byte-level BPE trained on ``texts``: decode(encode(t)) == t for any text."""
     from tokenizers import Tokenizer as HFTok
     from tokenizers import decoders, models, pre_tokenizers, trainers
@@ -209,7 +211,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     return tokenizer_from_json(Path(path).read_text(encoding="utf-8"))
 
 
-def build_tokenizer(kind: str, text: str, vocab_size: int = 512, min_freq: int = 1, unk: bool = False) -> Tokenizer:
+def build_tokenizer(
+    kind: str, text: str, vocab_size: int = 512, min_freq: int = 1, unk: bool = False
+) -> Tokenizer:
     """Build a ``char``, ``word`` or ``bpe`` tokenizer from a corpus."""
     if kind == "char":
         return CharTokenizer.from_text(text, unk=unk)
@@ -217,5 +221,7 @@ def build_tokenizer(kind: str, text: str, vocab_size: int = 512, min_freq: int =
         return WordTokenizer.from_text(text, min_freq=min_freq)
     if kind == "bpe":
         chunk = 1 << 20
-        return train_bpe((text[i : i + chunk] for i in range(0, len(text), chunk)), vocab_size=vocab_size)
+        return train_bpe(
+            (text[i : i + chunk] for i in range(0, len(text), chunk)), vocab_size=vocab_size
+        )
     raise TokenizerError(f"unknown tokenizer {kind!r}; choose char, word or bpe")

@@ -30,7 +30,11 @@ def register(sub) -> None:
     p.set_defaults(func=run)
     a = p.add_argument
     a("--task", choices=sorted(TASKS), default="lm", help="what to train")
-    a("--data", required=True, help="a text file, a directory of .txt files, a built-in corpus or task")
+    a(
+        "--data",
+        required=True,
+        help="a text file, a directory of .txt files, a built-in corpus or task",
+    )
     a("--out", default=None, help="run directory to write (default runs/<data name>)")
     a("--encoding", default="utf-8", help="text encoding of the data files")
     a("--tokenizer", choices=["char", "word", "bpe"], default="char", help="tokenizer to build")
@@ -68,7 +72,12 @@ def register(sub) -> None:
     a("--quiet", action="store_true", help="no progress bar")
     # encoder-decoder
     a("--arch", choices=["transformer", "lstm-attention", "lstm"], default="transformer")
-    a("--score", choices=["dot", "general", "additive"], default="general", help="LSTM attention score")
+    a(
+        "--score",
+        choices=["dot", "general", "additive"],
+        default="general",
+        help="LSTM attention score",
+    )
     a("--label-smoothing", type=float, default=0.0)
     a("--schedule", choices=["cosine", "noam"], default="cosine", help="learning-rate schedule")
     a("--src-tokenizer", choices=["char", "word", "bpe"], default=None, help="seq2seq TSV source")

@@ -1,7 +1,7 @@
 """GPT: a decoder-only language model trained on next-token prediction.
 
-    ids (B, T) -> token embedding (B, T, C) + positions -> n_layer causal blocks
-               -> final LayerNorm -> LM head tied to the embedding -> logits (B, T, vocab)
+ids (B, T) -> token embedding (B, T, C) + positions -> n_layer causal blocks
+           -> final LayerNorm -> LM head tied to the embedding -> logits (B, T, vocab)
 """
 
 from __future__ import annotations
@@ -9,14 +9,13 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab import hooks
 from attnlab.attention import KVCache
 from attnlab.blocks import ACTIVATIONS, Block
 from attnlab.config import BaseConfig, ConfigError
-from attnlab import hooks
 from attnlab.hooks import Hook
 from attnlab.positional import POSITIONAL, Rotary
 
@@ -44,7 +43,9 @@ class GPTConfig(BaseConfig):
         if self.d_ff is not None:
             self._positive("d_ff")
         if self.d_model % self.n_head:
-            raise ConfigError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+            raise ConfigError(
+                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
+            )
         if self.pos not in POSITIONS:
             raise ConfigError(f"pos must be one of {', '.join(POSITIONS)}, got {self.pos!r}")
         if self.pos == "rotary" and (self.d_model // self.n_head) % 2:
@@ -84,11 +85,18 @@ class GPT(nn.Module):
                   activation=c.activation, ln_eps=c.ln_eps, bias=c.bias, rotary=rotary)
             for _ in range(c.n_layer)
         )  # fmt: skip
-        self.ln_f = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
+        self.ln_f = (
+            nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
+        )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
             self.lm_head.weight = self.tok_embed.weight
-        self.hook_embed, self.hook_pos, self.hook_ln_f, self.hook_logits = Hook(), Hook(), Hook(), Hook()
+        self.hook_embed, self.hook_pos, self.hook_ln_f, self.hook_logits = (
+            Hook(),
+            Hook(),
+            Hook(),
+            Hook(),
+        )
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
             if name.endswith(("out_proj.weight", "fc2.weight")):
@@ -114,7 +122,10 @@ class GPT(nn.Module):
         c, p = self.config, next(self.parameters())
         max_len = max_len or c.block_size
         hd = c.d_model // c.n_head
-        return [KVCache(batch, max_len, c.n_head, hd, hd, dtype=p.dtype, device=p.device) for _ in self.blocks]
+        return [
+            KVCache(batch, max_len, c.n_head, hd, hd, dtype=p.dtype, device=p.device)
+            for _ in self.blocks
+        ]
 
     def forward(
         self,
@@ -135,7 +146,9 @@ class GPT(nn.Module):
         B, T = ids.shape
         offset = cache[0].length if cache else 0
         if offset + T > self.config.block_size:
-            raise ValueError(f"sequence of {offset + T} tokens exceeds block_size {self.config.block_size}")
+            raise ValueError(
+                f"sequence of {offset + T} tokens exceeds block_size {self.config.block_size}"
+            )
         x = self.hook_embed(self.tok_embed(ids))  # (B, T, C) one vector per token
         if self.pos_embed is not None:
             x = x + self.hook_pos(self.pos_embed(T, offset))  # (T, C) broadcast over the batch
@@ -150,5 +163,6 @@ class GPT(nn.Module):
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ``targets`` (B, T) from ``ids`` (B, T)."""
         logits = self(ids)
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1)
-
+        return F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
+        )
