@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LINTED := $(wildcard src tests benchmarks examples)
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: setup demo test test-fast lint format bench clean
@@ -21,8 +22,8 @@ demo: $(STAMP)
 	$(BIN)/python -m attnlab.demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q
@@ -31,8 +32,8 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not slow and not browser"
 
 format: $(STAMP)
-	$(BIN)/ruff format src tests benchmarks examples
-	$(BIN)/ruff check --fix src tests benchmarks examples
+	$(BIN)/ruff format $(LINTED)
+	$(BIN)/ruff check --fix $(LINTED)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
