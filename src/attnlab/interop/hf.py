@@ -90,8 +90,10 @@ def weight_files(hf_dir: str | Path) -> list[Path]:
         return [hf_dir / s for s in shards]
     pickles = sorted(p.name for p in hf_dir.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
     if pickles:
-        raise RunError(f"{hf_dir}: only pickle weights ({pickles[0]}); attnlab never unpickles. "
-                       "Convert them to model.safetensors first")  # fmt: skip
+        raise RunError(
+            f"{hf_dir}: only pickle weights ({pickles[0]}); attnlab never unpickles. "
+            "Convert them to model.safetensors first"
+        )
     raise RunError(f"{hf_dir}: no model.safetensors")
 
 
@@ -116,8 +118,10 @@ def _get(cfg: dict, *names, default=None):
 def _activation(cfg: dict, key: str) -> str:
     act = cfg.get(key, "gelu")
     if act not in HF_ACTIVATIONS:
-        raise RunError(f"config.json: activation {act!r} is not supported; "
-                       f"supported: {', '.join(HF_ACTIVATIONS)}")  # fmt: skip
+        raise RunError(
+            f"config.json: activation {act!r} is not supported; "
+            f"supported: {', '.join(HF_ACTIVATIONS)}"
+        )
     return HF_ACTIVATIONS[act]
 
 
@@ -164,8 +168,10 @@ def apply_key_map(
     for o, h, how in key_map:
         t = _convert(how, tensors[h])
         if tuple(t.shape) != tuple(ours[o].shape):
-            raise RunError(f"{source}: {h} gives {o} the shape {tuple(t.shape)}, "
-                           f"config.json implies {tuple(ours[o].shape)}")  # fmt: skip
+            raise RunError(
+                f"{source}: {h} gives {o} the shape {tuple(t.shape)}, "
+                f"config.json implies {tuple(ours[o].shape)}"
+            )
         new[o] = t.to(ours[o].dtype).contiguous()
     assert len(new) == len(ours) == len(key_map), "every attnlab tensor is filled exactly once"
     model.load_state_dict(new, strict=False)  # tied copies follow their source
@@ -182,8 +188,11 @@ def _tied_names(model) -> tuple[str, ...]:
 
 def gpt2_config(hf: dict) -> GPTConfig:
     """attnlab GPTConfig for a Hugging Face GPT-2 config.json."""
-    for key, ok in (("scale_attn_by_inverse_layer_idx", False), ("add_cross_attention", False),
-                    ("scale_attn_weights", True)):  # fmt: skip
+    for key, ok in (
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("add_cross_attention", False),
+        ("scale_attn_weights", True),
+    ):
         if hf.get(key, ok) != ok:
             raise RunError(f"config.json: GPT-2 with {key}={hf[key]} is not supported")
     try:
@@ -224,8 +233,11 @@ def gpt2_key_map(config: GPTConfig) -> KeyMap:
                 (f"{ours}attn.{j}_proj.weight", f"{theirs}attn.c_attn.weight", f"conv1d_{j}")
             )
             rows.append((f"{ours}attn.{j}_proj.bias", f"{theirs}attn.c_attn.bias", f"qkv_bias_{j}"))
-        for lin_ours, lin_theirs in (("attn.out_proj", "attn.c_proj"), ("mlp.fc1", "mlp.c_fc"),
-                                     ("mlp.fc2", "mlp.c_proj")):  # fmt: skip
+        for lin_ours, lin_theirs in (
+            ("attn.out_proj", "attn.c_proj"),
+            ("mlp.fc1", "mlp.c_fc"),
+            ("mlp.fc2", "mlp.c_proj"),
+        ):
             rows.append((f"{ours}{lin_ours}.weight", f"{theirs}{lin_theirs}.weight", "conv1d"))
             rows.append((f"{ours}{lin_ours}.bias", f"{theirs}{lin_theirs}.bias", "copy"))
     rows += [("ln_f.weight", "ln_f.weight", "copy"), ("ln_f.bias", "ln_f.bias", "copy")]
@@ -322,8 +334,10 @@ def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads."""
     model, tokenizer = load_run(run_dir)
     if not isinstance(model, GPT):
-        raise RunError(f"{run_dir}: export-hf writes GPT-2 directories; this run holds a "
-                       f"{type(model).__name__}")  # fmt: skip
+        raise RunError(
+            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
+            f"holds a model of type {model.model_type!r}"
+        )
     hf = gpt2_hf_config(model.config, tokenizer)
     hf["attnlab"] = {
         "exported_from": str(Path(run_dir).resolve()),
@@ -357,8 +371,10 @@ BERT_PREFIXES = ("bert.",)
 def bert_config(hf: dict, tensors: dict[str, Tensor]) -> EncoderConfig:
     """EncoderConfig for a BERT config.json; the heads follow the tensors present."""
     if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise RunError(f"config.json: position_embedding_type={hf['position_embedding_type']!r} "
-                       "is not supported (absolute only)")  # fmt: skip
+        raise RunError(
+            f"config.json: position_embedding_type={hf['position_embedding_type']!r} "
+            "is not supported (absolute only)"
+        )
     if hf.get("is_decoder"):
         raise RunError("config.json: BERT as a decoder (is_decoder=true) is not supported")
     num_labels = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
@@ -396,10 +412,16 @@ def bert_key_map(config: EncoderConfig) -> KeyMap:
     ]
     if config.type_vocab_size:
         rows.append(("type_embed.weight", "embeddings.token_type_embeddings.weight", "copy"))
-    pairs = [("attn.q_proj", "attention.self.query"), ("attn.k_proj", "attention.self.key"),
-             ("attn.v_proj", "attention.self.value"), ("attn.out_proj", "attention.output.dense"),
-             ("ln1", "attention.output.LayerNorm"), ("mlp.fc1", "intermediate.dense"),
-             ("mlp.fc2", "output.dense"), ("ln2", "output.LayerNorm")]  # fmt: skip
+    pairs = [
+        ("attn.q_proj", "attention.self.query"),
+        ("attn.k_proj", "attention.self.key"),
+        ("attn.v_proj", "attention.self.value"),
+        ("attn.out_proj", "attention.output.dense"),
+        ("ln1", "attention.output.LayerNorm"),
+        ("mlp.fc1", "intermediate.dense"),
+        ("mlp.fc2", "output.dense"),
+        ("ln2", "output.LayerNorm"),
+    ]
     for i in range(config.n_layer):
         for ours, theirs in pairs:
             for p in ("weight", "bias"):
@@ -452,8 +474,10 @@ def _bert_skippable(tensors: dict[str, Tensor], config: EncoderConfig) -> set[st
     dec = tensors.get("cls.predictions.decoder.weight")
     if dec is not None and config.tie_weights:
         if not torch.equal(dec, tensors["embeddings.word_embeddings.weight"]):
-            raise RunError("cls.predictions.decoder.weight differs from the word embeddings "
-                           "but config.json says they are tied")  # fmt: skip
+            raise RunError(
+                "cls.predictions.decoder.weight differs from the word embeddings "
+                "but config.json says they are tied"
+            )
         skip.add("cls.predictions.decoder.weight")
     return skip
 
@@ -545,16 +569,19 @@ def load_hf(hf_dir: str | Path):
     """(model, tokenizer, provenance) for a HF GPT-2 or BERT directory, in eval mode."""
     hf_dir = Path(hf_dir)
     hf = read_hf_config(hf_dir)
+    files = weight_files(hf_dir)  # refuses a directory of pickles before anything else
     kind = hf.get("model_type")
     if kind not in LOADERS:
-        raise RunError(f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports "
-                       f"{', '.join(LOADERS)}")  # fmt: skip
+        raise RunError(
+            f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports {', '.join(LOADERS)}"
+        )
     model = LOADERS[kind](hf_dir, hf)
     tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
-        raise RunError(f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
-                       f"only {model.config.vocab_size}")  # fmt: skip
-    files = weight_files(hf_dir)
+        raise RunError(
+            f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
+            f"only {model.config.vocab_size}"
+        )
     digest = hashlib.sha256()
     for f in files:
         with open(f, "rb") as fh:

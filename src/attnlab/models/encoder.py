@@ -119,10 +119,19 @@ class Encoder(nn.Module):
         )
         self.drop = nn.Dropout(c.dropout)
         self.blocks = nn.ModuleList(
-            Block(c.d_model, c.n_head, c.d_ff, c.dropout, causal=False, norm_first=c.norm_first,
-                  activation=c.activation, ln_eps=c.ln_eps, bias=c.bias)
+            Block(
+                c.d_model,
+                c.n_head,
+                c.d_ff,
+                c.dropout,
+                causal=False,
+                norm_first=c.norm_first,
+                activation=c.activation,
+                ln_eps=c.ln_eps,
+                bias=c.bias,
+            )
             for _ in range(c.n_layer)
-        )  # fmt: skip
+        )
         self.ln_f = (
             nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
         )
@@ -213,8 +222,11 @@ class Encoder(nn.Module):
         logits = self.mlm_logits(ids, attention_mask)
         if not bool((labels != IGNORE_INDEX).any()):
             return logits.sum() * 0.0  # nothing selected in this batch: a zero that has a gradient
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1),
-                               ignore_index=IGNORE_INDEX)  # fmt: skip
+        return F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(),
+            labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+        )
 
     @torch.no_grad()
     def embed(
