@@ -402,7 +402,7 @@ def bert_config(hf: dict, tensors: dict[str, Tensor]) -> EncoderConfig:
         raise RunError(f"config.json: {e}") from None
 
 
-def bert_key_map(config: EncoderConfig) -> KeyMap:
+def bert_key_map(config: EncoderConfig, decoder_bias: str = "cls.predictions.bias") -> KeyMap:
     """(attnlab name, HF BERT name without 'bert.', how) for every attnlab tensor."""
     rows: KeyMap = [
         ("tok_embed.weight", "embeddings.word_embeddings.weight", "copy"),
@@ -434,7 +434,7 @@ def bert_key_map(config: EncoderConfig) -> KeyMap:
             ("mlm.dense", "cls.predictions.transform.dense"),
             ("mlm.ln", "cls.predictions.transform.LayerNorm"),
         ]
-        rows.append(("mlm.decoder.bias", "cls.predictions.bias", "copy"))
+        rows.append(("mlm.decoder.bias", decoder_bias, "copy"))
         if not config.tie_weights:
             rows.append(("mlm.decoder.weight", "cls.predictions.decoder.weight", "copy"))
     if config.num_labels:
@@ -468,9 +468,11 @@ def _bert_skippable(tensors: dict[str, Tensor], config: EncoderConfig) -> set[st
     skip |= {k for k in tensors if k.startswith("cls.seq_relationship.")}  # next-sentence head
     bias = tensors.get("cls.predictions.decoder.bias")
     if bias is not None and "cls.predictions.bias" in tensors:
-        if not torch.equal(bias, tensors["cls.predictions.bias"]):
+        # HF's forward adds decoder.bias; cls.predictions.bias is its tied twin (always in 4.x,
+        # with tied embeddings in 5.x) or, untied, a parameter nothing reads.
+        if config.tie_weights and not torch.equal(bias, tensors["cls.predictions.bias"]):
             raise RunError("cls.predictions.decoder.bias differs from cls.predictions.bias")
-        skip.add("cls.predictions.decoder.bias")
+        skip.add("cls.predictions.bias")
     dec = tensors.get("cls.predictions.decoder.weight")
     if dec is not None and config.tie_weights:
         if not torch.equal(dec, tensors["embeddings.word_embeddings.weight"]):
@@ -487,9 +489,10 @@ def load_bert(hf_dir: str | Path, hf: dict | None = None) -> Encoder:
     tensors = _bert_tensors(read_hf_weights(hf_dir))
     config = bert_config(hf, tensors)
     model = Encoder(config)
-    apply_key_map(
-        model, tensors, bert_key_map(config), _bert_skippable(tensors, config), str(hf_dir)
-    )
+    dec_bias = "cls.predictions.decoder.bias"  # what HF's forward adds, when the file has it
+    dec_bias = dec_bias if dec_bias in tensors else "cls.predictions.bias"
+    key_map = bert_key_map(config, decoder_bias=dec_bias)
+    apply_key_map(model, tensors, key_map, _bert_skippable(tensors, config), str(hf_dir))
     return model.eval()
 
 
