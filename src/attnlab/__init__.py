@@ -13,6 +13,7 @@ from attnlab.attention import (
 )
 from attnlab.checkpoint import load_run
 from attnlab.hooks import ActivationCache, record
+from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import CharTokenizer, WordTokenizer, load_tokenizer
 
@@ -22,6 +23,8 @@ __all__ = [
     "GPT",
     "ActivationCache",
     "CharTokenizer",
+    "Encoder",
+    "EncoderConfig",
     "GPTConfig",
     "KVCache",
     "MultiHeadAttention",

@@ -145,22 +145,30 @@ class HFTokenizer(Tokenizer):
         vocab = tok.get_vocab()
         self.special_tokens = {t: vocab[t] for t in ("[CLS]", "[SEP]", "[MASK]", "[PAD]", "[UNK]",
                                                       "<|endoftext|>") if t in vocab}  # fmt: skip
+        # A tokenizer whose post-processor adds tokens (BERT's [CLS] ... [SEP]) adds them by
+        # default, because the model was trained on inputs framed that way; GPT-2's adds none.
+        post = tok.post_processor
+        self.add_special_tokens = post is not None and post.num_special_tokens_to_add(False) > 0
 
     @property
     def vocab_size(self) -> int:
         return self.tok.get_vocab_size()
 
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
+    def _special(self, add_special_tokens: bool | None) -> bool:
+        return self.add_special_tokens if add_special_tokens is None else add_special_tokens
 
-    def encode_batch(self, texts: list[str], add_special_tokens: bool = False) -> list[list[int]]:
-        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=add_special_tokens)]
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=self._special(add_special_tokens)).ids
+
+    def encode_batch(self, texts: list[str], add_special_tokens: bool | None = None):
+        special = self._special(add_special_tokens)
+        return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=special)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
-    def tokens(self, text: str, add_special_tokens: bool = False) -> list[str]:
-        enc = self.tok.encode(text, add_special_tokens=add_special_tokens)
+    def tokens(self, text: str, add_special_tokens: bool | None = None) -> list[str]:
+        enc = self.tok.encode(text, add_special_tokens=self._special(add_special_tokens))
         return [text[a:b] if b > a else t for t, (a, b) in zip(enc.tokens, enc.offsets)]
 
     def to_json(self) -> str:

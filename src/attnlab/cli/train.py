@@ -37,7 +37,12 @@ def register(sub) -> None:
     )
     a("--out", default=None, help="run directory to write (default runs/<data name>)")
     a("--encoding", default="utf-8", help="text encoding of the data files")
-    a("--tokenizer", choices=["char", "word", "bpe"], default="char", help="tokenizer to build")
+    a(
+        "--tokenizer",
+        choices=["char", "word", "bpe", "wordpiece"],
+        default="char",
+        help="tokenizer to build (wordpiece: encoder tasks only)",
+    )
     a("--vocab-size", type=int, default=512, help="BPE vocabulary size")
     a("--min-freq", type=int, default=1, help="word tokenizer: rarer words become <unk>")
     a("--preset", default="baby", help="model size preset: baby, small, gpt2")

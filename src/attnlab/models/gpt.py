@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.attention import KVCache
+from attnlab.attention import KVCache, from_hf_attention_mask
 from attnlab.blocks import ACTIVATIONS, Block
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
@@ -133,15 +133,18 @@ class GPT(nn.Module):
         cache: list[KVCache] | None = None,
         record: bool = False,
         logits_to_keep: int = 0,
+        attention_mask: Tensor | None = None,
     ):
         """ids (B, T) -> logits (B, T, vocab); with ``record=True``, (logits, activation cache).
 
         ``cache`` holds earlier positions' keys and values (see ``new_cache``); ``logits_to_keep``
-        > 0 computes logits for the last that many positions only.
+        > 0 computes logits for the last that many positions only. ``attention_mask`` (B, S) is
+        Hugging Face's padding mask over all S = cached + new positions, 1 = real token.
         """
         if record:
             with hooks.record(self) as acts:
-                logits = self.forward(ids, cache=cache, logits_to_keep=logits_to_keep)
+                logits = self.forward(ids, cache=cache, logits_to_keep=logits_to_keep,
+                                      attention_mask=attention_mask)  # fmt: skip
             return logits, acts
         B, T = ids.shape
         offset = cache[0].length if cache else 0
@@ -153,8 +156,9 @@ class GPT(nn.Module):
         if self.pos_embed is not None:
             x = x + self.hook_pos(self.pos_embed(T, offset))  # (T, C) broadcast over the batch
         x = self.drop(x)
+        mask = None if attention_mask is None else from_hf_attention_mask(attention_mask)
         for i, block in enumerate(self.blocks):
-            x = block(x, cache=cache[i] if cache else None)
+            x = block(x, mask=mask, cache=cache[i] if cache else None)
         x = self.hook_ln_f(self.ln_f(x))
         if logits_to_keep:
             x = x[:, -logits_to_keep:]

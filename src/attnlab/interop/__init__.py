@@ -1,0 +1,1 @@
+"""Bridges to other libraries' model formats (Hugging Face)."""

@@ -1,0 +1,642 @@
+"""Hugging Face GPT-2 and BERT weights in, GPT-2 weights out.
+
+A Hugging Face model directory holds config.json, model.safetensors (or shards listed in
+model.safetensors.index.json) and a tokenizer (tokenizer.json, or vocab.txt / vocab.json +
+merges.txt). Only safetensors are read: a directory offering only pickles (pytorch_model.bin,
+*.pt) is refused, never unpickled.
+
+Weights move through an explicit key map, one row per attnlab tensor: (our name, HF name, how).
+Every HF tensor must be used exactly once (known buffers and tied copies are named and skipped),
+every attnlab tensor filled exactly once, and every shape must agree; anything else is a RunError.
+
+GPT-2 stores its linear layers as ``Conv1D`` modules whose weight is (in, out), the transpose of
+``nn.Linear``'s (out, in); its query, key and value projections are one (C, 3C) matrix ``c_attn``.
+The key map names both: ``conv1d`` (transpose) and ``conv1d_q/k/v`` (third of c_attn, transposed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from attnlab import __version__ as ATTNLAB_VERSION
+from attnlab.checkpoint import (
+    PICKLE_SUFFIXES,
+    RunError,
+    atomic_write_json,
+    atomic_write_text,
+    load_run,
+    load_tensors,
+    save_model,
+    save_tensors,
+)
+from attnlab.config import ConfigError
+from attnlab.models.encoder import Encoder, EncoderConfig
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.tokenizers import HFTokenizer, Tokenizer, TokenizerError, tokenizer_from_json
+
+# HF activation name -> ours
+HF_ACTIVATIONS = {
+    "gelu": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "relu": "relu",
+}
+GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # ours -> HF
+ATTNLAB_TOKENIZER = "attnlab_tokenizer.json"  # a char/word tokenizer kept beside an exported model
+
+KeyMap = list[tuple[str, str, str]]  # (attnlab name, HF name, how)
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a Hugging Face directory
+# ---------------------------------------------------------------------------------------------
+
+
+def read_hf_config(hf_dir: str | Path) -> dict:
+    hf_dir = Path(hf_dir)
+    if not hf_dir.is_dir():
+        raise RunError(f"{hf_dir}: not a directory (expected a Hugging Face model directory)")
+    path = hf_dir / "config.json"
+    if not path.is_file():
+        raise RunError(f"{hf_dir}: no config.json, so this is not a Hugging Face model directory")
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise RunError(f"{path}: expected a JSON object")
+    return cfg
+
+
+def weight_files(hf_dir: str | Path) -> list[Path]:
+    """The safetensors files of a directory; pickles alone are refused."""
+    hf_dir = Path(hf_dir)
+    single = hf_dir / "model.safetensors"
+    index = hf_dir / "model.safetensors.index.json"
+    if single.is_file():
+        return [single]
+    if index.is_file():
+        try:
+            shards = sorted(
+                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+            )
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise RunError(f"{index}: not a valid safetensors index ({e})") from None
+        return [hf_dir / s for s in shards]
+    pickles = sorted(p.name for p in hf_dir.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
+    if pickles:
+        raise RunError(
+            f"{hf_dir}: only pickle weights ({pickles[0]}); attnlab never unpickles. "
+            "Convert them to model.safetensors first"
+        )
+    raise RunError(f"{hf_dir}: no model.safetensors")
+
+
+def read_hf_weights(hf_dir: str | Path) -> dict[str, Tensor]:
+    tensors: dict[str, Tensor] = {}
+    for f in weight_files(hf_dir):
+        tensors.update(load_tensors(f))
+    return tensors
+
+
+def _strip_prefix(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
+    return {k.removeprefix(prefix): v for k, v in tensors.items()}
+
+
+def _get(cfg: dict, *names, default=None):
+    for n in names:
+        if cfg.get(n) is not None:
+            return cfg[n]
+    return default
+
+
+def _activation(cfg: dict, key: str) -> str:
+    act = cfg.get(key, "gelu")
+    if act not in HF_ACTIVATIONS:
+        raise RunError(
+            f"config.json: activation {act!r} is not supported; "
+            f"supported: {', '.join(HF_ACTIVATIONS)}"
+        )
+    return HF_ACTIVATIONS[act]
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying a key map
+# ---------------------------------------------------------------------------------------------
+
+
+def _convert(how: str, t: Tensor) -> Tensor:
+    """One HF tensor -> one attnlab tensor."""
+    if how == "copy":
+        return t
+    if how == "conv1d":  # Conv1D (in, out) -> Linear (out, in)
+        return t.t()
+    if how.startswith("conv1d_"):  # c_attn (C, 3C): q | k | v side by side, then transpose
+        return t.chunk(3, dim=-1)["qkv".index(how[-1])].t()
+    if how.startswith("qkv_bias_"):  # c_attn bias (3C,): q | k | v
+        return t.chunk(3)["qkv".index(how[-1])]
+    raise ValueError(f"unknown conversion {how!r}")
+
+
+def apply_key_map(
+    model: torch.nn.Module, tensors: dict[str, Tensor], key_map: KeyMap, skip: set[str], source: str
+) -> None:
+    """Fill ``model`` from ``tensors`` through ``key_map``, asserting counts and shapes."""
+    ours = {k: v for k, v in model.state_dict().items() if k not in _tied_names(model)}
+    mapped = {o for o, _, _ in key_map}
+    if mapped != set(ours):
+        missing = sorted(set(ours) - mapped) or sorted(mapped - set(ours))
+        raise RunError(f"{source}: key map and model disagree on {missing[0]!r}")
+    used = {h for _, h, _ in key_map}
+    absent = sorted(used - set(tensors))
+    if absent:
+        raise RunError(
+            f"{source}: missing tensor {absent[0]!r}"
+            + (f" and {len(absent) - 1} more" if len(absent) > 1 else "")
+        )
+    unused = sorted(set(tensors) - used - skip)
+    if unused:
+        raise RunError(
+            f"{source}: unexpected tensor {unused[0]!r} (a model variant attnlab does not build)"
+        )
+    new = {}
+    for o, h, how in key_map:
+        t = _convert(how, tensors[h])
+        if tuple(t.shape) != tuple(ours[o].shape):
+            raise RunError(
+                f"{source}: {h} gives {o} the shape {tuple(t.shape)}, "
+                f"config.json implies {tuple(ours[o].shape)}"
+            )
+        new[o] = t.to(ours[o].dtype).contiguous()
+    assert len(new) == len(ours) == len(key_map), "every attnlab tensor is filled exactly once"
+    model.load_state_dict(new, strict=False)  # tied copies follow their source
+
+
+def _tied_names(model) -> tuple[str, ...]:
+    return tuple(model.tied_weights_keys) if getattr(model.config, "tie_weights", False) else ()
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-2
+# ---------------------------------------------------------------------------------------------
+
+
+def gpt2_config(hf: dict) -> GPTConfig:
+    """attnlab GPTConfig for a Hugging Face GPT-2 config.json."""
+    for key, ok in (
+        ("scale_attn_by_inverse_layer_idx", False),
+        ("add_cross_attention", False),
+        ("scale_attn_weights", True),
+    ):
+        if hf.get(key, ok) != ok:
+            raise RunError(f"config.json: GPT-2 with {key}={hf[key]} is not supported")
+    try:
+        return GPTConfig(
+            vocab_size=hf["vocab_size"],
+            block_size=_get(hf, "n_positions", "n_ctx", default=1024),
+            n_layer=hf["n_layer"],
+            n_head=hf["n_head"],
+            d_model=hf["n_embd"],
+            d_ff=hf.get("n_inner"),
+            dropout=float(hf.get("resid_pdrop", 0.1)),
+            bias=True,
+            pos="learned",
+            norm_first=True,
+            activation=_activation(hf, "activation_function"),
+            ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
+            tie_weights=bool(hf.get("tie_word_embeddings", True)),
+        )
+    except KeyError as e:
+        raise RunError(f"config.json: GPT-2 config has no {e.args[0]!r}") from None
+    except ConfigError as e:
+        raise RunError(f"config.json: {e}") from None
+
+
+def gpt2_key_map(config: GPTConfig) -> KeyMap:
+    """(attnlab name, HF GPT-2 name without 'transformer.', how) for every attnlab tensor."""
+    rows: KeyMap = [
+        ("tok_embed.weight", "wte.weight", "copy"),
+        ("pos_embed.weight", "wpe.weight", "copy"),
+    ]
+    for i in range(config.n_layer):
+        ours, theirs = f"blocks.{i}.", f"h.{i}."
+        for ln_ours, ln_theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            for p in ("weight", "bias"):
+                rows.append((f"{ours}{ln_ours}.{p}", f"{theirs}{ln_theirs}.{p}", "copy"))
+        for j in "qkv":
+            rows.append(
+                (f"{ours}attn.{j}_proj.weight", f"{theirs}attn.c_attn.weight", f"conv1d_{j}")
+            )
+            rows.append((f"{ours}attn.{j}_proj.bias", f"{theirs}attn.c_attn.bias", f"qkv_bias_{j}"))
+        for lin_ours, lin_theirs in (
+            ("attn.out_proj", "attn.c_proj"),
+            ("mlp.fc1", "mlp.c_fc"),
+            ("mlp.fc2", "mlp.c_proj"),
+        ):
+            rows.append((f"{ours}{lin_ours}.weight", f"{theirs}{lin_theirs}.weight", "conv1d"))
+            rows.append((f"{ours}{lin_ours}.bias", f"{theirs}{lin_theirs}.bias", "copy"))
+    rows += [("ln_f.weight", "ln_f.weight", "copy"), ("ln_f.bias", "ln_f.bias", "copy")]
+    if not config.tie_weights:
+        rows.append(("lm_head.weight", "lm_head.weight", "copy"))
+    return rows
+
+
+def _gpt2_skippable(tensors: dict[str, Tensor], config: GPTConfig) -> set[str]:
+    """Buffers older GPT-2 files carry (the causal mask) and the tied LM head copy."""
+    skip = {
+        k
+        for k in tensors
+        if k.endswith((".attn.bias", ".attn.masked_bias")) and tensors[k].dim() != 1
+    }
+    if config.tie_weights and "lm_head.weight" in tensors:
+        if not torch.equal(tensors["lm_head.weight"], tensors["wte.weight"]):
+            raise RunError(
+                "lm_head.weight differs from wte.weight but config.json says they are tied"
+            )
+        skip.add("lm_head.weight")
+    return skip
+
+
+def load_gpt2(hf_dir: str | Path, hf: dict | None = None) -> GPT:
+    hf = hf or read_hf_config(hf_dir)
+    config = gpt2_config(hf)
+    tensors = _strip_prefix(read_hf_weights(hf_dir), "transformer.")
+    model = GPT(config)
+    apply_key_map(
+        model, tensors, gpt2_key_map(config), _gpt2_skippable(tensors, config), str(hf_dir)
+    )
+    return model.eval()
+
+
+def gpt2_state_dict(model: GPT) -> dict[str, Tensor]:
+    """The inverse key map: attnlab GPT tensors -> GPT2LMHeadModel names, Conv1D layout."""
+    sd = model.state_dict()
+    out: dict[str, Tensor] = {}
+    for o, h, how in gpt2_key_map(model.config):
+        t = sd[o]
+        if how == "copy":
+            out[h] = t
+        elif how == "conv1d":
+            out[h] = t.t()
+        elif how in ("conv1d_q", "qkv_bias_q"):  # q, k, v are rejoined once, at q's row
+            parts = [sd[o.replace("q_proj", f"{j}_proj")] for j in "qkv"]
+            out[h] = (
+                torch.cat([p.t() for p in parts], dim=1) if how == "conv1d_q" else torch.cat(parts)
+            )
+    return {
+        ("" if k == "lm_head.weight" else "transformer.") + k: v.contiguous()
+        for k, v in out.items()
+    }
+
+
+def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
+    """A GPT-2 config.json for an attnlab GPTConfig (or a RunError if GPT-2 cannot express it)."""
+    problems = []
+    if config.pos != "learned":
+        problems.append(f"pos={config.pos!r} (GPT-2 has learned positions)")
+    if not config.norm_first:
+        problems.append("post-norm blocks (GPT-2 is pre-norm)")
+    if not config.bias:
+        problems.append("bias=False (GPT-2 has biases)")
+    if config.activation not in GPT2_ACTIVATIONS:
+        problems.append(f"activation={config.activation!r}")
+    if problems:
+        raise RunError("cannot export as GPT-2: " + "; ".join(problems))
+    eos = tokenizer.special_tokens.get("<|endoftext|>") if tokenizer is not None else None
+    return {
+        "architectures": ["GPT2LMHeadModel"],
+        "model_type": "gpt2",
+        "vocab_size": config.vocab_size,
+        "n_positions": config.block_size,
+        "n_embd": config.d_model,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_inner": config.d_ff,
+        "activation_function": GPT2_ACTIVATIONS[config.activation],
+        "layer_norm_epsilon": config.ln_eps,
+        "resid_pdrop": config.dropout,
+        "embd_pdrop": config.dropout,
+        "attn_pdrop": config.dropout,
+        "tie_word_embeddings": config.tie_weights,
+        "scale_attn_weights": True,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "dtype": "float32",
+    }
+
+
+def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads."""
+    model, tokenizer = load_run(run_dir)
+    if not isinstance(model, GPT):
+        raise RunError(
+            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
+            f"holds a model of type {model.model_type!r}"
+        )
+    hf = gpt2_hf_config(model.config, tokenizer)
+    hf["attnlab"] = {
+        "exported_from": str(Path(run_dir).resolve()),
+        "attnlab_version": ATTNLAB_VERSION,
+        "model_type": model.model_type,
+        "config": model.config.to_dict(),
+    }
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunError(f"{out_dir}: exists and is not a directory")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_tensors(out_dir / "model.safetensors", gpt2_state_dict(model), metadata={"format": "pt"})
+    if isinstance(tokenizer, HFTokenizer):
+        atomic_write_text(out_dir / "tokenizer.json", tokenizer.to_json())
+        atomic_write_json(
+            out_dir / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast"}
+        )
+    elif tokenizer is not None:  # char/word: transformers cannot read it, attnlab can
+        atomic_write_text(out_dir / ATTNLAB_TOKENIZER, tokenizer.to_json())
+    atomic_write_json(out_dir / "config.json", hf)  # last: a directory with config.json is complete
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# BERT
+# ---------------------------------------------------------------------------------------------
+
+BERT_PREFIXES = ("bert.",)
+
+
+def bert_config(hf: dict, tensors: dict[str, Tensor]) -> EncoderConfig:
+    """EncoderConfig for a BERT config.json; the heads follow the tensors present."""
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise RunError(
+            f"config.json: position_embedding_type={hf['position_embedding_type']!r} "
+            "is not supported (absolute only)"
+        )
+    if hf.get("is_decoder"):
+        raise RunError("config.json: BERT as a decoder (is_decoder=true) is not supported")
+    num_labels = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
+    try:
+        return EncoderConfig(
+            vocab_size=hf["vocab_size"],
+            block_size=hf.get("max_position_embeddings", 512),
+            n_layer=hf["num_hidden_layers"],
+            n_head=hf["num_attention_heads"],
+            d_model=hf["hidden_size"],
+            d_ff=hf.get("intermediate_size"),
+            type_vocab_size=hf.get("type_vocab_size", 2),
+            dropout=float(hf.get("hidden_dropout_prob", 0.1)),
+            activation=_activation(hf, "hidden_act"),
+            ln_eps=float(hf.get("layer_norm_eps", 1e-12)),
+            pooler="pooler.dense.weight" in tensors,
+            mlm_head="cls.predictions.transform.dense.weight" in tensors,
+            num_labels=num_labels,
+            pad_id=hf.get("pad_token_id") or 0,
+            tie_weights=bool(hf.get("tie_word_embeddings", True)),
+        )
+    except KeyError as e:
+        raise RunError(f"config.json: BERT config has no {e.args[0]!r}") from None
+    except ConfigError as e:
+        raise RunError(f"config.json: {e}") from None
+
+
+def bert_key_map(config: EncoderConfig, decoder_bias: str = "cls.predictions.bias") -> KeyMap:
+    """(attnlab name, HF BERT name without 'bert.', how) for every attnlab tensor."""
+    rows: KeyMap = [
+        ("tok_embed.weight", "embeddings.word_embeddings.weight", "copy"),
+        ("pos_embed.weight", "embeddings.position_embeddings.weight", "copy"),
+        ("embed_ln.weight", "embeddings.LayerNorm.weight", "copy"),
+        ("embed_ln.bias", "embeddings.LayerNorm.bias", "copy"),
+    ]
+    if config.type_vocab_size:
+        rows.append(("type_embed.weight", "embeddings.token_type_embeddings.weight", "copy"))
+    pairs = [
+        ("attn.q_proj", "attention.self.query"),
+        ("attn.k_proj", "attention.self.key"),
+        ("attn.v_proj", "attention.self.value"),
+        ("attn.out_proj", "attention.output.dense"),
+        ("ln1", "attention.output.LayerNorm"),
+        ("mlp.fc1", "intermediate.dense"),
+        ("mlp.fc2", "output.dense"),
+        ("ln2", "output.LayerNorm"),
+    ]
+    for i in range(config.n_layer):
+        for ours, theirs in pairs:
+            for p in ("weight", "bias"):
+                rows.append((f"blocks.{i}.{ours}.{p}", f"encoder.layer.{i}.{theirs}.{p}", "copy"))
+    heads = []
+    if config.pooler:
+        heads.append(("pooler", "pooler.dense"))
+    if config.mlm_head:
+        heads += [
+            ("mlm.dense", "cls.predictions.transform.dense"),
+            ("mlm.ln", "cls.predictions.transform.LayerNorm"),
+        ]
+        rows.append(("mlm.decoder.bias", decoder_bias, "copy"))
+        if not config.tie_weights:
+            rows.append(("mlm.decoder.weight", "cls.predictions.decoder.weight", "copy"))
+    if config.num_labels:
+        heads.append(("classifier", "classifier"))
+    for ours, theirs in heads:
+        rows += [
+            (f"{ours}.weight", f"{theirs}.weight", "copy"),
+            (f"{ours}.bias", f"{theirs}.bias", "copy"),
+        ]
+    return rows
+
+
+def _bert_tensors(raw: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Drop the 'bert.' prefix (BertFor*; sentence-transformers files have none) and rename
+    the TF-era LayerNorm.gamma/beta to weight/bias."""
+    out = {}
+    for k, v in raw.items():
+        for p in BERT_PREFIXES:
+            k = k.removeprefix(p)
+        out[
+            k.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+                "LayerNorm.beta", "LayerNorm.bias"
+            )
+        ] = v
+    return out
+
+
+def _bert_skippable(tensors: dict[str, Tensor], config: EncoderConfig) -> set[str]:
+    """The position-id buffer, the NSP head, and the decoder's tied copies (checked equal)."""
+    skip = {k for k in tensors if k.endswith(("position_ids", "token_type_ids"))}
+    skip |= {k for k in tensors if k.startswith("cls.seq_relationship.")}  # next-sentence head
+    bias = tensors.get("cls.predictions.decoder.bias")
+    if bias is not None and "cls.predictions.bias" in tensors:
+        # HF's forward adds decoder.bias; cls.predictions.bias is its tied twin (always in 4.x,
+        # with tied embeddings in 5.x) or, untied, a parameter nothing reads.
+        if config.tie_weights and not torch.equal(bias, tensors["cls.predictions.bias"]):
+            raise RunError("cls.predictions.decoder.bias differs from cls.predictions.bias")
+        skip.add("cls.predictions.bias")
+    dec = tensors.get("cls.predictions.decoder.weight")
+    if dec is not None and config.tie_weights:
+        if not torch.equal(dec, tensors["embeddings.word_embeddings.weight"]):
+            raise RunError(
+                "cls.predictions.decoder.weight differs from the word embeddings "
+                "but config.json says they are tied"
+            )
+        skip.add("cls.predictions.decoder.weight")
+    return skip
+
+
+def load_bert(hf_dir: str | Path, hf: dict | None = None) -> Encoder:
+    hf = hf or read_hf_config(hf_dir)
+    tensors = _bert_tensors(read_hf_weights(hf_dir))
+    config = bert_config(hf, tensors)
+    model = Encoder(config)
+    dec_bias = "cls.predictions.decoder.bias"  # what HF's forward adds, when the file has it
+    dec_bias = dec_bias if dec_bias in tensors else "cls.predictions.bias"
+    key_map = bert_key_map(config, decoder_bias=dec_bias)
+    apply_key_map(model, tensors, key_map, _bert_skippable(tensors, config), str(hf_dir))
+    return model.eval()
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizers
+# ---------------------------------------------------------------------------------------------
+
+
+def load_hf_tokenizer(
+    hf_dir: str | Path, hf: dict | None = None
+) -> tuple[Tokenizer | None, str | None]:
+    """(tokenizer, the file it came from) for a HF directory; (None, None) if it has none.
+
+    Padding and truncation saved in tokenizer.json are switched off: attnlab pads batches
+    itself and reports a too-long text rather than silently cutting it.
+    """
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
+
+    hf_dir = Path(hf_dir)
+    hf = hf or read_hf_config(hf_dir)
+    try:
+        if (hf_dir / "tokenizer.json").is_file():
+            tok, source = HFTok.from_file(str(hf_dir / "tokenizer.json")), "tokenizer.json"
+        elif (hf_dir / ATTNLAB_TOKENIZER).is_file():
+            text = (hf_dir / ATTNLAB_TOKENIZER).read_text(encoding="utf-8")
+            return tokenizer_from_json(text), ATTNLAB_TOKENIZER
+        elif (hf_dir / "vocab.txt").is_file():  # BERT WordPiece
+            tok_cfg = _json_or_empty(hf_dir / "tokenizer_config.json")
+            vocab = (hf_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
+            vocab_ids = {w: i for i, w in enumerate(vocab)}
+            tok = HFTok(models.WordPiece(vocab_ids, unk_token="[UNK]"))
+            tok.normalizer = normalizers.BertNormalizer(
+                lowercase=tok_cfg.get("do_lower_case", True)
+            )
+            tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            tok.decoder = decoders.WordPiece()
+            tok.post_processor = processors.BertProcessing(
+                ("[SEP]", vocab_ids["[SEP]"]), ("[CLS]", vocab_ids["[CLS]"])
+            )
+            source = "vocab.txt"
+        elif (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():  # GPT-2 BPE
+            bpe = models.BPE.from_file(str(hf_dir / "vocab.json"), str(hf_dir / "merges.txt"))
+            tok = HFTok(bpe)
+            tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+            tok.decoder = decoders.ByteLevel()
+            source = "vocab.json + merges.txt"
+        else:
+            return None, None
+    except TokenizerError:
+        raise
+    except KeyError as e:
+        raise RunError(f"{hf_dir}: vocab.txt has no {e.args[0]} token") from None
+    except Exception as e:  # the Rust side raises its own exception type
+        raise RunError(f"{hf_dir}: tokenizer could not be read ({e})") from None
+    tok.no_padding()
+    tok.no_truncation()
+    return HFTokenizer(tok), source
+
+
+def _json_or_empty(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole directories
+# ---------------------------------------------------------------------------------------------
+
+LOADERS = {"gpt2": load_gpt2, "bert": load_bert}
+
+
+def load_hf(hf_dir: str | Path):
+    """(model, tokenizer, provenance) for a HF GPT-2 or BERT directory, in eval mode."""
+    hf_dir = Path(hf_dir)
+    hf = read_hf_config(hf_dir)
+    files = weight_files(hf_dir)  # refuses a directory of pickles before anything else
+    kind = hf.get("model_type")
+    if kind not in LOADERS:
+        raise RunError(
+            f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports {', '.join(LOADERS)}"
+        )
+    model = LOADERS[kind](hf_dir, hf)
+    tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
+    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+        raise RunError(
+            f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
+            f"only {model.config.vocab_size}"
+        )
+    digest = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):  # noqa: B023
+                digest.update(chunk)
+    source = {
+        "format": "huggingface",
+        "path": str(hf_dir.resolve()),
+        "hf_model_type": kind,
+        "architectures": hf.get("architectures"),
+        "name_or_path": hf.get("_name_or_path"),
+        "transformers_version": hf.get("transformers_version"),
+        "weights": [f.name for f in files],
+        "weights_sha256": digest.hexdigest(),
+        "tokenizer": tok_source,
+        "imported_by": f"attnlab {ATTNLAB_VERSION}",
+    }
+    if "attnlab" in hf:
+        source["attnlab"] = hf["attnlab"]
+    provenance = {"source": source}
+    pooling = _sentence_transformers_pooling(hf_dir)
+    if pooling:
+        provenance["sentence_embedding"] = pooling
+    return model, tokenizer, provenance
+
+
+def _sentence_transformers_pooling(hf_dir: Path) -> dict | None:
+    """{"pool": "mean"|"cls", "normalize": bool} from a sentence-transformers layout."""
+    modules = _json_or_list(hf_dir / "modules.json")
+    pool_cfg = _json_or_empty(hf_dir / "1_Pooling" / "config.json")
+    if not modules and not pool_cfg:
+        return None
+    pool = "cls" if pool_cfg.get("pooling_mode_cls_token") else "mean"
+    normalize = any(
+        str(m.get("type", "")).endswith("Normalize") for m in modules if isinstance(m, dict)
+    )
+    return {"pool": pool, "normalize": normalize}
+
+
+def _json_or_list(path: Path) -> list:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else []
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return []
+    return data if isinstance(data, list) else []
+
+
+def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
+    """Convert a HF GPT-2 / BERT directory into an attnlab run directory."""
+    model, tokenizer, provenance = load_hf(hf_dir)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise RunError(f"{out_dir}: exists and is not a directory")
+    save_model(out_dir, model, tokenizer, extra=provenance)
+    return out_dir

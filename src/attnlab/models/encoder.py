@@ -1,0 +1,272 @@
+"""Encoder: a BERT-style bidirectional transformer, with masked-LM and classification heads.
+
+    ids (B, T) -> token + position + token-type embeddings -> LayerNorm (BERT)
+               -> n_layer blocks, every token attending to every other non-padding token
+               -> hidden states (B, T, C)
+    heads:  masked-LM  h -> dense -> act -> LayerNorm -> decoder tied to the embedding -> (B, T, V)
+            classify   h[:, 0] -> (pooler: tanh(W h + b)) -> linear -> (B, num_labels)
+
+Nothing here is causal: the only mask is padding, given as Hugging Face's ``attention_mask``
+(B, S), 1 = a real token, 0 = padding. BERT's blocks are post-norm, x = LN(x + Sublayer(x));
+``norm_first=True`` switches to pre-norm and adds a final LayerNorm.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab import hooks
+from attnlab.attention import from_hf_attention_mask
+from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.config import BaseConfig, ConfigError
+from attnlab.hooks import Hook
+from attnlab.positional import POSITIONAL
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+IGNORE_INDEX = -100  # label of a position the masked-LM loss skips (HF's convention)
+
+
+@dataclasses.dataclass
+class EncoderConfig(BaseConfig):
+    vocab_size: int = 512
+    block_size: int = 128  # most positions (BERT's max_position_embeddings)
+    n_layer: int = 4
+    n_head: int = 4
+    d_model: int = 128
+    d_ff: int | None = None  # None = 4 * d_model
+    type_vocab_size: int = 2  # segments A/B; 0 = no token-type embedding
+    dropout: float = 0.1
+    bias: bool = True
+    pos: str = "learned"
+    norm_first: bool = False  # BERT is post-norm
+    embed_norm: bool = True  # BERT normalises the summed embeddings
+    activation: str = "gelu"
+    ln_eps: float = 1e-12
+    pooler: bool = False  # tanh(W h[:, 0] + b), BERT's pooled output
+    mlm_head: bool = False  # masked-LM head with a decoder tied to the token embedding
+    num_labels: int = 0  # > 0: a sequence-classification head on the first token
+    pad_id: int = 0
+    tie_weights: bool = True
+
+    def validate(self) -> None:
+        self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
+        if self.d_ff is not None:
+            self._positive("d_ff")
+        if self.d_model % self.n_head:
+            raise ConfigError(
+                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
+            )
+        if self.pos not in POSITIONAL:
+            raise ConfigError(f"pos must be one of {', '.join(POSITIONAL)}, got {self.pos!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.ln_eps <= 0:
+            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+        if self.type_vocab_size < 0 or self.num_labels < 0:
+            raise ConfigError("type_vocab_size and num_labels must be >= 0")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ConfigError(
+                f"pad_id {self.pad_id} is outside the vocabulary of {self.vocab_size}"
+            )
+
+
+ENCODER_PRESETS: dict[str, dict] = {
+    "baby": dict(n_layer=4, n_head=4, d_model=128, block_size=128),
+    "small": dict(n_layer=6, n_head=6, d_model=384, block_size=256),  # MiniLM-L6 sized
+    "bert-base": dict(n_layer=12, n_head=12, d_model=768, block_size=512),
+}
+
+
+class MLMHead(nn.Module):
+    """BERT's prediction head: logits = LN(act(h W_t + b_t)) E^T + b, E the token embedding."""
+
+    def __init__(self, c: EncoderConfig):
+        super().__init__()
+        self.dense = nn.Linear(c.d_model, c.d_model, bias=c.bias)
+        self.act = ACTIVATIONS[c.activation]
+        self.ln = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias)
+        self.decoder = nn.Linear(c.d_model, c.vocab_size, bias=True)
+
+    def forward(self, h: Tensor) -> Tensor:
+        return self.decoder(self.ln(self.act(self.dense(h))))  # (B, T, vocab)
+
+
+class Encoder(nn.Module):
+    """Bidirectional transformer. ``forward(ids, attention_mask)`` returns hidden states (B, T, C).
+
+    Heads are parts of the model described by the config (``mlm_head``, ``pooler``,
+    ``num_labels``), so a run directory rebuilds exactly with ``Encoder(config)``.
+    """
+
+    config_class = EncoderConfig
+    model_type = "encoder"
+    tied_weights_keys = ("mlm.decoder.weight",)  # tied to tok_embed.weight when config.tie_weights
+
+    def __init__(self, config: EncoderConfig):
+        super().__init__()
+        self.config = c = config
+        self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
+        self.pos_embed = POSITIONAL[c.pos](c.block_size, c.d_model)
+        self.type_embed = nn.Embedding(c.type_vocab_size, c.d_model) if c.type_vocab_size else None
+        self.embed_ln = (
+            nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.embed_norm else nn.Identity()
+        )
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(
+                c.d_model,
+                c.n_head,
+                c.d_ff,
+                c.dropout,
+                causal=False,
+                norm_first=c.norm_first,
+                activation=c.activation,
+                ln_eps=c.ln_eps,
+                bias=c.bias,
+            )
+            for _ in range(c.n_layer)
+        )
+        self.ln_f = (
+            nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
+        )
+        self.pooler = nn.Linear(c.d_model, c.d_model, bias=c.bias) if c.pooler else None
+        self.mlm = MLMHead(c) if c.mlm_head else None
+        if self.mlm is not None and c.tie_weights:
+            self.mlm.decoder.weight = self.tok_embed.weight
+        self.classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
+        for name in ("embed", "pos", "type", "ln_f", "pooled", "mlm_logits", "class_logits"):
+            setattr(self, f"hook_{name}", Hook())
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms."""
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    # -----------------------------------------------------------------------------------------
+    # The encoder proper
+    # -----------------------------------------------------------------------------------------
+
+    def forward(
+        self,
+        ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        record: bool = False,
+    ):
+        """ids (B, T) -> hidden states (B, T, C); with ``record=True``, (hidden, activation cache).
+
+        ``attention_mask`` (B, T): 1 = real token, 0 = padding (keys that nobody attends to).
+        ``token_type_ids`` (B, T): segment of each token (0 = first sentence), default all 0.
+        """
+        if record:
+            with hooks.record(self) as acts:
+                hidden = self.forward(ids, attention_mask, token_type_ids)
+            return hidden, acts
+        B, T = ids.shape
+        limit = self.config.block_size
+        if ids.size(1) > limit:
+            raise ValueError(f"sequence of {T} tokens exceeds block_size {limit}")
+        x = self.hook_embed(self.tok_embed(ids))  # (B, T, C) one vector per token
+        x = x + self.hook_pos(self.pos_embed(T))  # (T, C) broadcast over the batch
+        if self.type_embed is not None:
+            types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids
+            x = x + self.hook_type(self.type_embed(types))  # (B, T, C)
+        x = self.drop(self.embed_ln(x))
+        mask = (
+            None if attention_mask is None else from_hf_attention_mask(attention_mask)
+        )  # (B, 1, 1, T)
+        for block in self.blocks:
+            x = block(x, mask=mask)
+        return self.hook_ln_f(self.ln_f(x))  # (B, T, C)
+
+    # -----------------------------------------------------------------------------------------
+    # Heads
+    # -----------------------------------------------------------------------------------------
+
+    def pooled(self, hidden: Tensor) -> Tensor:
+        """The first token's state (B, C), through the tanh pooler when the model has one."""
+        first = hidden[:, 0]  # (B, C) the [CLS] position
+        return self.hook_pooled(
+            torch.tanh(self.pooler(first)) if self.pooler is not None else first
+        )
+
+    def mlm_logits(
+        self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids=None
+    ) -> Tensor:
+        """Masked-LM logits (B, T, vocab)."""
+        if self.mlm is None:
+            raise ValueError("this encoder has no masked-LM head (config.mlm_head is False)")
+        return self.hook_mlm_logits(self.mlm(self(ids, attention_mask, token_type_ids)))
+
+    def classify(
+        self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids=None
+    ) -> Tensor:
+        """Class logits (B, num_labels) from the first token ([CLS])."""
+        if self.classifier is None:
+            raise ValueError("this encoder has no classification head (config.num_labels is 0)")
+        pooled = self.drop(self.pooled(self(ids, attention_mask, token_type_ids)))
+        return self.hook_class_logits(self.classifier(pooled))
+
+    def mlm_loss(self, ids: Tensor, labels: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Mean cross-entropy over the positions whose label is not IGNORE_INDEX."""
+        logits = self.mlm_logits(ids, attention_mask)
+        if not bool((labels != IGNORE_INDEX).any()):
+            return logits.sum() * 0.0  # nothing selected in this batch: a zero that has a gradient
+        return F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(),
+            labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+        )
+
+    @torch.no_grad()
+    def embed(
+        self, ids: Tensor, attention_mask: Tensor | None = None, pool: str = "mean"
+    ) -> Tensor:
+        """Sentence embeddings (B, C): the mean of the real tokens' states, or the first token's."""
+        hidden = self(ids, attention_mask)  # (B, T, C)
+        if pool == "cls":
+            return hidden[:, 0]
+        if pool != "mean":
+            raise ValueError(f"pool must be 'mean' or 'cls', got {pool!r}")
+        keep = torch.ones_like(ids) if attention_mask is None else attention_mask
+        keep = keep.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1e-9)  # (B, C)
+
+
+def mask_tokens(
+    ids: Tensor,
+    mask_id: int,
+    vocab_size: int,
+    special_ids: list[int] | tuple[int, ...] = (),
+    p: float = 0.15,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor]:
+    """BERT's masking. Returns (inputs, labels), both (B, T).
+
+    Each non-special token is selected with probability ``p``; a selected token becomes
+    [MASK] 80% of the time, a random token 10%, and stays itself 10%. ``labels`` hold the
+    original id at selected positions and IGNORE_INDEX everywhere else.
+    """
+    g = dict(generator=generator, device=ids.device)
+    maskable = torch.ones_like(ids, dtype=torch.bool)
+    for s in special_ids:
+        maskable &= ids != s
+    selected = (torch.rand(ids.shape, **g) < p) & maskable  # (B, T)
+    labels = torch.where(selected, ids, torch.full_like(ids, IGNORE_INDEX))
+    roll = torch.rand(ids.shape, **g)  # one draw decides [MASK] / random / keep
+    to_mask = selected & (roll < 0.8)
+    to_random = selected & (roll >= 0.8) & (roll < 0.9)
+    inputs = ids.masked_fill(to_mask, mask_id)
+    random_ids = torch.randint(vocab_size, ids.shape, **g, dtype=ids.dtype)
+    inputs = torch.where(to_random, random_ids, inputs)
+    return inputs, labels

@@ -1,0 +1,1 @@
+"""Task-specific data, losses and training loops that are not next-token prediction."""
