@@ -1,0 +1,48 @@
+"""Look inside a model: trace a forward pass, attention maps, similarity, contextual influence,
+an HTML explorer and a conformance check. Every tool reads a ``Recording`` (see
+``attnlab.inspect.recording`` for the protocol a model implements) and returns a result object
+that prints in the terminal, converts to JSON (``to_dict``) and displays itself in Jupyter.
+
+    from attnlab.inspect import record, trace, attention
+    rec = record(model, tokenizer, "I like to eat apples")
+    attention(rec, layer=0, head=2)          # a labelled token x token heatmap in a notebook
+"""
+
+from attnlab.inspect.attention import AttentionGrid, AttentionMap, attention, attention_grid
+from attnlab.inspect.check import CheckReport, CheckResult, check
+from attnlab.inspect.explorer import Explorer, explore
+from attnlab.inspect.influence import Influence, InfluenceRow, influence
+from attnlab.inspect.recording import (
+    AttentionInfo,
+    InspectError,
+    Recording,
+    record,
+    record_text,
+)
+from attnlab.inspect.similarity import Similarity, similarity
+from attnlab.inspect.trace import Step, Trace, trace
+
+__all__ = [
+    "AttentionGrid",
+    "AttentionInfo",
+    "AttentionMap",
+    "CheckReport",
+    "CheckResult",
+    "Explorer",
+    "Influence",
+    "InfluenceRow",
+    "InspectError",
+    "Recording",
+    "Similarity",
+    "Step",
+    "Trace",
+    "attention",
+    "attention_grid",
+    "check",
+    "explore",
+    "influence",
+    "record",
+    "record_text",
+    "similarity",
+    "trace",
+]
