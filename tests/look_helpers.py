@@ -98,8 +98,15 @@ class TinyEncoder(nn.Module):
     uses_padding = True
     causal = False
 
-    def __init__(self, vocab_size: int, d_model: int = 16, n_head: int = 2, n_layer: int = 2, max_len: int = 32,
-                 mask_padding: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int = 16,
+        n_head: int = 2,
+        n_layer: int = 2,
+        max_len: int = 32,
+        mask_padding: bool = True,
+    ):
         super().__init__()
         self.config = type("Cfg", (), {"vocab_size": vocab_size, "max_len": max_len})()
         self.pad_id = 0

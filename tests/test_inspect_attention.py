@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 import torch
-from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
 from attnlab.inspect import InspectError, attention, attention_grid
+from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
-from look_helpers import TinyEncoder, break_attention, char_tokenizer, make_run, run_main, tiny_gpt
 
 import attnlab.attention as attention_module
 from attnlab.inspect import check
+from look_helpers import TinyEncoder, break_attention, char_tokenizer, make_run, run_main, tiny_gpt
 
 
 @pytest.mark.parametrize(
@@ -23,9 +24,14 @@ def test_check_passes_on_a_correct_gpt(overrides):
     assert report.ok, str(report)
     assert model.training  # mode restored
     statuses = {r.name: r.status for r in report.results}
-    assert statuses == {"future leak": "PASS", "KV cache == no cache": "PASS",
-                        "fused == reference attention": "PASS", "recording == no recording": "PASS",
-                        "padding invariance": "skip", "eval determinism": "PASS"}  # fmt: skip
+    assert statuses == {
+        "future leak": "PASS",
+        "KV cache == no cache": "PASS",
+        "fused == reference attention": "PASS",
+        "recording == no recording": "PASS",
+        "padding invariance": "skip",
+        "eval determinism": "PASS",
+    }
     assert report["KV cache == no cache"].diff < 1e-4
 
 
@@ -84,13 +90,16 @@ def test_check_cli_passes_and_exits_1_on_a_broken_model(tmp_path, cli, capsys):
     # The same run, with attention's forward replaced in the CLI's own process before it starts.
     patch = tmp_path / "patch"
     patch.mkdir()
-    (patch / "sitecustomize.py").write_text(textwrap.dedent("""
+    tests_dir = str(Path(__file__).parent)
+    (patch / "sitecustomize.py").write_text(
+        textwrap.dedent(f"""
         import sys
-        sys.path.insert(0, %r)
+        sys.path.insert(0, {tests_dir!r})
         import look_helpers
         from attnlab.attention import MultiHeadAttention
         MultiHeadAttention.forward = look_helpers.broken_forward
-    """ % str(__import__("pathlib").Path(__file__).parent)))  # fmt: skip
+    """)
+    )
     from conftest import SRC
 
     r = cli("check", path, env={"PYTHONPATH": f"{patch}:{SRC}"})

@@ -6,10 +6,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from look_helpers import SENTENCE, TinyEncoder, char_tokenizer, tiny_gpt
 
 from attnlab.hooks import ActivationCache
 from attnlab.inspect import InspectError, Recording, record, record_text
+from look_helpers import SENTENCE, TinyEncoder, char_tokenizer, tiny_gpt
 
 
 @settings(max_examples=8, deadline=None)

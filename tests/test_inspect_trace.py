@@ -8,10 +8,9 @@ import math
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
-from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
 from attnlab.inspect import InspectError, trace
+from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
 
 @pytest.fixture(scope="module")
@@ -95,9 +94,20 @@ def test_trace_prints_and_serialises_every_step(run):
     _, model, tok = run
     t = trace(model, tok, SENTENCE, layer=1, head=0)
     text = str(t)
-    for phrase in ("embedding matrix", "positional encoding", "W_Q of head 0", "raw scores Q K^T",
-                   "1/sqrt(d_k)", "causal mask", "softmax over the keys", "concatenate the 2 heads",
-                   "output projection", "residual connection", "feed-forward", "next-token"):  # fmt: skip
+    for phrase in (
+        "embedding matrix",
+        "positional encoding",
+        "W_Q of head 0",
+        "raw scores Q K^T",
+        "1/sqrt(d_k)",
+        "causal mask",
+        "softmax over the keys",
+        "concatenate the 2 heads",
+        "output projection",
+        "residual connection",
+        "feed-forward",
+        "next-token",
+    ):
         assert phrase in text, phrase
     assert "shape (20 x 16)" in text
     d = json.loads(t.to_json())
