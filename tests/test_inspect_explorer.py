@@ -156,7 +156,8 @@ def chromium():
     if not os.path.exists(CHROMIUM):
         pytest.skip(
             "!!! BROWSER TESTS SKIPPED: /usr/bin/chromium is missing and "
-            "`apt-get install -y chromium` failed; the HTML explorer was NOT tested in a browser !!!"
+            "`apt-get install -y chromium` failed; the HTML explorer was NOT tested in a "
+            "browser !!!"
         )
     return CHROMIUM
 
