@@ -50,7 +50,7 @@ def console(file=None, width: int | None = None):
     file = file or sys.stdout
     if width is None and not (hasattr(file, "isatty") and file.isatty()):
         width = int(os.environ.get("COLUMNS", 0)) or 160
-    return Console(file=file, width=width, highlight=False, soft_wrap=False)
+    return Console(file=file, width=width, highlight=False, soft_wrap=False, force_jupyter=False)
 
 
 class Result:
