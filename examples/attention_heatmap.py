@@ -23,7 +23,9 @@ CORPUS = (
 def train(steps: int = 300) -> tuple[GPT, CharTokenizer]:
     torch.manual_seed(0)
     tok = CharTokenizer.from_text(CORPUS)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=4, d_model=96, block_size=32))
+    model = GPT(
+        GPTConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=4, d_model=96, block_size=32)
+    )
     data = torch.tensor(tok.encode(CORPUS))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     T = model.config.block_size

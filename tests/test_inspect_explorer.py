@@ -269,3 +269,11 @@ def test_explorer_in_chromium_serves_cross_attention_and_long_inputs(browser, tm
     assert browser.errors() == []
     colours, inked = _not_blank(browser.screenshot())
     assert colours > 20 and inked > 0.02
+
+
+def test_write_figures_for_make_demo(run, tmp_path):
+    from attnlab.inspect import write_figures
+
+    _, model, tok = run
+    png, html = write_figures(model, tok, SENTENCE, tmp_path / "demo")
+    assert png.read_bytes()[:4] == b"\x89PNG" and "attnlabExplorer" in html.read_text()

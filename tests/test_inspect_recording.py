@@ -99,3 +99,9 @@ def test_select_and_encode_report_bad_input_clearly():
         record_text(model, tok, "I like to eat apples")
     with pytest.raises(InspectError, match="no tokens"):
         record_text(model, tok, "")
+
+
+def test_maps_without_blocks_get_a_readable_label():
+    rec = _seq2seq_recording()
+    lstm = next(m for m in rec.maps() if m.name == "decoder.attn.weights")
+    assert (lstm.layer, lstm.label) == (None, "decoder attn cross")

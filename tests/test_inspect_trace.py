@@ -142,3 +142,17 @@ def test_trace_cli(run, cli, capsys):
     assert code == 0 and "top 3 next-token predictions" in out
     code, _, err = run_main(capsys, "trace", path, "I like", "--head", "-1")
     assert code == 2 and "expected an integer >= 0" in err
+
+
+def test_trace_serves_a_bidirectional_encoder_through_the_generic_recording():
+    from look_helpers import TinyEncoder
+
+    tok = char_tokenizer()
+    model = TinyEncoder(tok.vocab_size).eval()
+    t = trace(model, tok, "riverbank", layer=1, head=1)  # no space: its id 0 is the pad id
+    names = [s.name for s in t.steps]
+    assert "masked_scores" not in names  # not causal: nothing is masked
+    w = t.step("weights").value
+    assert w.shape == (9, 9) and np.all(w[np.triu_indices(9, 1)] > 0)  # reads the future too
+    _close(w.sum(-1), np.ones(9), atol=1e-5)
+    assert t.step("logits").shape == (9, tok.vocab_size)

@@ -45,4 +45,18 @@ __all__ = [
     "record_text",
     "similarity",
     "trace",
+    "write_figures",
 ]
+
+
+def write_figures(model, tokenizer, text: str, out_dir, layer: int = 0, head: int = 0):
+    """Write ``attention.png`` (one head) and ``explorer.html`` for ``text`` into ``out_dir``
+    (what ``make demo`` ends with). Returns the two paths."""
+    from pathlib import Path
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rec = record(model, tokenizer, text)
+    png = attention(rec, layer=layer, head=head).save_png(out_dir / "attention.png")
+    html = explore(rec, model, title=f"attnlab explorer: {text}").save(out_dir / "explorer.html")
+    return png, html

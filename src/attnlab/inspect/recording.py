@@ -83,7 +83,8 @@ class AttentionInfo:
     @property
     def label(self) -> str:
         """Short human label: 'layer 1 self' or 'decoder layer 1 cross'."""
-        where = f"layer {self.layer}" if self.layer is not None else self.module_path
+        inner = self.module_path[len(self.stack) + 1 :] if self.stack else self.module_path
+        where = f"layer {self.layer}" if self.layer is not None else inner
         return " ".join(p for p in (self.stack, where, self.kind) if p)
 
 
