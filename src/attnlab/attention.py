@@ -105,17 +105,19 @@ def reference_attention(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Attention written one step per line. Returns (output, weights, scaled scores).
 
-    Masked scores are filled with the dtype's most negative finite number rather than -inf, and
-    masked weights are zeroed after the softmax, so an empty row gives zeros, never NaN.
+    The scores returned are Q K^T / sqrt(d_k) BEFORE the mask (what the mask then hides is
+    still visible to inspection). Masked scores are filled with the dtype's most negative
+    finite number rather than -inf, and masked weights are zeroed after the softmax, so an
+    empty row gives zeros, never NaN.
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = q @ k.transpose(-2, -1)  # (..., T, S) raw similarities Q K^T
     scores = scores * scale  # divide by sqrt(d_k) so the softmax does not saturate
+    masked = scores
     if mask is not None:
-        scores = scores.masked_fill(
-            ~mask, torch.finfo(scores.dtype).min
-        )  # hide what is not allowed
-    weights = torch.softmax(scores, dim=-1)  # (..., T, S) each row sums to 1 over the keys
+        # hide what is not allowed (the most negative finite number, so no row is all -inf)
+        masked = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(masked, dim=-1)  # (..., T, S) each row sums to 1 over the keys
     if mask is not None:
         weights = weights.masked_fill(~mask, 0.0)  # an empty row becomes all zeros
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights

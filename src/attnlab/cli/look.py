@@ -1,5 +1,279 @@
-"""Verbs of this area are registered here."""
+"""Look-inside verbs: trace, attention, similarity, influence, explore, check.
+
+Each verb loads a run directory, records one forward pass over the text and calls one library
+function of ``attnlab.inspect``; results go to stdout, "wrote FILE" lines to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+from attnlab.cli import UsageError
+
+
+def _user_errors(fn):
+    """Report the inspect package's bad-input errors as usage errors (one line, exit 2)."""
+
+    @functools.wraps(fn)
+    def wrapper(args):
+        from attnlab.inspect.recording import InspectError
+
+        try:
+            return fn(args)
+        except InspectError as e:
+            raise UsageError(str(e)) from None
+
+    return wrapper
+
+
+def _out_path(path: str | None, suffix: str, option: str) -> Path | None:
+    """Check an output file before any work: right suffix, existing directory."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() != suffix:
+        raise UsageError(f"{option} {path}: expected a {suffix} file name")
+    if not p.parent.is_dir():
+        raise UsageError(f"{option} {path}: directory {p.parent} does not exist")
+    if p.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    return p
+
+
+def _load(args):
+    from attnlab.checkpoint import load_run
+
+    model, tokenizer = load_run(args.run)
+    return model, tokenizer
+
+
+def _record(args):
+    from attnlab.inspect.recording import record
+
+    model, tokenizer = _load(args)
+    return model, tokenizer, record(model, tokenizer, args.text)
+
+
+def _print(result, as_json: bool = False) -> None:
+    from attnlab.inspect.display import console
+
+    if as_json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        console().print(result)
+
+
+def _wrote(path: Path, what: str) -> None:
+    print(f"wrote {what} {path} ({path.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
+
+
+@_user_errors
+def cmd_trace(args) -> int:
+    from attnlab.inspect.trace import trace
+
+    model, tokenizer, rec = _record(args)
+    _print(
+        trace(
+            model, tokenizer, args.text, layer=args.layer, head=args.head, top_k=args.top, rec=rec
+        ),
+        args.json,
+    )
+    return 0
+
+
+@_user_errors
+def cmd_attention(args) -> int:
+    from attnlab.inspect.attention import attention, attention_grid
+
+    if args.all and args.png is None:
+        raise UsageError("--all draws the grid of every layer x head into --png FILE; give --png")
+    png = _out_path(args.png, ".png", "--png")
+    _, _, rec = _record(args)
+    amap = attention(
+        rec, layer=args.layer, head=args.head, mean=args.mean, name=args.map, start=args.start
+    )
+    _print(amap, args.json)
+    if png is not None:
+        if args.all:
+            attention_grid(rec, name=args.map).save_png(png)
+            _wrote(png, "attention grid (every layer x head)")
+        else:
+            amap.save_png(png)
+            _wrote(png, "attention heatmap")
+    return 0
+
+
+@_user_errors
+def cmd_similarity(args) -> int:
+    from attnlab.inspect.similarity import similarity
+
+    _, _, rec = _record(args)
+    _print(similarity(rec, layer=args.layer), args.json)
+    return 0
+
+
+@_user_errors
+def cmd_influence(args) -> int:
+    from attnlab.inspect.influence import influence
+
+    out = _out_path(args.csv, ".csv", "--csv")
+    model, _, rec = _record(args)
+    result = influence(model, rec, n_sources=args.sources, top=args.top)
+    _print(result, args.json)
+    if out is not None:
+        result.to_csv(out)
+        _wrote(out, "influence table")
+    return 0
+
+
+@_user_errors
+def cmd_explore(args) -> int:
+    from attnlab.inspect.explorer import explore
+
+    out = _out_path(args.html, ".html", "--html")
+    model, _, rec = _record(args)
+    page = explore(
+        rec,
+        model,
+        title=f"attnlab explorer: {args.text}",
+        max_tokens=args.max_tokens,
+        start=args.start,
+    )
+    if page.data["note"]:
+        print(f"attnlab: note: {page.data['note']}", file=sys.stderr)
+    page.save(out)
+    _wrote(out, "explorer page")
+    return 0
+
+
+@_user_errors
+def cmd_check(args) -> int:
+    from attnlab.inspect.check import check
+
+    model, _ = _load(args)
+    report = check(model, length=args.length, batch=args.batch, seed=args.seed)
+    _print(report, args.json)
+    return 0 if report.ok else 1
+
+
+def _int_at_least(low: int):
+    """An argparse type: an integer >= low (argparse turns the error into exit 2)."""
+
+    def conv(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {n}")
+        return n
+
+    conv.__name__ = "integer"
+    return conv
+
+
+def _run_and_text(p) -> None:
+    p.add_argument("run", help="run directory (written by `attnlab train` or `import-hf`)")
+    p.add_argument("text", help="the text to run through the model")
 
 
 def register(sub) -> None:
     """Add this area's verbs to the `attnlab` sub-parsers."""
+    pos, nonneg = _int_at_least(1), _int_at_least(0)
+
+    p = sub.add_parser(
+        "trace",
+        help="explain one forward pass step by step",
+        description="Explain one forward pass: tokens, embeddings, Q/K/V of one head, "
+        "scores, mask, softmax, heads, residual, FFN, logits and predictions.",
+    )
+    _run_and_text(p)
+    p.add_argument("--layer", type=nonneg, default=0, help="layer to open up (default 0)")
+    p.add_argument("--head", type=nonneg, default=0, help="head to open up (default 0)")
+    p.add_argument("--top", type=pos, default=5, help="next-token predictions to show (default 5)")
+    p.add_argument("--json", action="store_true", help="print the same data as JSON")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser(
+        "attention",
+        help="the token x token attention matrix of a layer and head",
+        description="Print the attention matrix (row = query token, column = key token). "
+        "--png saves a heatmap of it, or with --all a grid of every layer x head.",
+    )
+    _run_and_text(p)
+    p.add_argument("--layer", type=nonneg, default=None, help="layer (default 0)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--head", type=nonneg, default=None, help="head (default 0)")
+    g.add_argument("--mean", action="store_true", help="the mean over heads")
+    p.add_argument(
+        "--map",
+        default=None,
+        metavar="NAME",
+        help="pick attention maps by name or part of it (e.g. cross, decoder)",
+    )
+    p.add_argument("--png", metavar="FILE", help="save a heatmap PNG")
+    p.add_argument("--all", action="store_true", help="with --png: a grid of every layer x head")
+    p.add_argument(
+        "--start", type=nonneg, default=0, help="first token shown in the terminal table"
+    )
+    p.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    p.set_defaults(func=cmd_attention)
+
+    p = sub.add_parser(
+        "similarity", help="token x token cosine similarity before and after each block"
+    )
+    _run_and_text(p)
+    p.add_argument(
+        "--layer",
+        type=nonneg,
+        default=None,
+        help="show this layer's matrices (default: the input and the last output)",
+    )
+    p.add_argument("--json", action="store_true", help="print every layer's matrices as JSON")
+    p.set_defaults(func=cmd_similarity)
+
+    p = sub.add_parser(
+        "influence",
+        help="how far its context moved each token, layer by layer",
+        description="Per token and layer: ||h_after - h_before|| / ||h_before||, "
+        "cos(h_before, h_after), the share of the update from attention and from the "
+        "FFN, and the source tokens that contributed most (weight x ||W_O v||).",
+    )
+    _run_and_text(p)
+    p.add_argument(
+        "--top", type=pos, default=20, help="rows of the ranked table to print (default 20)"
+    )
+    p.add_argument("--sources", type=pos, default=3, help="source tokens per row (default 3)")
+    p.add_argument("--csv", metavar="FILE", help="save the whole ranked table as CSV")
+    p.add_argument("--json", action="store_true", help="print the whole table as JSON")
+    p.set_defaults(func=cmd_influence)
+
+    p = sub.add_parser("explore", help="write a self-contained HTML explorer (no network)")
+    _run_and_text(p)
+    p.add_argument("--html", metavar="FILE", required=True, help="the page to write")
+    p.add_argument(
+        "--max-tokens",
+        type=pos,
+        default=128,
+        help="tokens per sequence kept in the page (default 128; keeps it small)",
+    )
+    p.add_argument("--start", type=nonneg, default=0, help="first token of the window kept")
+    p.set_defaults(func=cmd_explore)
+
+    p = sub.add_parser(
+        "check",
+        help="conformance checks: no future leak, cache == no cache, ...",
+        description="Run conformance checks on random inputs; print pass/fail and the "
+        "measured difference of each; exit 1 if any fails.",
+    )
+    p.add_argument("run", help="run directory")
+    p.add_argument(
+        "--length", type=pos, default=16, help="sequence length of the probes (default 16)"
+    )
+    p.add_argument("--batch", type=pos, default=2, help="batch size of the probes (default 2)")
+    p.add_argument("--seed", type=nonneg, default=0, help="seed of the random probe ids")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(func=cmd_check)

@@ -71,6 +71,8 @@ class GPT(nn.Module):
     config_class = GPTConfig
     model_type = "gpt"
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
+    causal = True  # output t depends on ids 0..t only (checked by `attnlab check`)
+    uses_padding = False
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -163,6 +165,13 @@ class GPT(nn.Module):
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return self.hook_logits(self.lm_head(x))  # (B, T, vocab)
+
+    def record_text(self, tokenizer, text: str):
+        """Record one forward pass over ``text``: an ``attnlab.inspect.Recording`` whose cache
+        holds every named activation (blocks.N.attn.weights (1, H, T, T), ...)."""
+        from attnlab.inspect.recording import record_text
+
+        return record_text(self, tokenizer, text)
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ``targets`` (B, T) from ``ids`` (B, T)."""

@@ -1,0 +1,245 @@
+"""Conformance checks any model can be put through (``attnlab check RUN``).
+
+Each check runs the model on random token ids, measures one difference that must be (near)
+zero, and passes when it is within tolerance:
+
+- future leak (causal models): change the input at position j; outputs before j must not move
+  (``attnlab.checks.find_future_leak``);
+- KV cache == no cache (models with ``new_cache``): decoding a prefix then one token at a time
+  gives the logits of one full forward pass;
+- fused == reference attention: every ``MultiHeadAttention`` with ``use_fused = False`` (the
+  step-by-step path) gives the same outputs as the fused kernel;
+- recording == no recording: recording every activation does not change the outputs;
+- padding invariance (models with ``uses_padding``): appending pad tokens changes no output at
+  a real position;
+- eval determinism: two forward passes in eval mode give identical outputs.
+
+What a model declares for these is described in ``attnlab.inspect.recording``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from attnlab import hooks
+from attnlab.attention import MultiHeadAttention
+from attnlab.checks import find_future_leak
+from attnlab.inspect.display import Result
+from attnlab.inspect.recording import max_positions, output_tensor
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool | None  # None = not applicable to this model (skipped)
+    diff: float | None  # the measured difference
+    tol: float | None
+    detail: str = ""
+
+    @property
+    def status(self) -> str:
+        return "skip" if self.passed is None else ("PASS" if self.passed else "FAIL")
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "passed": self.passed,
+            "diff": self.diff,
+            "tol": self.tol,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class CheckReport(Result):
+    results: list[CheckResult]
+
+    @property
+    def ok(self) -> bool:
+        """No check failed (skipped checks do not count)."""
+        return all(r.passed is not False for r in self.results)
+
+    def __getitem__(self, name: str) -> CheckResult:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def __rich__(self):
+        from rich.table import Table
+
+        table = Table(title="conformance checks", box=None)
+        for col, just in (
+            ("check", "left"),
+            ("result", "left"),
+            ("difference", "right"),
+            ("tolerance", "right"),
+            ("detail", "left"),
+        ):
+            table.add_column(col, justify=just)
+        colour = {"PASS": "green", "FAIL": "bold red", "skip": "dim"}
+        for r in self.results:
+            table.add_row(
+                r.name, f"[{colour[r.status]}]{r.status}[/]", _num(r.diff), _num(r.tol), r.detail
+            )
+        n_fail = sum(r.passed is False for r in self.results)
+        table.caption = "all checks passed" if self.ok else f"{n_fail} check(s) FAILED"
+        return table
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "checks": [r.to_dict() for r in self.results]}
+
+
+def _num(x) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+def _forward_fn(model: nn.Module) -> Callable[[Tensor], Tensor]:
+    custom = getattr(model, "conformance_forward", None)
+    if custom is not None:
+        return custom
+    return lambda ids: output_tensor(model(ids))
+
+
+def random_ids(model: nn.Module, batch: int = 2, length: int = 16, seed: int = 0) -> Tensor:
+    """Random token ids (batch, T) in the model's vocabulary, avoiding its pad id."""
+    cfg = getattr(model, "config", None)
+    vocab = int(getattr(cfg, "vocab_size", 0) or 0) or 16
+    limit = max_positions(model)
+    T = min(length, limit) if limit else length
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (batch, T), generator=g)
+    pad = getattr(model, "pad_id", None)
+    if pad is not None and vocab > 1:
+        ids = torch.where(ids == pad, (ids + 1) % vocab, ids)
+    return ids.to(next(model.parameters()).device)
+
+
+@torch.no_grad()
+def check_future_leak(model, ids, tol: float = 1e-5) -> CheckResult:
+    if not getattr(model, "causal", False):
+        return CheckResult("future leak", None, None, None, "model is not causal")
+    report = find_future_leak(_forward_fn(model), ids, atol=tol)
+    detail = str(report)
+    return CheckResult("future leak", not report.leaks, report.max_diff, tol, detail)
+
+
+@torch.no_grad()
+def check_kv_cache(model, ids, tol: float = 1e-4) -> CheckResult:
+    if not hasattr(model, "new_cache"):
+        return CheckResult("KV cache == no cache", None, None, None, "model has no KV cache")
+    full = output_tensor(model(ids))  # (B, T, V)
+    B, T = ids.shape
+    cache = model.new_cache(B, T)
+    first = max(1, T // 2)
+    parts = [output_tensor(model(ids[:, :first], cache=cache))]
+    for t in range(first, T):
+        parts.append(output_tensor(model(ids[:, t : t + 1], cache=cache)))  # one new token per step
+    inc = torch.cat(parts, dim=1)  # (B, T, V)
+    diff = float((inc - full).abs().max())
+    return CheckResult(
+        "KV cache == no cache",
+        diff <= tol,
+        diff,
+        tol,
+        f"prefix of {first}, then {T - first} single-token steps",
+    )
+
+
+@torch.no_grad()
+def check_fused_reference(model, ids, tol: float = 1e-4) -> CheckResult:
+    mhas = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    if not mhas:
+        return CheckResult(
+            "fused == reference attention", None, None, None, "no MultiHeadAttention modules"
+        )
+    fn = _forward_fn(model)
+    before = [m.use_fused for m in mhas]
+    try:
+        for m in mhas:
+            m.use_fused = True
+        fused = fn(ids)
+        for m in mhas:
+            m.use_fused = False
+        ref = fn(ids)
+    finally:
+        for m, b in zip(mhas, before):
+            m.use_fused = b
+    diff = float((fused - ref).abs().max())
+    return CheckResult(
+        "fused == reference attention", diff <= tol, diff, tol, f"{len(mhas)} attention modules"
+    )
+
+
+@torch.no_grad()
+def check_recording(model, ids, tol: float = 1e-4) -> CheckResult:
+    fn = _forward_fn(model)
+    plain = fn(ids)
+    with hooks.record(model) as cache:
+        recorded = fn(ids)
+    diff = float((plain - recorded).abs().max())
+    return CheckResult(
+        "recording == no recording", diff <= tol, diff, tol, f"{len(cache)} activations recorded"
+    )
+
+
+@torch.no_grad()
+def check_padding(model, ids, tol: float = 1e-4, n_pad: int = 3) -> CheckResult:
+    if not getattr(model, "uses_padding", False):
+        return CheckResult("padding invariance", None, None, None, "model does not use padding")
+    custom = getattr(model, "padding_difference", None)
+    if custom is not None:
+        diff = float(custom(ids))
+        return CheckResult(
+            "padding invariance", diff <= tol, diff, tol, "model's own padding probe"
+        )
+    pad = getattr(model, "pad_id", None)
+    if pad is None:
+        return CheckResult(
+            "padding invariance", False, None, tol, "uses_padding is set but pad_id is missing"
+        )
+    limit = max_positions(model)
+    B, T = ids.shape
+    if limit is not None and T + n_pad > limit:
+        ids, T = ids[:, : limit - n_pad], limit - n_pad
+    fn = _forward_fn(model)
+    plain = fn(ids)
+    padded = torch.cat(
+        [ids, torch.full((B, n_pad), int(pad), dtype=ids.dtype, device=ids.device)], dim=1
+    )
+    out = fn(padded)[:, :T]  # the real positions only
+    diff = float((out - plain).abs().max())
+    return CheckResult("padding invariance", diff <= tol, diff, tol, f"{n_pad} pad tokens appended")
+
+
+@torch.no_grad()
+def check_determinism(model, ids) -> CheckResult:
+    fn = _forward_fn(model)
+    diff = float((fn(ids) - fn(ids)).abs().max())
+    return CheckResult(
+        "eval determinism", diff == 0.0, diff, 0.0, "two forward passes in eval mode"
+    )
+
+
+def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> CheckReport:
+    """Run every conformance check on ``model`` (in eval mode; its mode is restored after)."""
+    was_training = model.training
+    model.eval()
+    try:
+        ids = random_ids(model, batch, length, seed)
+        results = [
+            check_future_leak(model, ids),
+            check_kv_cache(model, ids),
+            check_fused_reference(model, ids),
+            check_recording(model, ids),
+            check_padding(model, ids),
+            check_determinism(model, ids),
+        ]
+    finally:
+        model.train(was_training)
+    return CheckReport(results)

@@ -1,0 +1,207 @@
+"""How results show themselves: terminal (rich), JSON (``to_dict``) and Jupyter (``_repr_html_``).
+
+Every result object of ``attnlab.inspect`` derives from ``Result``: ``__rich__`` builds the
+terminal rendering, ``str(result)`` is that rendering as plain text, ``to_dict()`` is the same
+data for JSON, and ``_repr_html_`` is what a notebook shows.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+TERMINAL_TOKENS = 32  # matrices wider than this are cut, with a message saying so
+
+
+def show_token(t: str) -> str:
+    """A token made visible: spaces and control characters become visible symbols."""
+    if t == "":
+        return "∅"
+    return t.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+
+
+def rounded(x, digits: int = 4):
+    """Nested lists of floats rounded for JSON (inf and NaN become strings JSON can hold)."""
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 0:
+        v = float(a)
+        return v if math.isfinite(v) else str(v)
+    out = np.round(a, digits).tolist()
+    if not np.isfinite(a).all():
+        out = _finite(out)
+    return out
+
+
+def _finite(x):
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x if math.isfinite(x) else str(x)
+
+
+def console(file=None, width: int | None = None):
+    from rich.console import Console
+
+    file = file or sys.stdout
+    if width is None and not (hasattr(file, "isatty") and file.isatty()):
+        width = int(os.environ.get("COLUMNS", 0)) or 160
+    return Console(file=file, width=width, highlight=False, soft_wrap=False, force_jupyter=False)
+
+
+class Result:
+    """Base of every inspection result."""
+
+    def __rich__(self):  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def to_dict(self) -> dict:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+
+    def __str__(self) -> str:
+        buf = io.StringIO()
+        console(buf, width=160).print(self.__rich__())
+        return buf.getvalue().rstrip("\n")
+
+    def _repr_html_(self) -> str:  # a plain fallback; most results draw heatmaps
+        return f"<pre>{html.escape(str(self))}</pre>"
+
+
+# ---------------------------------------------------------------------------------------------
+# Matrices
+# ---------------------------------------------------------------------------------------------
+
+
+def crop(n: int, limit: int, start: int = 0) -> tuple[int, int, str]:
+    """The window [a, b) of at most ``limit`` items from ``start``, and a note if it cuts."""
+    a = max(0, min(start, max(0, n - limit)))
+    b = min(n, a + limit)
+    note = "" if (a, b) == (0, n) else f"showing tokens {a}..{b - 1} of {n}"
+    return a, b, note
+
+
+def matrix_table(
+    m,
+    rows: list[str],
+    cols: list[str],
+    title: str = "",
+    fmt: str = "{:.2f}",
+    heat: bool = True,
+    limit: int = TERMINAL_TOKENS,
+    start: int = 0,
+    col_tokens: bool = True,
+):
+    """A rich Table of matrix ``m`` (R, C) labelled by rows and columns; cut to ``limit``.
+    ``col_tokens=False`` prints the column labels as they are (not as tokens)."""
+    from rich.table import Table
+
+    m = np.asarray(m, dtype=np.float64)
+    r0, r1, rnote = crop(len(rows), limit, start)
+    c0, c1, cnote = crop(len(cols), limit, start)
+    note = "; ".join(dict.fromkeys(x for x in (rnote, cnote) if x))
+    caption = f"{note} (use --json, --png or --start to see the rest)" if note else None
+    table = Table(title=title or None, caption=caption, show_lines=False, pad_edge=False, box=None)
+    table.add_column("", justify="right", style="bold", no_wrap=True)
+    for c in cols[c0:c1]:
+        table.add_column(show_token(c) if col_tokens else c, justify="right", no_wrap=True)
+    finite = m[np.isfinite(m)]
+    top = float(np.abs(finite).max()) if finite.size else 1.0
+    for i in range(r0, r1):
+        cells = []
+        for j in range(c0, c1):
+            v = m[i, j]
+            text = fmt.format(v) if math.isfinite(v) else ("-inf" if v < 0 else str(v))
+            if heat and math.isfinite(v) and top > 0:
+                level = abs(v) / top
+                style = "bold" if level > 0.66 else ("" if level > 0.2 else "dim")
+                cells.append(f"[{style}]{text}[/]" if style else text)
+            else:
+                cells.append(f"[dim]{text}[/]")
+        table.add_row(show_token(rows[i]), *cells)
+    return table
+
+
+def heatmap_html(
+    m,
+    rows: list[str],
+    cols: list[str],
+    title: str = "",
+    digits: int = 2,
+    limit: int = 64,
+    diverging: bool = False,
+) -> str:
+    """A labelled heatmap as an HTML table (each cell coloured by its value)."""
+    m = np.asarray(m, dtype=np.float64)
+    r1, c1 = min(len(rows), limit), min(len(cols), limit)
+    finite = m[np.isfinite(m)]
+    top = float(np.abs(finite).max()) if finite.size else 1.0
+    top = top or 1.0
+    cell = "padding:1px 3px;font:11px monospace;text-align:right;min-width:2.6em"
+    head = "".join(
+        f'<th style="{cell};writing-mode:vertical-rl">{html.escape(show_token(c))}</th>'
+        for c in cols[:c1]
+    )
+    body = []
+    for i in range(r1):
+        tds = []
+        for j in range(c1):
+            v = m[i, j]
+            if not math.isfinite(v):
+                tds.append(f'<td style="{cell};color:#bbb">-inf</td>')
+                continue
+            a = min(1.0, abs(v) / top)
+            rgb = "214,39,40" if (diverging and v < 0) else "31,119,180"
+            fg = "#fff" if a > 0.55 else "#000"
+            tds.append(
+                f'<td style="{cell};background:rgba({rgb},{a:.3f});color:{fg}" '
+                f'title="{html.escape(rows[i])} → {html.escape(cols[j])}: {v:.4f}">'
+                f"{v:.{digits}f}</td>"
+            )
+        body.append(
+            f'<tr><th style="{cell}">{html.escape(show_token(rows[i]))}</th>{"".join(tds)}</tr>'
+        )
+    note = ""
+    if r1 < len(rows) or c1 < len(cols):
+        note = f"<div><i>showing the first {r1} x {c1} of {len(rows)} x {len(cols)}</i></div>"
+    cap = f"<div><b>{html.escape(title)}</b></div>" if title else ""
+    return (
+        f'<div style="overflow:auto">{cap}<table style="border-collapse:collapse">'
+        f"<tr><th></th>{head}</tr>{''.join(body)}</table>{note}</div>"
+    )
+
+
+def preview(x, rows: int = 4, cols: int = 6, digits: int = 3) -> list:
+    """The top-left corner of a tensor as nested lists (what trace prints as a numeric preview)."""
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 0:
+        return rounded(a, digits)
+    if a.ndim == 1:
+        return rounded(a[:cols], digits)
+    return rounded(a[:rows, :cols], digits)
+
+
+def preview_text(x, rows: int = 4, cols: int = 6) -> str:
+    a = np.asarray(x, dtype=np.float64)
+    if a.ndim == 0:
+        return f"{float(a):.4g}"
+
+    def fmt_row(r, n):
+        cells = [
+            f"{v:8.3f}" if math.isfinite(v) else f"{'-inf' if v < 0 else 'nan':>8}"
+            for v in r[:cols]
+        ]
+        return "[" + " ".join(cells) + (" ..." if n > cols else "") + "]"
+
+    if a.ndim == 1:
+        return fmt_row(a, a.shape[0])
+    lines = [fmt_row(a[i], a.shape[1]) for i in range(min(rows, a.shape[0]))]
+    if a.shape[0] > rows:
+        lines.append(f"... ({a.shape[0] - rows} more rows)")
+    return "\n".join(lines)

@@ -1,0 +1,289 @@
+"""Contextual influence: how far each block moves each token's representation, and who moved it.
+
+For token i and block l, with h_before = resid_pre[i] and h_after = resid_post[i]:
+
+    relative change  ||h_after - h_before|| / ||h_before||
+    cosine           cos(h_before, h_after)
+    shares           the update splits into sublayer updates, attention a = resid_mid - resid_pre,
+                     (cross-attention c = resid_cross - resid_mid), feed-forward
+                     f = resid_post - resid_mid|cross; share_a = ||a|| / (||a|| + ||c|| + ||f||)
+    sources          contribution of key j to query i: sum over heads h of
+                     weight_h[i, j] * ||W_O^h v_h[j]||, with W_O^h the columns of the output
+                     projection that read head h (the size of what j actually sends to i);
+                     reported as shares of row i's total.
+
+A small change means the token kept its meaning; a large one means context reshaped it (the
+notes' "contextual influence"). With post-norm blocks the sublayer updates include the layer
+norm's rescaling, so the shares describe the change of the residual stream across each sublayer.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from attnlab.inspect.display import Result, heatmap_html, matrix_table, rounded, show_token
+from attnlab.inspect.recording import InspectError, Recording
+from attnlab.inspect.similarity import layer_label
+
+
+@dataclass
+class InfluenceRow:
+    layer: str  # "layer 0"
+    block: int  # index into Influence.layers
+    position: int
+    token: str
+    rel_change: float
+    cosine: float
+    attn_share: float
+    ffn_share: float
+    cross_share: float | None = None
+    sources: list[tuple[int, str, float]] = field(default_factory=list)  # (position, token, share)
+
+    def to_dict(self) -> dict:
+        d = {
+            "layer": self.layer,
+            "position": self.position,
+            "token": self.token,
+            "rel_change": self.rel_change,
+            "cosine": self.cosine,
+            "attn_share": self.attn_share,
+            "ffn_share": self.ffn_share,
+        }
+        if self.cross_share is not None:
+            d["cross_share"] = self.cross_share
+        d["sources"] = [{"position": j, "token": t, "share": s} for j, t, s in self.sources]
+        return d
+
+
+@dataclass
+class Influence(Result):
+    rows: list[InfluenceRow]  # ranked: largest relative change first
+    layers: list[str]  # block labels in order
+    tokens: dict[str, list[str]]  # layer label -> its tokens
+    top: int = 20  # rows the terminal shows
+
+    def matrix(self) -> np.ndarray:
+        """(L, T) relative change per block and token (T of the first block's stack)."""
+        T = max(len(t) for t in self.tokens.values())
+        m = np.full((len(self.layers), T), np.nan)
+        for r in self.rows:
+            m[r.block, r.position] = r.rel_change
+        return m
+
+    def __rich__(self):
+        from rich.console import Group
+        from rich.table import Table
+
+        first = self.tokens[self.layers[0]]
+        same = all(self.tokens[ly] == first for ly in self.layers)
+        parts = []
+        if same:
+            from rich.text import Text
+
+            parts.append(
+                Text(
+                    "relative change ||h_after - h_before|| / ||h_before|| (row = token)",
+                    style="italic",
+                )
+            )
+            parts.append(matrix_table(self.matrix().T, first, self.layers, col_tokens=False))
+            parts.append(Text(""))
+        has_cross = any(r.cross_share is not None for r in self.rows)
+        table = Table(
+            title=f"tokens moved most by their context (top {min(self.top, len(self.rows))} "
+            f"of {len(self.rows)})",
+            box=None,
+        )
+        cols = [
+            "layer",
+            "pos",
+            "token",
+            "rel change",
+            "cos",
+            "attn",
+            *(["cross"] if has_cross else []),
+            "ffn",
+            "top sources (share)",
+        ]
+        for c in cols:
+            table.add_column(
+                c, justify="left" if c in ("layer", "token", "top sources (share)") else "right"
+            )
+        for r in self.rows[: self.top]:
+            src = ", ".join(f"{show_token(t)}@{j} {s:.2f}" for j, t, s in r.sources)
+            cross = [f"{r.cross_share:.2f}"] if has_cross else []
+            table.add_row(
+                r.layer,
+                str(r.position),
+                show_token(r.token),
+                f"{r.rel_change:.3f}",
+                f"{r.cosine:.3f}",
+                f"{r.attn_share:.2f}",
+                *cross,
+                f"{r.ffn_share:.2f}",
+                src,
+            )
+        parts.append(table)
+        return Group(*parts)
+
+    def to_dict(self) -> dict:
+        return {"layers": self.layers, "rows": [r.to_dict() for r in self.rows]}
+
+    def csv_text(self) -> str:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(
+            [
+                "rank",
+                "layer",
+                "position",
+                "token",
+                "rel_change",
+                "cosine",
+                "attn_share",
+                "cross_share",
+                "ffn_share",
+                "top_sources",
+            ]
+        )
+        for k, r in enumerate(self.rows, 1):
+            src = "; ".join(f"{j}:{t}:{s:.4f}" for j, t, s in r.sources)
+            cross = "" if r.cross_share is None else f"{r.cross_share:.6f}"
+            w.writerow(
+                [
+                    k,
+                    r.layer,
+                    r.position,
+                    r.token,
+                    f"{r.rel_change:.6f}",
+                    f"{r.cosine:.6f}",
+                    f"{r.attn_share:.6f}",
+                    cross,
+                    f"{r.ffn_share:.6f}",
+                    src,
+                ]
+            )
+        return buf.getvalue()
+
+    def to_csv(self, path: str | Path) -> Path:
+        from attnlab.checkpoint import atomic_write_text
+
+        path = Path(path)
+        atomic_write_text(path, self.csv_text())
+        return path
+
+    def _repr_html_(self) -> str:
+        first = self.tokens[self.layers[0]]
+        return heatmap_html(
+            self.matrix().T, first, self.layers, "relative change per token (row) and layer"
+        )
+
+
+def _norm(x: torch.Tensor) -> torch.Tensor:
+    return x.norm(dim=-1)
+
+
+@torch.no_grad()
+def source_contributions(model, rec: Recording, map_name: str) -> np.ndarray:
+    """(T, S): sum_h weight_h[i, j] * ||W_O^h v_h[j]||, each row normalised to sum to 1.
+
+    Falls back to the mean attention weight over heads when the model records no values or has
+    no ``out_proj`` at the map's module path.
+    """
+    w = rec.cache[map_name][0].double()  # (H, T, S)
+    path = map_name.rsplit(".", 1)[0]
+    v = rec.cache.get(path + ".v")
+    try:
+        out_proj = model.get_submodule(path).out_proj if model is not None else None
+    except AttributeError:
+        out_proj = None
+    if v is None or not isinstance(out_proj, torch.nn.Linear):
+        contrib = w.mean(0)  # (T, S)
+    else:
+        v = v[0].double()  # (H, S, d_v)
+        H, S, dv = v.shape
+        WO = out_proj.weight.detach().double().view(-1, H, dv)  # (C, H, d_v): columns per head
+        sent = torch.einsum("chd,hsd->hsc", WO, v)  # (H, S, C) what head h carries from key j
+        contrib = (w * _norm(sent)[:, None, :]).sum(0)  # (T, S)
+    total = contrib.sum(-1, keepdim=True)
+    return (contrib / torch.where(total == 0, 1.0, total)).numpy()
+
+
+@torch.no_grad()
+def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influence:
+    """Per token and block: relative change, cosine, sublayer shares and top source tokens."""
+    prefixes = rec.blocks()
+    if not prefixes:
+        raise InspectError("this model recorded no resid_pre/resid_post activations")
+    c = rec.cache
+    rows, labels, tokens = [], [], {}
+    for b, p in enumerate(prefixes):
+        label = layer_label(p)
+        labels.append(label)
+        toks = list(rec.tokens_of(p))
+        tokens[label] = toks
+        before, after = c[p + "resid_pre"][0].double(), c[p + "resid_post"][0].double()  # (T, C)
+        delta = after - before
+        rel = _norm(delta) / _norm(before).clamp_min(1e-12)  # (T,)
+        cos = torch.nn.functional.cosine_similarity(before, after, dim=-1)  # (T,)
+        mid = c.get(p + "resid_mid")
+        crossed = c.get(p + "resid_cross")
+        if mid is not None:
+            mid = mid[0].double()
+            a = _norm(mid - before)  # (T,)
+            last = mid
+            x = None
+            if crossed is not None:
+                crossed = crossed[0].double()
+                x = _norm(crossed - mid)
+                last = crossed
+            f = _norm(after - last)
+            tot = (a + f + (x if x is not None else 0)).clamp_min(1e-12)
+            a_share, f_share = (a / tot).tolist(), (f / tot).tolist()
+            x_share = (x / tot).tolist() if x is not None else [None] * len(toks)
+        else:
+            a_share = f_share = [float("nan")] * len(toks)
+            x_share = [None] * len(toks)
+        src = None
+        if p + "attn.weights" in c:
+            src = source_contributions(model, rec, p + "attn.weights")  # (T, S)
+            _, key_toks = rec.labels(p + "attn.weights")
+        for i, tok in enumerate(toks):
+            sources = []
+            if src is not None:
+                order = np.argsort(-src[i], kind="stable")[:n_sources]
+                sources = [(int(j), key_toks[j], float(src[i, j])) for j in order if src[i, j] > 0]
+            rows.append(
+                InfluenceRow(
+                    label,
+                    b,
+                    i,
+                    tok,
+                    float(rel[i]),
+                    float(cos[i]),
+                    a_share[i],
+                    f_share[i],
+                    x_share[i],
+                    sources,
+                )
+            )
+    rows.sort(key=lambda r: -r.rel_change)
+    return Influence(rows, labels, tokens, top)
+
+
+def influence_bars(inf: Influence) -> list[dict]:
+    """Per layer: the relative change of each token (what the explorer draws as bars)."""
+    out = []
+    for b, label in enumerate(inf.layers):
+        vals = [0.0] * len(inf.tokens[label])
+        for r in inf.rows:
+            if r.block == b:
+                vals[r.position] = r.rel_change
+        out.append({"layer": label, "tokens": inf.tokens[label], "rel_change": rounded(vals, 3)})
+    return out

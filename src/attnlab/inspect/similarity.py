@@ -1,0 +1,135 @@
+"""Token x token cosine similarity of the representations before and after each block.
+
+    sim[i, j] = h_i . h_j / (||h_i|| ||h_j||)      h = the residual stream (T, C) of one block
+
+Before the first block h is embedding + position; as context is mixed in, the representations
+of related tokens usually move together (and, in many trained models, all of them drift toward
+a common direction, which shows as a higher mean off-diagonal similarity).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from attnlab.inspect.display import Result, heatmap_html, matrix_table, rounded
+from attnlab.inspect.recording import _LAYER_RE, InspectError, Recording
+
+
+def cosine_matrix(h: np.ndarray) -> np.ndarray:
+    """(T, C) -> (T, T) cosine similarity of every pair of rows (a zero row has similarity 0)."""
+    h = np.asarray(h, dtype=np.float64)
+    norms = np.linalg.norm(h, axis=-1, keepdims=True)  # (T, 1)
+    u = h / np.where(norms == 0, 1.0, norms)
+    return u @ u.T  # (T, T)
+
+
+def mean_off_diagonal(m: np.ndarray) -> float:
+    T = m.shape[0]
+    if T < 2:
+        return float("nan")
+    return float((m.sum() - np.trace(m)) / (T * (T - 1)))
+
+
+@dataclass
+class SimilarityLayer:
+    prefix: str  # "blocks.0."
+    label: str  # "layer 0"
+    tokens: list[str]
+    before: np.ndarray  # (T, T) cosine similarity of the block's input
+    after: np.ndarray  # (T, T) ... of its output
+
+
+@dataclass
+class Similarity(Result):
+    layers: list[SimilarityLayer]
+    show: int | None = (
+        None  # index into layers whose matrices the terminal shows; None = first/last
+    )
+
+    def __rich__(self):
+        from rich.console import Group
+        from rich.table import Table
+
+        summary = Table(title="mean cosine similarity between different tokens", box=None)
+        for col in ("layer", "before", "after", "change"):
+            summary.add_column(col, justify="right")
+        for ly in self.layers:
+            b, a = mean_off_diagonal(ly.before), mean_off_diagonal(ly.after)
+            summary.add_row(ly.label, f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}")
+        if self.show is None:
+            first, last = self.layers[0], self.layers[-1]
+            mats = [
+                (first.before, first, f"before {first.label} (embedding + position)"),
+                (last.after, last, f"after {last.label}"),
+            ]
+        else:
+            ly = self.layers[self.show]
+            mats = [(ly.before, ly, f"before {ly.label}"), (ly.after, ly, f"after {ly.label}")]
+        tables = [
+            matrix_table(m, ly.tokens, ly.tokens, f"cosine similarity {t}", heat=True)
+            for m, ly, t in mats
+        ]
+        return Group(summary, *tables)
+
+    def to_dict(self) -> dict:
+        return {
+            "layers": [
+                {
+                    "prefix": ly.prefix,
+                    "label": ly.label,
+                    "tokens": ly.tokens,
+                    "mean_before": mean_off_diagonal(ly.before),
+                    "mean_after": mean_off_diagonal(ly.after),
+                    "before": rounded(ly.before),
+                    "after": rounded(ly.after),
+                }
+                for ly in self.layers
+            ]
+        }
+
+    def _repr_html_(self) -> str:
+        parts = []
+        for ly in self.layers:
+            parts.append(
+                '<div style="display:flex;gap:1em">'
+                + heatmap_html(
+                    ly.before, ly.tokens, ly.tokens, f"before {ly.label}", diverging=True
+                )
+                + heatmap_html(ly.after, ly.tokens, ly.tokens, f"after {ly.label}", diverging=True)
+                + "</div>"
+            )
+        return "\n".join(parts)
+
+
+def layer_label(prefix: str) -> str:
+    """'blocks.3.' -> 'layer 3'; 'decoder.blocks.1.' -> 'decoder layer 1'."""
+    m = _LAYER_RE.search(prefix)
+    stack = prefix.split(".blocks.")[0] if ".blocks." in prefix else ""
+    where = f"layer {m.group(1)}" if m else prefix.rstrip(".")
+    return f"{stack} {where}".strip()
+
+
+def similarity(rec: Recording, layer: int | None = None) -> Similarity:
+    """Cosine similarity (T, T) of the residual stream before and after every block."""
+    prefixes = rec.blocks()
+    if not prefixes:
+        raise InspectError("this model recorded no resid_pre/resid_post activations")
+    layers = [
+        SimilarityLayer(
+            p,
+            layer_label(p),
+            list(rec.tokens_of(p)),
+            cosine_matrix(rec.cache[p + "resid_pre"][0].float().numpy()),
+            cosine_matrix(rec.cache[p + "resid_post"][0].float().numpy()),
+        )
+        for p in prefixes
+    ]
+    show = None
+    if layer is not None:
+        hits = [i for i, ly in enumerate(layers) if ly.label.endswith(f"layer {layer}")]
+        if not hits:
+            raise InspectError(f"no layer {layer}; this model has layers 0..{len(layers) - 1}")
+        show = hits[0]
+    return Similarity(layers, show)

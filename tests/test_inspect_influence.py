@@ -1,0 +1,123 @@
+"""similarity and influence: definitions checked against recomputation and constructed models."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.inspect import influence, similarity
+from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("look") / "run", n_layer=3)
+
+
+def test_similarity_is_the_cosine_of_the_residual_stream(run):
+    _, model, tok = run
+    rec = model.record_text(tok, SENTENCE)
+    sim = similarity(rec)
+    assert [ly.label for ly in sim.layers] == ["layer 0", "layer 1", "layer 2"]
+    N = len(SENTENCE)
+    for ly in sim.layers:
+        for m in (ly.before, ly.after):
+            assert m.shape == (N, N)
+            np.testing.assert_allclose(np.diag(m), 1.0, atol=1e-6)
+            np.testing.assert_allclose(m, m.T, atol=1e-9)
+            assert np.all(np.abs(m) <= 1 + 1e-9)
+    for a, b in zip(sim.layers, sim.layers[1:]):
+        np.testing.assert_allclose(a.after, b.before)  # one block's output is the next one's input
+    h = rec.cache["blocks.1.resid_post"][0].double()
+    i, j = 3, 11
+    ref = torch.nn.functional.cosine_similarity(h[i], h[j], dim=0)
+    assert sim.layers[1].after[i, j] == pytest.approx(float(ref), abs=1e-9)
+    assert "mean cosine similarity" in str(sim) and "before layer 0" in str(sim)
+    assert "after layer 1" in str(similarity(rec, layer=1))
+    d = json.loads(sim.to_json())
+    assert len(d["layers"]) == 3 and len(d["layers"][0]["after"]) == N
+
+
+def test_influence_matches_its_definition(run):
+    _, model, tok = run
+    rec = model.record_text(tok, SENTENCE)
+    inf = influence(model, rec)
+    N = len(SENTENCE)
+    assert len(inf.rows) == 3 * N
+    changes = [r.rel_change for r in inf.rows]
+    assert changes == sorted(changes, reverse=True)
+    c = rec.cache
+    for r in inf.rows[:: max(1, len(inf.rows) // 9)]:
+        p = f"blocks.{r.block}."
+        before, mid, after = (
+            c[p + n][0, r.position].double() for n in ("resid_pre", "resid_mid", "resid_post")
+        )
+        assert r.rel_change == pytest.approx(
+            float((after - before).norm() / before.norm()), rel=1e-9
+        )
+        cos = torch.nn.functional.cosine_similarity(before, after, dim=0)
+        assert r.cosine == pytest.approx(float(cos), abs=1e-9)
+        a, f = (mid - before).norm(), (after - mid).norm()
+        assert r.attn_share == pytest.approx(float(a / (a + f)), rel=1e-9)
+        assert r.attn_share + r.ffn_share == pytest.approx(1.0)
+        shares = [s for _, _, s in r.sources]
+        assert shares == sorted(shares, reverse=True) and sum(shares) <= 1 + 1e-9
+        assert all(j <= r.position for j, _, _ in r.sources)  # causal: no source from the future
+        assert all(t == SENTENCE[j] for j, t, _ in r.sources)
+
+
+def test_sources_weigh_attention_by_what_each_value_sends():
+    """W_Q = 0 gives uniform weights 1/(i+1), so the sources rank by ||W_O^h v_j|| alone."""
+    tok = char_tokenizer()
+    model = tiny_gpt(tok, n_layer=1, n_head=2).eval()
+    attn = model.blocks[0].attn
+    with torch.no_grad():
+        attn.q_proj.weight.zero_()
+        attn.q_proj.bias.zero_()
+    rec = model.record_text(tok, SENTENCE)
+    inf = influence(model, rec, n_sources=30)
+    v = rec.cache["blocks.0.attn.v"][0].double()  # (H, N, d_v)
+    WO = attn.out_proj.weight.detach().double()  # (C, H * d_v)
+    d = attn.d_v
+    size = sum((v[h] @ WO[:, h * d : (h + 1) * d].T).norm(dim=-1) for h in range(2))  # (N,)
+    i = len(SENTENCE) - 1
+    expected = size / size.sum()  # uniform weights over keys 0..i (the last row)
+    row = next(r for r in inf.rows if r.position == i)
+    got = {j: s for j, _, s in row.sources}
+    for j in range(i + 1):
+        assert got[j] == pytest.approx(float(expected[j]), rel=1e-6)
+
+
+def test_a_silenced_attention_layer_has_no_attention_share():
+    tok = char_tokenizer()
+    model = tiny_gpt(tok, n_layer=1).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.out_proj.weight.zero_()
+        model.blocks[0].attn.out_proj.bias.zero_()
+    inf = influence(model, model.record_text(tok, "I like"))
+    assert all(r.attn_share == 0.0 and r.ffn_share == pytest.approx(1.0) for r in inf.rows)
+
+
+def test_influence_cli_writes_the_ranked_csv(run, tmp_path, capsys):
+    path, _, _ = run
+    out = tmp_path / "inf.csv"
+    code, stdout, err = run_main(capsys, "influence", path, SENTENCE, "--csv", out, "--top", "5")
+    assert code == 0, err
+    assert (
+        "tokens moved most by their context (top 5 of 60)" in stdout
+        and "wrote influence table" in err
+    )
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert len(rows) == 60 and [int(r["rank"]) for r in rows] == list(range(1, 61))
+    vals = [float(r["rel_change"]) for r in rows]
+    assert vals == sorted(vals, reverse=True)
+    assert {r["layer"] for r in rows} == {"layer 0", "layer 1", "layer 2"}
+    code, stdout, _ = run_main(capsys, "similarity", path, SENTENCE, "--json")
+    assert code == 0 and len(json.loads(stdout)["layers"]) == 3
+    code, _, err = run_main(capsys, "influence", path, SENTENCE, "--csv", tmp_path / "x.json")
+    assert code == 2 and "expected a .csv" in err
