@@ -217,3 +217,14 @@ def test_learning_rate_warms_up_then_decays_to_min():
     assert lrs[19] == pytest.approx(1e-3)
     assert all(a >= b for a, b in zip(lrs[20:], lrs[21:]))
     assert lr_at(500, s) == 1e-5
+
+
+def test_conformance_check_runs_padding_invariance_on_the_encoder():
+    from attnlab.inspect.check import check
+
+    model = Encoder(EncoderConfig(vocab_size=40, block_size=32, n_layer=2, n_head=2, d_model=16))
+    report = check(model)
+    by_name = {r.name: r for r in report.results}
+    pad = by_name["padding invariance"]
+    assert pad.passed is True and pad.diff <= 1e-4
+    assert by_name["future leak"].passed is None  # bidirectional: not applicable

@@ -106,6 +106,8 @@ class Encoder(nn.Module):
 
     config_class = EncoderConfig
     model_type = "encoder"
+    causal = False  # every token sees every other (read by `attnlab check`)
+    uses_padding = True
     tied_weights_keys = ("mlm.decoder.weight",)  # tied to tok_embed.weight when config.tie_weights
 
     def __init__(self, config: EncoderConfig):
@@ -155,6 +157,22 @@ class Encoder(nn.Module):
     # -----------------------------------------------------------------------------------------
     # The encoder proper
     # -----------------------------------------------------------------------------------------
+
+    @property
+    def pad_id(self) -> int:
+        return self.config.pad_id
+
+    @torch.no_grad()
+    def padding_difference(self, ids: Tensor, n_pad: int = 3) -> float:
+        """Largest change at real positions when ``n_pad`` masked pad tokens are appended."""
+        B, T = ids.shape
+        T = min(T, self.config.block_size - n_pad)
+        ids = ids[:, :T]
+        padded = torch.cat([ids, ids.new_full((B, n_pad), self.config.pad_id)], dim=1)
+        mask = torch.ones_like(padded)
+        mask[:, T:] = 0  # HF convention: 0 = padding
+        plain = self(ids)
+        return float((self(padded, attention_mask=mask)[:, :T] - plain).abs().max())
 
     def forward(
         self,
