@@ -158,9 +158,15 @@ def save_model(run_dir: str | Path, model: nn.Module, tokenizer: Tokenizer | Non
     save_tensors(run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"})
     if tokenizer is not None:
         atomic_write_text(run_dir / "tokenizer.json", tokenizer.to_json())
+    write_run_config(run_dir, inner, extra)
+
+
+def write_run_config(run_dir: str | Path, model: nn.Module, extra: dict | None = None) -> None:
+    """Write config.json: format version, model_type, the model's config, and ``extra``."""
+    inner = getattr(getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model))
     cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type, "config": inner.config.to_dict()}
     cfg.update(extra or {})
-    atomic_write_json(run_dir / "config.json", cfg)
+    atomic_write_json(Path(run_dir) / "config.json", cfg)
 
 
 def read_run_config(run_dir: str | Path) -> dict:
