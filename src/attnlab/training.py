@@ -563,6 +563,8 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.step = self.last_saved_step = int(state["step"])
         self.best_val_loss, self.best_step = state.get("best_val_loss"), state.get("best_step")
+        if self.dist.is_main:  # said even with quiet: which step a run continues from matters
+            self._log(f"resumed from the checkpoint of step {self.step} in {d}")
         return True
 
     # -- evaluation ----------------------------------------------------------------------------

@@ -76,6 +76,8 @@ def train_config_from_args(args: argparse.Namespace):
     from attnlab.training import TrainConfig
 
     values = {name: getattr(args, name) for name in TRAIN_OPTIONS}
+    if values["lr_decay_iters"] is None:  # fixed now, so that --resume with more --max-iters
+        values["lr_decay_iters"] = values["max_iters"]  # keeps the schedule of the run
     return TrainConfig(**values)
 
 
