@@ -152,7 +152,8 @@ def train(args: argparse.Namespace) -> int:
         if dist_info.is_main:
             created = _make_out_dir(out)
             try:
-                _stderr(f"building the {args.tokenizer} tokenizer on {corpus.name} ...")
+                if not args.quiet:
+                    _stderr(f"building the {args.tokenizer} tokenizer on {corpus.name} ...")
                 tokenizer = data.build_tokenizer_from_corpus(args.tokenizer, corpus, args.vocab_size,
                                                              args.min_freq)  # fmt: skip
                 ckpt.atomic_write_text(out / "tokenizer.json", tokenizer.to_json())
@@ -179,7 +180,7 @@ def train(args: argparse.Namespace) -> int:
     cpt = info.chars_per_token
     extra = {"task": "lm", "data": str(args.data), "encoding": args.encoding, "tokenizer": kind,
              "val_fraction": val_fraction, "chars_per_token": cpt, "n_tokens": info.n_tokens}  # fmt: skip
-    if dist_info.is_main:
+    if dist_info.is_main and not args.quiet:
         n = model.num_params()
         _stderr(f"{info.n_tokens:,} tokens ({len(train_tokens):,} train, {len(val_tokens):,} val), vocab "
                 f"{tokenizer.vocab_size}, {n / 1e6:.2f}M parameters, run directory {out}")  # fmt: skip
