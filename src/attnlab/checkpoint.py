@@ -163,8 +163,10 @@ def save_model(run_dir: str | Path, model: nn.Module, tokenizer: Tokenizer | Non
 
 def write_run_config(run_dir: str | Path, model: nn.Module, extra: dict | None = None) -> None:
     """Write config.json: format version, model_type, the model's config, and ``extra``."""
-    inner = getattr(getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model))
-    cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type, "config": inner.config.to_dict()}
+    inner = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    inner = getattr(inner, "module", inner)  # DistributedDataParallel wrapper
+    cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type}
+    cfg["config"] = inner.config.to_dict()
     cfg.update(extra or {})
     atomic_write_json(Path(run_dir) / "config.json", cfg)
 
