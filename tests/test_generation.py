@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from lm_helpers import tiny_gpt
 
 from attnlab.generation import (
     SamplingConfig,
@@ -14,6 +13,7 @@ from attnlab.generation import (
     generate_ids,
 )
 from attnlab.tokenizers import CharTokenizer
+from lm_helpers import tiny_gpt
 
 TOK = CharTokenizer("abcdefghij klmnopqr\n")  # 20 characters for a vocab of 20
 
@@ -91,8 +91,16 @@ def test_batch_of_prompts_and_streaming():
     assert "".join(pieces) == streamed.text == single.text
 
 
-@pytest.mark.parametrize("bad", [dict(top_p=0.0), dict(top_p=1.5), dict(max_new_tokens=-1),
-                                 dict(temperature=-1.0), dict(top_k=0)])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(max_new_tokens=-1),
+        dict(temperature=-1.0),
+        dict(top_k=0),
+    ],
+)
 def test_invalid_sampling_options_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingConfig(**bad)

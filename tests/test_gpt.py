@@ -6,13 +6,13 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lm_helpers import tiny_gpt
 
 from attnlab.checkpoint import load_run, save_model
 from attnlab.checks import find_future_leak, find_future_leak_grad
 from attnlab.config import ConfigError
 from attnlab.models.gpt import PRESETS, GPTConfig
 from attnlab.tokenizers import CharTokenizer
+from lm_helpers import tiny_gpt
 
 VARIANTS = [(pos, norm) for pos in ("learned", "sinusoidal", "rotary") for norm in (True, False)]
 
@@ -66,13 +66,28 @@ def test_cached_logits_match_uncached(pos, norm_first):
     d_ff=st.one_of(st.none(), st.integers(1, 64)),
 )
 def test_config_json_round_trip(n_head, head, n_layer, pos, norm_first, dropout, d_ff):
-    cfg = GPTConfig(n_head=n_head, d_model=n_head * head, n_layer=n_layer, pos=pos,
-                    norm_first=norm_first, dropout=dropout, d_ff=d_ff)  # fmt: skip
+    cfg = GPTConfig(
+        n_head=n_head,
+        d_model=n_head * head,
+        n_layer=n_layer,
+        pos=pos,
+        norm_first=norm_first,
+        dropout=dropout,
+        d_ff=d_ff,
+    )
     assert GPTConfig.from_json(cfg.to_json()) == cfg
 
 
-@pytest.mark.parametrize("bad", [dict(d_model=30, n_head=4), dict(n_layer=0), dict(block_size=-1),
-                                 dict(vocab_size=0), dict(pos="absolute")])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(d_model=30, n_head=4),
+        dict(n_layer=0),
+        dict(block_size=-1),
+        dict(vocab_size=0),
+        dict(pos="absolute"),
+    ],
+)
 def test_invalid_configs_are_refused(bad):
     with pytest.raises(ConfigError):
         GPTConfig(**bad)

@@ -11,20 +11,20 @@ import time
 
 import pytest
 import torch
-from lm_helpers import TINY_TRAIN, random_tokens, tiny_gpt, train_losses, write_text
 
 from attnlab.checkpoint import RunError, load_run
 from attnlab.data import RandomWindows, fixed_batches
 from attnlab.tokenizers import CharTokenizer
 from attnlab.training import (
     FAULT_ENV,
-    Trainer,
     TrainConfig,
+    Trainer,
     TrainingError,
     lr_at,
     next_token_loss,
     read_trainer_state,
 )
+from lm_helpers import TINY_TRAIN, random_tokens, tiny_gpt, train_losses, write_text
 
 TOKENS = random_tokens(3000, 20, seed=1)
 TOK = CharTokenizer("abcdefghijklmnopqrst")
@@ -33,13 +33,25 @@ TOK = CharTokenizer("abcdefghijklmnopqrst")
 def make_trainer(out=None, max_iters=12, seed=0, batches=None, **kw):
     torch.manual_seed(seed)
     model = tiny_gpt(dropout=0.1)  # dropout: the RNG state must be restored too
-    fields = dict(max_iters=max_iters, batch_size=4, lr=3e-3, min_lr=3e-4, warmup_iters=3,
-                  lr_decay_iters=12, eval_interval=4, eval_iters=2, log_interval=1, seed=seed,
-                  device="cpu")  # fmt: skip
+    fields = dict(
+        max_iters=max_iters,
+        batch_size=4,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup_iters=3,
+        lr_decay_iters=12,
+        eval_interval=4,
+        eval_iters=2,
+        log_interval=1,
+        seed=seed,
+        device="cpu",
+    )
     cfg = TrainConfig(**{**fields, **kw})
     batches = batches or RandomWindows(TOKENS, 16, 4, seed=seed)
     val = fixed_batches(TOKENS, 16, 4, 2, seed=123)
-    return Trainer(model, next_token_loss, batches, cfg, out, val_batches=val, tokenizer=TOK, quiet=True)
+    return Trainer(
+        model, next_token_loss, batches, cfg, out, val_batches=val, tokenizer=TOK, quiet=True
+    )
 
 
 def losses(result) -> dict[int, float]:
@@ -75,14 +87,24 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     assert losses(resumed) == losses(whole)  # bit-exact, steps 1..12
     assert resumed.val_loss == whole.val_loss
     ma, mb = load_run(tmp_path / "a")[0], load_run(tmp_path / "b")[0]
-    assert all(torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values()))
+    assert all(
+        torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values())
+    )
 
 
 def test_run_directory_holds_a_loadable_checkpoint(tmp_path):
     make_trainer(tmp_path / "r", max_iters=8).fit()
     run = tmp_path / "r"
-    for name in ("config.json", "model.safetensors", "tokenizer.json", "optimizer.safetensors",
-                 "trainer_state.json", "metrics.jsonl", "loss.png", "best/model.safetensors"):  # fmt: skip
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "metrics.jsonl",
+        "loss.png",
+        "best/model.safetensors",
+    ):
         assert (run / name).is_file(), name
     assert not (run / "ckpt-tmp").exists() and not (run / "ckpt-ready").exists()
     state = read_trainer_state(run)
@@ -157,8 +179,19 @@ def test_sigint_saves_a_checkpoint_and_stops_cleanly(tmp_path):
 
 # ---- whole processes, killed -----------------------------------------------------------------
 
-ARGS = [*TINY_TRAIN, "--max-iters", "12", "--eval-interval", "4", "--dropout", "0.1", "--lr", "3e-3",
-        "--warmup-iters", "2"]  # fmt: skip
+ARGS = [
+    *TINY_TRAIN,
+    "--max-iters",
+    "12",
+    "--eval-interval",
+    "4",
+    "--dropout",
+    "0.1",
+    "--lr",
+    "3e-3",
+    "--warmup-iters",
+    "2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +206,9 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault, expect_step", [("kill-during-checkpoint:2", 4), ("kill-during-install:2", 8)])
+@pytest.mark.parametrize(
+    "fault, expect_step", [("kill-during-checkpoint:2", 4), ("kill-during-install:2", 8)]
+)
 def test_killed_while_writing_a_checkpoint(tmp_path, cli, uninterrupted, fault, expect_step):
     data, whole = uninterrupted
     run = tmp_path / "run"

@@ -20,7 +20,10 @@ def attention_table(tokens: list[str], weights: torch.Tensor) -> str:
     """A token x token table: row = the query token, column = the key token it attends to."""
     width = max(6, *(len(t) for t in tokens)) + 1
     head = " " * width + "".join(f"{t:>{width}}" for t in tokens)
-    rows = [f"{q:>{width}}" + "".join(f"{w:>{width}.2f}" for w in row.tolist()) for q, row in zip(tokens, weights)]
+    rows = [
+        f"{q:>{width}}" + "".join(f"{w:>{width}.2f}" for w in row.tolist())
+        for q, row in zip(tokens, weights)
+    ]
     return "\n".join([head, *rows])
 
 
@@ -32,13 +35,37 @@ def train() -> None:
     if state is not None and state["step"] >= MAX_ITERS:
         print(f"[demo] {RUN} is already trained ({state['step']} steps); delete it to train again")
         return
-    args = ["train", "--data", "shakespeare", "--tokenizer", "char", "--preset", "baby", "--out", str(RUN),
-            "--max-iters", str(MAX_ITERS), "--eval-interval", "500", "--batch-size", "12",
-            "--lr", "1e-3", "--min-lr", "1e-4", "--warmup-iters", "100", "--dropout", "0"]  # fmt: skip
+    args = [
+        "train",
+        "--data",
+        "shakespeare",
+        "--tokenizer",
+        "char",
+        "--preset",
+        "baby",
+        "--out",
+        str(RUN),
+        "--max-iters",
+        str(MAX_ITERS),
+        "--eval-interval",
+        "500",
+        "--batch-size",
+        "12",
+        "--lr",
+        "1e-3",
+        "--min-lr",
+        "1e-4",
+        "--warmup-iters",
+        "100",
+        "--dropout",
+        "0",
+    ]
     if state is not None:
         args.append("--resume")
-    print(f"[demo] training the baby GPT on the built-in Shakespeare plays for {MAX_ITERS} steps "
-          "(Ctrl-C saves a checkpoint; run `make demo` again to continue)")  # fmt: skip
+    print(
+        f"[demo] training the baby GPT on the built-in Shakespeare plays for {MAX_ITERS} steps "
+        "(Ctrl-C saves a checkpoint; run `make demo` again to continue)"
+    )
     code = cli(args)
     if code:
         sys.exit(code)

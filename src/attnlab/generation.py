@@ -71,7 +71,9 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
     return logits
 
 
-def next_token(logits: Tensor, cfg: SamplingConfig, seen: Tensor | None, generator: torch.Generator | None) -> Tensor:
+def next_token(
+    logits: Tensor, cfg: SamplingConfig, seen: Tensor | None, generator: torch.Generator | None
+) -> Tensor:
     """(B, V) logits of the last position -> (B,) next token ids."""
     logits = logits.float()
     if seen is not None:
@@ -165,39 +167,56 @@ def generate(
     single = len(jobs) == 1
     for group in by_length.values():
         prompt = torch.tensor([encoded[i] for i, _ in group], dtype=torch.long)  # (B, T0)
-        B = len(group)
-        done = [False] * B
-        gen: list[list[int]] = [[] for _ in range(B)]
-        printed = [0] * B
-        hold = max((len(s) for s in stop), default=1) - 1  # text that may still become a stop string
-
-        def on_step(tok: Tensor) -> bool:
-            for b in range(B):
-                if done[b]:
-                    continue
-                gen[b].append(int(tok[b]))
-                text = tokenizer.decode(gen[b])
-                cut = min((text.find(s) for s in stop if s and s in text), default=-1)
-                if cut >= 0:
-                    done[b] = True
-                if stream is not None and single:
-                    # hold back what may still become a stop string or a whole character
-                    upto = cut if cut >= 0 else len(text.rstrip("\ufffd")) - hold
-                    if upto > printed[b]:
-                        stream(text[printed[b] : upto])
-                        printed[b] = upto
-            return all(done)
-
-        generate_ids(model, prompt, cfg, use_cache=use_cache, on_step=on_step)
+        watch = _StopWatch(tokenizer, len(group), stop, stream if single else None)
+        generate_ids(model, prompt, cfg, use_cache=use_cache, on_step=watch)
         for b, (i, s) in enumerate(group):
-            text = tokenizer.decode(gen[b])
-            cuts = [text.find(x) for x in stop if x and x in text]
-            if cuts:
-                text = text[: min(cuts)]
-            if stream is not None and single and len(text) > printed[b]:
-                stream(text[printed[b] :])
-            results[(i, s)] = Sample(prompts[i], text, gen[b], stopped=bool(cuts))
+            text, stopped = watch.finish(b)
+            results[(i, s)] = Sample(prompts[i], text, watch.gen[b], stopped=stopped)
     return [results[j] for j in jobs]
+
+
+class _StopWatch:
+    """Collects each row's new tokens, stops a row at its first stop string, and streams the
+    text of a lone row as it grows (holding back what may still turn into a stop string, or a
+    character whose bytes are not all there yet)."""
+
+    def __init__(
+        self, tokenizer, B: int, stop: Sequence[str], stream: Callable[[str], None] | None
+    ):
+        self.tokenizer, self.stop, self.stream = tokenizer, [s for s in stop if s], stream
+        self.done = [False] * B
+        self.gen: list[list[int]] = [[] for _ in range(B)]
+        self.printed = 0
+        self.hold = max((len(s) for s in self.stop), default=1) - 1
+
+    def _cut(self, text: str) -> int:
+        return min((text.find(s) for s in self.stop if s in text), default=-1)
+
+    def __call__(self, tok: Tensor) -> bool:
+        for b, done in enumerate(self.done):
+            if done:
+                continue
+            self.gen[b].append(int(tok[b]))
+            text = self.tokenizer.decode(self.gen[b])
+            cut = self._cut(text)
+            self.done[b] = cut >= 0
+            if self.stream is not None:
+                upto = cut if cut >= 0 else len(text.rstrip("\ufffd")) - self.hold
+                self._emit(text, upto)
+        return all(self.done)
+
+    def _emit(self, text: str, upto: int) -> None:
+        if upto > self.printed:
+            self.stream(text[self.printed : upto])
+            self.printed = upto
+
+    def finish(self, b: int) -> tuple[str, bool]:
+        text = self.tokenizer.decode(self.gen[b])
+        cut = self._cut(text)
+        text = text[:cut] if cut >= 0 else text
+        if self.stream is not None:
+            self._emit(text, len(text))
+        return text, cut >= 0
 
 
 def _encode_prompt(tokenizer, prompt: str) -> list[int]:

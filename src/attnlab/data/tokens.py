@@ -65,7 +65,9 @@ class TokenFileInfo:
         return self.n_chars / max(self.n_tokens, 1)
 
 
-def encode_to_file(corpus: Corpus, tokenizer: Tokenizer, path: str | Path, source: str = "") -> TokenFileInfo:
+def encode_to_file(
+    corpus: Corpus, tokenizer: Tokenizer, path: str | Path, source: str = ""
+) -> TokenFileInfo:
     """Encode ``corpus`` chunk by chunk into the flat token file ``path`` (tmp + fsync + rename).
 
     Also writes ``data.json`` beside it. Returns the counts (used for bits per character).
@@ -110,7 +112,9 @@ def read_token_file(path: str | Path) -> tuple[np.memmap, TokenFileInfo]:
     return np.memmap(path, dtype=info.dtype, mode="r"), info
 
 
-def split_tokens(tokens: np.ndarray, val_fraction: float, block_size: int) -> tuple[np.ndarray, np.ndarray]:
+def split_tokens(
+    tokens: np.ndarray, val_fraction: float, block_size: int
+) -> tuple[np.ndarray, np.ndarray]:
     """First (1 - val_fraction) of the tokens for training, the rest for validation.
 
     Both parts must hold at least one window (block_size + 1 tokens).
@@ -118,23 +122,31 @@ def split_tokens(tokens: np.ndarray, val_fraction: float, block_size: int) -> tu
     n = len(tokens)
     need = block_size + 1
     if n < need:
-        raise DataError(f"the text is only {n} tokens, shorter than block_size + 1 = {need}; "
-                        "give more text or a smaller --block-size")  # fmt: skip
+        raise DataError(
+            f"the text is only {n} tokens, shorter than block_size + 1 = {need}; "
+            "give more text or a smaller --block-size"
+        )
     if not 0.0 <= val_fraction < 1.0:
         raise DataError(f"--val-fraction must be in [0, 1), got {val_fraction}")
     n_val = int(n * val_fraction)
     train, val = tokens[: n - n_val], tokens[n - n_val :]
     if val_fraction > 0 and len(val) < need:
-        raise DataError(f"the validation part ({val_fraction:.0%} of {n} tokens = {len(val)}) is "
-                        f"shorter than block_size + 1 = {need}; give more text, a smaller "
-                        "--block-size or a larger --val-fraction")  # fmt: skip
+        raise DataError(
+            f"the validation part ({val_fraction:.0%} of {n} tokens = {len(val)}) is "
+            f"shorter than block_size + 1 = {need}; give more text, a smaller "
+            "--block-size or a larger --val-fraction"
+        )
     if len(train) < need:
-        raise DataError(f"the training part ({len(train)} tokens) is shorter than block_size + 1 = "
-                        f"{need}; give more text or a smaller --val-fraction")  # fmt: skip
+        raise DataError(
+            f"the training part ({len(train)} tokens) is shorter than block_size + 1 = "
+            f"{need}; give more text or a smaller --val-fraction"
+        )
     return train, (val if val_fraction > 0 else train)
 
 
-def windows(tokens: np.ndarray, starts: np.ndarray, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def windows(
+    tokens: np.ndarray, starts: np.ndarray, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x, y (B, T) int64 from windows starting at ``starts``; y is x shifted by one token."""
     idx = starts[:, None] + np.arange(block_size + 1)[None, :]  # (B, T + 1)
     w = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))  # (B, T + 1)
@@ -149,10 +161,19 @@ class RandomWindows:
     batch does not depend on how many processes share it. ``state_dict()`` is the data position.
     """
 
-    def __init__(self, tokens: np.ndarray, block_size: int, batch_size: int, seed: int = 0,
-                 rank: int = 0, world_size: int = 1):  # fmt: skip
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        block_size: int,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         if len(tokens) < block_size + 1:
-            raise DataError(f"need at least block_size + 1 = {block_size + 1} tokens, got {len(tokens)}")
+            raise DataError(
+                f"need at least block_size + 1 = {block_size + 1} tokens, got {len(tokens)}"
+            )
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.rank, self.world_size = rank, world_size
         self.generator = torch.Generator().manual_seed(seed)
@@ -179,19 +200,23 @@ class RandomWindows:
         self.drawn = int(state["drawn"])
 
 
-def fixed_batches(tokens: np.ndarray, block_size: int, batch_size: int, n_batches: int,
-                  seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:  # fmt: skip
+def fixed_batches(
+    tokens: np.ndarray, block_size: int, batch_size: int, n_batches: int, seed: int = 0
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same ``n_batches`` random batches every time (for comparable evaluations)."""
     source = RandomWindows(tokens, block_size, batch_size, seed=seed)
     return [next(source) for _ in range(n_batches)]
 
 
-def sequential_batches(tokens: np.ndarray, block_size: int, batch_size: int, max_tokens: int | None = None):
+def sequential_batches(
+    tokens: np.ndarray, block_size: int, batch_size: int, max_tokens: int | None = None
+):
     """Non-overlapping windows spread evenly over ``tokens``, in batches (for ``eval``)."""
     n_windows = (len(tokens) - 1) // block_size
     if n_windows == 0:
-        raise DataError(f"the text is only {len(tokens)} tokens, shorter than block_size + 1 = "
-                        f"{block_size + 1}")  # fmt: skip
+        raise DataError(
+            f"the text is only {len(tokens)} tokens, shorter than block_size + 1 = {block_size + 1}"
+        )
     keep = n_windows if max_tokens is None else max(1, min(n_windows, max_tokens // block_size))
     starts = (np.linspace(0, n_windows - 1, keep).round().astype(np.int64)) * block_size
     for i in range(0, keep, batch_size):
