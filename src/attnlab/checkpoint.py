@@ -131,10 +131,15 @@ def model_class(model_type: str) -> type[nn.Module]:
     return getattr(importlib.import_module(module), name)
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model inside torch.compile's and DistributedDataParallel's wrappers."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    return getattr(model, "module", model)  # DistributedDataParallel wrapper
+
+
 def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unwrapped model's state dict with tied copies dropped (stored once)."""
-    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
-    model = getattr(model, "module", model)  # DistributedDataParallel wrapper
+    model = unwrap(model)
     sd = model.state_dict()
     tied = (
         getattr(model, "tied_weights_keys", ())
@@ -172,21 +177,22 @@ def save_model(
     """Write config.json, model.safetensors (and tokenizer.json) into ``run_dir``."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    inner = getattr(
-        getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model)
-    )
+    inner = unwrap(model)
     save_tensors(
         run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"}
     )
     if tokenizer is not None:
         atomic_write_text(run_dir / "tokenizer.json", tokenizer.to_json())
-    cfg = {
-        "attnlab_format": FORMAT_VERSION,
-        "model_type": inner.model_type,
-        "config": inner.config.to_dict(),
-    }
+    write_run_config(run_dir, inner, extra)
+
+
+def write_run_config(run_dir: str | Path, model: nn.Module, extra: dict | None = None) -> None:
+    """Write config.json: format version, model_type, the model's config, and ``extra``."""
+    inner = unwrap(model)
+    cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type}
+    cfg["config"] = inner.config.to_dict()
     cfg.update(extra or {})
-    atomic_write_json(run_dir / "config.json", cfg)
+    atomic_write_json(Path(run_dir) / "config.json", cfg)
 
 
 def read_run_config(run_dir: str | Path) -> dict:

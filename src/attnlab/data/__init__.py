@@ -1,0 +1,39 @@
+"""Data: text corpora and token datasets.
+
+- ``corpus``: a file, a directory of ``.txt`` files or a built-in corpus (``shakespeare``),
+  checked and read in chunks; ``DataError`` for anything unusable.
+- ``tokens``: the corpus encoded once into a memory-mapped token file; random windows for
+  language modelling, fixed batches for evaluation.
+"""
+
+from attnlab.data.corpus import BUILTIN, Corpus, DataError, load_text, open_corpus
+from attnlab.data.tokens import (
+    RandomWindows,
+    TokenFileInfo,
+    build_tokenizer_from_corpus,
+    encode_to_file,
+    fixed_batches,
+    read_token_file,
+    sequential_batches,
+    split_tokens,
+    token_dtype,
+    windows,
+)
+
+__all__ = [
+    "BUILTIN",
+    "Corpus",
+    "DataError",
+    "RandomWindows",
+    "TokenFileInfo",
+    "build_tokenizer_from_corpus",
+    "encode_to_file",
+    "fixed_batches",
+    "load_text",
+    "open_corpus",
+    "read_token_file",
+    "sequential_batches",
+    "split_tokens",
+    "token_dtype",
+    "windows",
+]

@@ -1,0 +1,182 @@
+"""The language-model verbs end to end: train, generate, eval, and every bad input -> exit 2."""
+
+from __future__ import annotations
+
+import pytest
+
+from attnlab import load_run
+from attnlab.cli import main
+from lm_helpers import TEXT, TINY_TRAIN, metrics, write_text
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    from conftest import run_cli
+
+    d = tmp_path_factory.mktemp("cli")
+    data = write_text(d)
+    run = d / "run"
+    r = run_cli(
+        "train",
+        "--data",
+        data,
+        "--out",
+        run,
+        *TINY_TRAIN,
+        "--max-iters",
+        "6",
+        "--eval-interval",
+        "3",
+    )
+    assert r.returncode == 0, r.stderr
+    return data, run, r
+
+
+@pytest.mark.slow
+def test_train_writes_a_complete_run(trained):
+    data, run, r = trained
+    assert "trained 6 steps" in r.stdout and "Traceback" not in r.stderr
+    rows = metrics(run)
+    assert [x["step"] for x in rows if "val_loss" in x] == [0, 3, 6]
+    assert all({"val_loss", "val_ppl", "val_bpc"} <= set(x) for x in rows if "val_loss" in x)
+    model, tok = load_run(run)
+    assert tok.vocab_size == len(set(TEXT)) == model.config.vocab_size
+    assert (run / "loss.png").stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_generate_prints_the_prompt_and_a_continuation(trained, cli):
+    _, run, _ = trained
+    r = cli("generate", run, "--prompt", "All:", "--max-new-tokens", "20", "--seed", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("All:") and len(r.stdout) == len("All:") + 20 + 1
+    again = cli(
+        "generate", run, "--prompt", "All:", "--max-new-tokens", "20", "--seed", "1", "--no-cache"
+    )
+    assert again.stdout == r.stdout  # the cache changes nothing but speed
+
+
+def test_generate_batch_and_eval_in_process(trained, capsys):
+    data, run, _ = trained
+    assert (
+        main(
+            [
+                "generate",
+                str(run),
+                "--prompt",
+                "All",
+                "--prompt",
+                "You",
+                "--num-samples",
+                "2",
+                "--max-new-tokens",
+                "5",
+                "--temperature",
+                "0",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out.split("-" * 40 + "\n")
+    assert len(out) == 4 and out[0] == out[1] and out[2].startswith("You")
+    assert main(["eval", str(run), "--data", str(data)]) == 0
+    text = capsys.readouterr().out
+    for key in ("loss", "perplexity", "bits/char"):
+        assert key in text
+
+
+@pytest.mark.slow
+def test_resume_with_more_iterations_and_refusing_a_changed_setting(trained, capsys, tmp_path):
+    data, run, _ = trained
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    assert (
+        main(
+            [
+                "train",
+                "--data",
+                str(data),
+                "--out",
+                str(copy),
+                "--resume",
+                "--max-iters",
+                "8",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    assert max(x["step"] for x in metrics(copy)) == 8
+    capsys.readouterr()
+    assert main(["train", "--data", str(data), "--out", str(copy), "--resume", "--lr", "0.5"]) == 2
+    assert "--lr cannot change on --resume" in capsys.readouterr().err
+    assert main(["train", "--data", str(data), "--out", str(copy)]) == 2
+    assert "pass --resume" in capsys.readouterr().err
+
+
+def _bad_files(d):
+    (d / "empty.txt").write_text("")
+    (d / "blank.txt").write_text("  \n\n\t ")
+    (d / "nodir").mkdir()
+    (d / "nodir" / "notes.md").write_text("hello")
+    (d / "bin.txt").write_bytes(bytes(range(256)))
+    (d / "latin.txt").write_bytes("na\u00efve caf\u00e9 ".encode("latin-1") * 20)
+    (d / "short.txt").write_text("too short")
+
+
+TRAIN_BAD = [
+    (["--data", "{d}/missing.txt"], "no such file"),
+    (["--data", "{d}/empty.txt"], "empty"),
+    (["--data", "{d}/blank.txt"], "only whitespace"),
+    (["--data", "{d}/nodir"], "no .txt files"),
+    (["--data", "{d}/bin.txt"], "binary"),
+    (["--data", "{d}/latin.txt"], "--encoding"),
+    (["--data", "{d}/short.txt", "--block-size", "64"], "shorter than block_size + 1"),
+    (
+        ["--data", "{text}", "--d-model", "30", "--n-head", "4"],
+        "--d-model (30) must be divisible by --n-head (4)",
+    ),
+    (["--data", "{text}", "--n-layer", "0"], "--n-layer must be positive"),
+    (["--data", "{text}", "--lr", "0"], "--lr must be positive"),
+    (["--data", "{text}", "--lr=-1e-3"], "--lr must be positive"),
+]
+
+
+@pytest.mark.parametrize("args, needle", TRAIN_BAD)
+def test_bad_training_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, needle):
+    _bad_files(tmp_path)
+    text = write_text(tmp_path)
+    out = tmp_path / "out"
+    argv = ["train", *[a.format(d=tmp_path, text=text) for a in args], "--out", str(out), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and err.startswith("attnlab: error:")
+    assert not out.exists()
+
+
+GENERATE_BAD = [
+    (["--prompt", "h\u00e9llo \u20ac"], "characters not in the vocabulary: '\u00e9', '\u20ac'"),
+    (["--top-p", "0"], "--top-p must be in (0, 1]"),
+    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
+    (["--max-new-tokens", "-3"], "--max-new-tokens must be >= 0"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("args, needle", GENERATE_BAD)
+def test_bad_generation_input_is_one_line_exit_2(trained, capsys, args, needle):
+    _, run, _ = trained
+    assert main(["generate", str(run), *args]) == 2
+    captured = capsys.readouterr()
+    assert needle in captured.err and captured.err.count("\n") == 1 and captured.out == ""
+
+
+@pytest.mark.slow
+def test_bad_input_through_the_real_cli_has_no_traceback(tmp_path, cli):
+    r = cli("train", "--data", tmp_path / "nope.txt", "--out", tmp_path / "out")
+    assert (
+        r.returncode == 2 and r.stderr.startswith("attnlab: error:") and "Traceback" not in r.stderr
+    )
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,251 @@
+"""The Trainer: schedule, determinism, exact resume, and nothing lost when things go wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from attnlab.checkpoint import RunError, load_run
+from attnlab.data import RandomWindows, fixed_batches
+from attnlab.tokenizers import CharTokenizer
+from attnlab.training import (
+    FAULT_ENV,
+    TrainConfig,
+    Trainer,
+    TrainingError,
+    lr_at,
+    next_token_loss,
+    read_trainer_state,
+)
+from lm_helpers import TINY_TRAIN, random_tokens, tiny_gpt, train_losses, write_text
+
+TOKENS = random_tokens(3000, 20, seed=1)
+TOK = CharTokenizer("abcdefghijklmnopqrst")
+
+
+def make_trainer(out=None, max_iters=12, seed=0, batches=None, **kw):
+    torch.manual_seed(seed)
+    model = tiny_gpt(dropout=0.1)  # dropout: the RNG state must be restored too
+    fields = dict(
+        max_iters=max_iters,
+        batch_size=4,
+        lr=3e-3,
+        min_lr=3e-4,
+        warmup_iters=3,
+        lr_decay_iters=12,
+        eval_interval=4,
+        eval_iters=2,
+        log_interval=1,
+        seed=seed,
+        device="cpu",
+    )
+    cfg = TrainConfig(**{**fields, **kw})
+    batches = batches or RandomWindows(TOKENS, 16, 4, seed=seed)
+    val = fixed_batches(TOKENS, 16, 4, 2, seed=123)
+    return Trainer(
+        model, next_token_loss, batches, cfg, out, val_batches=val, tokenizer=TOK, quiet=True
+    )
+
+
+def losses(result) -> dict[int, float]:
+    return {r["step"]: r["train_loss"] for r in result.history if "val_loss" not in r}
+
+
+def test_lr_warms_up_then_decays_to_min_lr():
+    c = TrainConfig(lr=1.0, min_lr=0.1, warmup_iters=10, lr_decay_iters=100, max_iters=200)
+    warm = [lr_at(t, c) for t in range(10)]
+    decay = [lr_at(t, c) for t in range(10, 101)]
+    assert all(a < b for a, b in zip(warm, warm[1:])) and warm[-1] < 1.0
+    assert lr_at(10, c) == pytest.approx(1.0) and lr_at(100, c) == pytest.approx(0.1)
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+    assert lr_at(150, c) == 0.1
+
+
+def test_same_seed_same_losses_other_seed_other_losses():
+    a, b, c = (losses(make_trainer(seed=s, max_iters=6).fit()) for s in (3, 3, 4))
+    assert a == b and a != c and len(a) == 6
+
+
+def test_training_lowers_the_loss():
+    tokens = torch.arange(3000) % 20  # a perfectly predictable sequence
+    batches = RandomWindows(tokens.numpy(), 16, 4, seed=0)
+    curve = losses(make_trainer(max_iters=40, batches=batches, lr=1e-2, lr_decay_iters=40).fit())
+    assert curve[40] < curve[1] - 1.0
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    whole = make_trainer(tmp_path / "a", max_iters=12).fit()
+    make_trainer(tmp_path / "b", max_iters=6).fit()  # stops at step 6 (final checkpoint)
+    resumed = make_trainer(tmp_path / "b", max_iters=12, seed=99).fit(resume=True)  # seed ignored
+    assert losses(resumed) == losses(whole)  # bit-exact, steps 1..12
+    assert resumed.val_loss == whole.val_loss
+    ma, mb = load_run(tmp_path / "a")[0], load_run(tmp_path / "b")[0]
+    assert all(
+        torch.equal(x, y) for x, y in zip(ma.state_dict().values(), mb.state_dict().values())
+    )
+
+
+def test_run_directory_holds_a_loadable_checkpoint(tmp_path):
+    make_trainer(tmp_path / "r", max_iters=8).fit()
+    run = tmp_path / "r"
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "optimizer.safetensors",
+        "trainer_state.json",
+        "metrics.jsonl",
+        "loss.png",
+        "best/model.safetensors",
+    ):
+        assert (run / name).is_file(), name
+    assert not (run / "ckpt-tmp").exists() and not (run / "ckpt-ready").exists()
+    state = read_trainer_state(run)
+    assert state["step"] == 8 and state["data"]["drawn"] == 8
+    model, tok = load_run(run)
+    assert model.config.vocab_size == 20 and tok.vocab_size == 20
+    load_run(run / "best")
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert {"step", "train_loss", "lr", "tokens_per_s"} <= set(rows[1])
+    assert [r["step"] for r in rows if "val_loss" in r] == [0, 4, 8]
+
+
+def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "nan-at:5")  # the 6th step's loss becomes NaN
+    with pytest.raises(TrainingError, match=r"nan at step 6.*step 4\) is kept.*--lr"):
+        make_trainer(tmp_path / "r").fit()
+    assert read_trainer_state(tmp_path / "r")["step"] == 4
+    model, _ = load_run(tmp_path / "r")
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
+    monkeypatch.setenv(FAULT_ENV, "disk-full-at-checkpoint:2")
+    with pytest.raises(TrainingError, match=r"step 8.*No space left.*step 4\) is kept"):
+        make_trainer(tmp_path / "r").fit()
+    assert read_trainer_state(tmp_path / "r")["step"] == 4
+    load_run(tmp_path / "r")
+
+
+def test_unwritable_out_dir_is_found_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(RunError, match="cannot write the run directory"):
+        make_trainer(blocker / "run").fit()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
+def test_read_only_out_dir_is_found_before_training(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    with pytest.raises(RunError, match="cannot write"):
+        make_trainer(ro / "run").fit()
+
+
+class InterruptAt:
+    """Batches that deliver a SIGINT (as Ctrl-C would) when the n-th batch is drawn."""
+
+    def __init__(self, n):
+        self.inner, self.n = RandomWindows(TOKENS, 16, 4, seed=0), n
+
+    def __next__(self):
+        if self.inner.drawn + 1 == self.n:
+            os.kill(os.getpid(), signal.SIGINT)
+        return next(self.inner)
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, s):
+        self.inner.load_state_dict(s)
+
+
+def test_sigint_saves_a_checkpoint_and_stops_cleanly(tmp_path):
+    whole = make_trainer(tmp_path / "a").fit()
+    result = make_trainer(tmp_path / "b", batches=InterruptAt(6)).fit()
+    assert result.interrupted and result.step == 6
+    assert read_trainer_state(tmp_path / "b")["step"] == 6
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+    resumed = make_trainer(tmp_path / "b").fit(resume=True)
+    assert losses(resumed) == losses(whole)
+
+
+# ---- whole processes, killed -----------------------------------------------------------------
+
+ARGS = [
+    *TINY_TRAIN,
+    "--max-iters",
+    "12",
+    "--eval-interval",
+    "4",
+    "--dropout",
+    "0.1",
+    "--lr",
+    "3e-3",
+    "--warmup-iters",
+    "2",
+]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    from conftest import run_cli
+
+    d = tmp_path_factory.mktemp("whole")
+    data = write_text(d)
+    r = run_cli("train", "--data", data, "--out", d / "run", *ARGS)
+    assert r.returncode == 0, r.stderr
+    return data, train_losses(d / "run")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fault, expect_step", [("kill-during-checkpoint:2", 4), ("kill-during-install:2", 8)]
+)
+def test_killed_while_writing_a_checkpoint(tmp_path, cli, uninterrupted, fault, expect_step):
+    data, whole = uninterrupted
+    run = tmp_path / "run"
+    r = cli("train", "--data", data, "--out", run, *ARGS, env={FAULT_ENV: fault})
+    assert r.returncode == -signal.SIGKILL
+    assert (run / ("ckpt-tmp" if "checkpoint" in fault else "ckpt-ready")).exists()
+    load_run(run)  # whatever the moment of death, the run directory loads
+    r = cli("train", "--data", data, "--out", run, *ARGS, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert not (run / "ckpt-tmp").exists() and not (run / "ckpt-ready").exists()
+    got = train_losses(run)
+    assert got == whole  # steps after the checkpoint recomputed bit-exactly
+    assert f"resumed from the checkpoint of step {expect_step}" in r.stderr
+
+
+@pytest.mark.slow
+def test_kill_9_mid_run_then_resume_matches_uninterrupted(tmp_path, uninterrupted):
+    from conftest import SRC
+
+    data, whole = uninterrupted
+    run = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(SRC), FAULT_ENV: "step-delay:0.15"}
+    cmd = [sys.executable, "-m", "attnlab", "train", "--data", str(data), "--out", str(run), *ARGS]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline:  # wait for the first checkpoint and a few steps after it
+        state = read_trainer_state(run) if (run / "trainer_state.json").exists() else None
+        if state and state["step"] >= 4 and max(train_losses(run), default=0) >= 6:
+            break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = max(train_losses(run))
+    assert killed_at < 12
+    from conftest import run_cli
+
+    r = run_cli("train", "--data", data, "--out", run, *ARGS, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert train_losses(run) == whole
