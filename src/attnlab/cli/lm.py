@@ -159,8 +159,10 @@ def train(args: argparse.Namespace) -> int:
 
     if args.resume:
         cfg = ckpt.read_run_config(out)
+        ckpt.model_class(cfg.get("model_type", ""))  # an unknown model type is named as such
         if cfg.get("model_type") != "gpt" or cfg.get("task", "lm") != "lm":
             raise UsageError(f"{out}: not a language-model run, cannot --resume it with --task lm")
+        ckpt.build_model(cfg)  # an invalid config.json is reported as one
         state = read_trainer_state(out)
         saved_train = (state or {}).get("train_config") or cfg.get("train_config", {})
         _check_resume_options(args, saved_train, cfg["config"])
@@ -230,13 +232,6 @@ def train(args: argparse.Namespace) -> int:
         "chars_per_token": cpt,
         "n_tokens": info.n_tokens,
     }
-    if dist_info.is_main and not args.quiet:
-        n = model.num_params()
-        _stderr(
-            f"{info.n_tokens:,} tokens ({len(train_tokens):,} train, {len(val_tokens):,} val), "
-            "vocab "
-            f"{tokenizer.vocab_size}, {n / 1e6:.2f}M parameters, run directory {out}"
-        )
     trainer = Trainer(
         model,
         next_token_loss,
@@ -251,6 +246,15 @@ def train(args: argparse.Namespace) -> int:
         dist_info=dist_info,
         quiet=args.quiet,
     )
+    if args.resume:  # a checkpoint that cannot be continued from: one line, before any other
+        trainer.load_checkpoint()
+    if dist_info.is_main and not args.quiet:
+        n = model.num_params()
+        _stderr(
+            f"{info.n_tokens:,} tokens ({len(train_tokens):,} train, {len(val_tokens):,} val), "
+            "vocab "
+            f"{tokenizer.vocab_size}, {n / 1e6:.2f}M parameters, run directory {out}"
+        )
     try:
         result = trainer.fit(resume=args.resume)
     except TrainingError as e:
