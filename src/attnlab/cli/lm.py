@@ -109,6 +109,20 @@ def train_config_from_args(args: argparse.Namespace):
     return TrainConfig(**values)
 
 
+def check_train_options(args: argparse.Namespace):
+    """The optimisation and tokenizer options every ``train --task`` shares, as a TrainConfig;
+    a bad one is a UsageError naming the option as typed (``--lr must be positive``)."""
+    try:
+        tcfg = train_config_from_args(args)
+    except ConfigError as e:
+        raise UsageError(_as_options(str(e), TRAIN_OPTIONS)) from None
+    for name in ("vocab_size", "min_freq"):
+        value = getattr(args, name, 1)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return tcfg
+
+
 def _check_resume_options(args, saved_train: dict, saved_model: dict) -> None:
     """On --resume, an option typed on the command line must not change the run's settings."""
     for name in sorted(_given(args) - RESUMABLE):
@@ -142,8 +156,8 @@ def train(args: argparse.Namespace) -> int:
     )
 
     # Validate every option before reading or writing anything.
+    tcfg = check_train_options(args)
     try:
-        tcfg = train_config_from_args(args)
         probe = model_config_from_args(args, vocab_size=1)  # sizes, d_model % n_head, ...
     except ConfigError as e:
         raise UsageError(_as_options(str(e), (*TRAIN_OPTIONS, *MODEL_OPTIONS))) from None
