@@ -66,6 +66,7 @@ def case(tmp_path, trained):
 
 INPUT_FILES = {
     "corpus.txt": TEXT.encode(),
+    "labels.tsv": "".join(f"{n % 2}\tline {n} of the corpus\n" for n in range(40)).encode(),
     "empty.txt": b"",
     "blank.txt": b"  \n\n\t \r\n",
     "notext/notes.md": b"hello, not a .txt file",
@@ -116,14 +117,29 @@ DATA_CASES = {
 }
 
 
-@pytest.mark.parametrize("verb", ["train", "eval"])
-@pytest.mark.parametrize("name", DATA_CASES)
+# the encoder tasks read lines (mlm) or label<TAB>text lines (classify), not token windows
+OTHER_NEEDLES = {
+    ("classify", "no text files"): "notext: is a directory; expected one label<TAB>text file",
+    ("classify", "shorter than a block"): "short.txt:1: expected 'label<TAB>text'",
+    ("mlm", "shorter than a block"): None,  # one line is enough to train on
+}
+DATA_MATRIX = [
+    (verb, name)
+    for verb in ("train", "eval", "mlm", "classify")
+    for name in DATA_CASES
+    if OTHER_NEEDLES.get((verb, name), "") is not None
+]
+
+
+@pytest.mark.parametrize("verb, name", DATA_MATRIX)
 def test_bad_data_is_refused(cli, case, verb, name):
     data, needle = DATA_CASES[name]
-    if verb == "train":
-        args = ["train", "--data", data, "--out", "out", *TINY_TRAIN, "--max-iters", "1"]
-    else:
+    needle = OTHER_NEEDLES.get((verb, name), needle)
+    if verb == "eval":
         args = ["eval", "run", "--data", data]
+    else:
+        task = "lm" if verb == "train" else verb
+        args = ["train", "--task", task, "--data", data, "--out", "out", *TINY_TRAIN]
     refused(cli, case, *args, needle=needle)
     assert not (case / "out").exists()
 
@@ -157,13 +173,25 @@ TRAIN_OPTIONS = {
     "lr 0": (["--lr", "0"], "--lr must be positive"),
     "lr negative": (["--lr=-1e-3"], "--lr must be positive"),
     "val_fraction 1": (["--val-fraction", "1"], "--val-fraction must be in [0, 1)"),
+    "vocab_size 0": (["--tokenizer", "bpe", "--vocab-size", "0"], "--vocab-size must be positive"),
+    "min_lr above lr": (["--lr", "1e-4", "--min-lr", "1e-3"], "--min-lr must be in [0, --lr"),
 }
 
 
-@pytest.mark.parametrize("name", TRAIN_OPTIONS)
-def test_bad_training_option_is_refused(cli, case, name):
+TRAIN_MATRIX = [("lm", name) for name in TRAIN_OPTIONS] + [
+    ("mlm", "d_model % n_head"),
+    ("mlm", "lr 0"),
+    ("mlm", "vocab_size 0"),
+    ("classify", "n_layer 0"),
+    ("classify", "lr negative"),
+]
+
+
+@pytest.mark.parametrize("task, name", TRAIN_MATRIX)
+def test_bad_training_option_is_refused(cli, case, task, name):
     opts, needle = TRAIN_OPTIONS[name]
-    base = ["train", "--data", "corpus.txt", "--out", "out", *TINY_TRAIN]
+    data = "labels.tsv" if task == "classify" else "corpus.txt"
+    base = ["train", "--task", task, "--data", data, "--out", "out", *TINY_TRAIN]
     refused(cli, case, *base, *opts, needle=needle)
 
 
