@@ -599,3 +599,73 @@ def test_ctrl_c_during_generate_exits_130_quietly(trained, tmp_path):
     assert proc.returncode == 130, err
     assert err.decode() == "attnlab: interrupted\n"
     assert snapshot(trained) == before and list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# nothing is written outside the run directory and the paths the user names
+# ---------------------------------------------------------------------------------------------
+
+REPO = SRC.parent
+# matplotlib's own per-user font cache and config directory, as for any program that uses it
+MATPLOTLIB = (".cache/", ".config/", ".cache/matplotlib/", ".config/matplotlib/")
+SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".venv", ".hypothesis"}
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """relative path -> (size, mtime_ns) of every file and directory under ``root``, the
+    caches of Python and of the tools skipped."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in SKIP_DIRS]
+        for name in dirnames:
+            out[str(Path(dirpath, name).relative_to(root)) + "/"] = (0, 0)
+        for name in filenames:
+            p = Path(dirpath, name)
+            st = p.lstat()
+            out[str(p.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _changed(before: dict, after: dict) -> set[str]:
+    return {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+
+
+def test_every_verb_writes_only_where_it_is_told(cli, tmp_path):
+    work, home, tmp = (tmp_path / d for d in ("work", "home", "tmp"))
+    for d in (work, home, tmp):
+        d.mkdir()
+    (work / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    env = {"HOME": str(home), "TMPDIR": str(tmp), "XDG_CACHE_HOME": None,
+           "XDG_CONFIG_HOME": None, "MPLCONFIGDIR": None}  # fmt: skip
+    steps = [  # (command, the paths under work/ it may write)
+        (["train", "--data", "corpus.txt", "--out", "run", *TINY_TRAIN, "--max-iters", "2",
+          "--eval-interval", "2", "--eval-iters", "1"], ["run/"]),
+        (["train", "--data", "corpus.txt", "--out", "run", "--resume", "--max-iters", "3"],
+         ["run/"]),
+        (["generate", "run", "--prompt", "All", "--max-new-tokens", "5"], []),
+        (["eval", "run", "--data", "corpus.txt"], []),
+        (["trace", "run", "All"], []),
+        (["check", "run"], []),
+        (["attention", "run", "All", "--png", "map.png"], ["map.png"]),
+        (["influence", "run", "All", "--csv", "table.csv"], ["table.csv"]),
+        (["explore", "run", "All", "--html", "page.html"], ["page.html"]),
+        (["export-hf", "run", "hf"], ["hf/"]),
+    ]  # fmt: skip
+    repo_before = _tree(REPO)
+    for args, allowed in steps:
+        before = {d: _tree(d) for d in (work, home, tmp)}
+        r = cli(*args, cwd=work, env=env)
+        assert r.returncode == 0, (args, r.stderr)
+        written = _changed(before[work], _tree(work))
+        assert (
+            written
+            and all(any(w.startswith(a) for a in allowed) for w in written)
+            or (not allowed and not written)
+        ), (args, sorted(written))
+        assert _tree(tmp) == before[tmp], (args, "wrote into TMPDIR")
+        in_home = _changed(before[home], _tree(home))
+        assert all(p in MATPLOTLIB or p.startswith(MATPLOTLIB[2:]) for p in in_home), (
+            args,
+            sorted(in_home),
+        )
+    assert _changed(repo_before, _tree(REPO)) == set(), "wrote into the source tree"
