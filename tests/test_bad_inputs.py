@@ -5,6 +5,9 @@ that runs ``python -m attnlab``'s code from scratch, so each call costs a fracti
 instead of the ~1.5 s of importing torch). A few cases that need the real process boundary
 (Ctrl-C, argparse, the first training run) use ``run_cli``.
 
+The cases that need no trained run (bad data and options for ``train``) are the quick tier;
+the rest share one tiny trained run (a module fixture, ~6 s) and are marked slow.
+
 "Nothing written" is checked by hashing every file under the case's working directory (where
 every input and every --out lives) and the run directory before and after the call.
 """
@@ -54,14 +57,20 @@ def trained(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def case(tmp_path, trained):
-    """A fresh working directory holding the inputs and a private copy of the run."""
+def inputs(tmp_path):
+    """A fresh working directory holding the input files."""
     for name, content in INPUT_FILES.items():
         path = tmp_path / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(content)
-    shutil.copytree(trained, tmp_path / "run")
     return tmp_path
+
+
+@pytest.fixture
+def case(inputs, trained):
+    """The inputs and a private copy of the trained run (``run``)."""
+    shutil.copytree(trained, inputs / "run")
+    return inputs
 
 
 INPUT_FILES = {
@@ -99,6 +108,7 @@ def refused(cli, cwd: Path, *args, needle: str) -> str:
     assert needle in lines[0], (needle, lines[0])
     assert r.stdout == ""
     assert snapshot(cwd) == before, "a refused command wrote or removed something"
+    print(f"attnlab {' '.join(map(str, args))}\n    {lines[0]}")  # pytest -s: the catalogue
     return lines[0]
 
 
@@ -124,7 +134,7 @@ OTHER_NEEDLES = {
     ("mlm", "shorter than a block"): None,  # one line is enough to train on
 }
 DATA_MATRIX = [
-    (verb, name)
+    pytest.param(verb, name, marks=[pytest.mark.slow] if verb == "eval" else [])
     for verb in ("train", "eval", "mlm", "classify")
     for name in DATA_CASES
     if OTHER_NEEDLES.get((verb, name), "") is not None
@@ -132,7 +142,8 @@ DATA_MATRIX = [
 
 
 @pytest.mark.parametrize("verb, name", DATA_MATRIX)
-def test_bad_data_is_refused(cli, case, verb, name):
+def test_bad_data_is_refused(cli, inputs, request, verb, name):
+    case = request.getfixturevalue("case") if verb == "eval" else inputs
     data, needle = DATA_CASES[name]
     needle = OTHER_NEEDLES.get((verb, name), needle)
     if verb == "eval":
@@ -144,6 +155,7 @@ def test_bad_data_is_refused(cli, case, verb, name):
     assert not (case / "out").exists()
 
 
+@pytest.mark.slow
 def test_encoding_option_reads_a_latin1_file(cli, case):
     r = cli("eval", "run", "--data", "latin1.txt", "--encoding", "latin-1", cwd=case)
     # decoded now; the run's char vocabulary never saw these characters, and says which
@@ -188,7 +200,8 @@ TRAIN_MATRIX = [("lm", name) for name in TRAIN_OPTIONS] + [
 
 
 @pytest.mark.parametrize("task, name", TRAIN_MATRIX)
-def test_bad_training_option_is_refused(cli, case, task, name):
+def test_bad_training_option_is_refused(cli, inputs, task, name):
+    case = inputs
     opts, needle = TRAIN_OPTIONS[name]
     data = "labels.tsv" if task == "classify" else "corpus.txt"
     base = ["train", "--task", task, "--data", data, "--out", "out", *TINY_TRAIN]
@@ -209,6 +222,7 @@ GENERATE_OPTIONS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", GENERATE_OPTIONS)
 def test_bad_generation_option_is_refused(cli, case, name):
     opts, needle = GENERATE_OPTIONS[name]
@@ -224,6 +238,7 @@ TEXT_VERBS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verb", TEXT_VERBS)
 def test_text_outside_the_vocabulary_is_refused_by_the_inspection_verbs(cli, case, verb):
     needle = "characters not in the vocabulary: '\u00e9', '\u20ac'"
@@ -388,6 +403,7 @@ RUN_MATRIX = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, verb", RUN_MATRIX)
 def test_bad_run_directory_is_refused(cli, case, name, verb):
     spoil, needle = RUN_CASES[name]
@@ -397,6 +413,7 @@ def test_bad_run_directory_is_refused(cli, case, name, verb):
     assert not (case / "UNPICKLED").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "suffix, verb", [(".pt", verb) for verb in RUN_VERBS] + [(".bin", "generate")]
 )
@@ -473,6 +490,7 @@ RESUME_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", RESUME_CASES)
 def test_a_checkpoint_that_cannot_be_continued_is_refused(cli, case, name):
     spoil, needle = RESUME_CASES[name]
@@ -521,6 +539,7 @@ OUTPUT_CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OUTPUT_CASES)
 def test_a_bad_output_path_is_refused_before_any_work(cli, case, name):
     (case / "dir.png").mkdir()
@@ -531,6 +550,7 @@ def test_a_bad_output_path_is_refused_before_any_work(cli, case, name):
 UNWRITABLE = Path("/sys/attnlab-test")  # not writable, even by root
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="needs Linux /sys")
 @pytest.mark.parametrize(
     "args",
@@ -548,6 +568,7 @@ def test_an_unwritable_output_location_is_one_line(cli, case, args):
     assert not UNWRITABLE.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_a_read_only_output_directory_is_one_line(cli, case):
     (case / "ro").mkdir()
@@ -561,6 +582,7 @@ def test_a_read_only_output_directory_is_one_line(cli, case):
         (case / "ro").chmod(0o755)
 
 
+@pytest.mark.slow
 def test_export_hf_creates_the_directory_it_is_given(cli, case):
     r = cli("export-hf", "run", "new/deeper/hf", cwd=case)
     assert r.returncode == 0, r.stderr
@@ -580,6 +602,7 @@ def test_no_verb_or_an_unknown_verb_is_a_usage_error(cli, tmp_path, args):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_generate_exits_130_quietly(trained, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(SRC)}
     before = snapshot(trained)
@@ -630,6 +653,7 @@ def _changed(before: dict, after: dict) -> set[str]:
     return {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
 
 
+@pytest.mark.slow
 def test_every_verb_writes_only_where_it_is_told(cli, tmp_path):
     work, home, tmp = (tmp_path / d for d in ("work", "home", "tmp"))
     for d in (work, home, tmp):
