@@ -260,19 +260,23 @@ def read_run_config(run_dir: str | Path) -> dict:
     return cfg
 
 
-def build_model(cfg: dict) -> nn.Module:
-    cls = model_class(cfg.get("model_type", ""))
+def build_model(cfg: dict, source: str | Path = "config.json") -> nn.Module:
+    """The model ``cfg`` (a run's config.json, read from ``source``) describes, freshly built."""
+    try:
+        cls = model_class(cfg.get("model_type", ""))
+    except RunError as e:
+        raise RunError(f"{source}: {e}") from None
     try:
         config = cls.config_class.from_dict(cfg.get("config", {}))
     except (ConfigError, TypeError) as e:
-        raise RunError(f"config.json: invalid {cls.__name__} config ({e})") from None
+        raise RunError(f"{source}: invalid {cls.__name__} config ({e})") from None
     return cls(config)
 
 
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
-    model = build_model(cfg)
+    model = build_model(cfg, run_dir / "config.json")
     tensors = load_tensors(run_dir / "model.safetensors")
     check_state_dict(model, tensors, str(run_dir / "model.safetensors"))
     model.load_state_dict(tensors, strict=False)  # tied copies are re-tied by the constructor
@@ -291,5 +295,5 @@ def load_run(
         try:
             tokenizer = load_tokenizer(tok_path)
         except TokenizerError as e:
-            raise RunError(f"{tok_path}: {e}") from None
+            raise RunError(str(e)) from None  # it names the file
     return model, tokenizer

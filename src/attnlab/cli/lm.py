@@ -173,10 +173,9 @@ def train(args: argparse.Namespace) -> int:
 
     if args.resume:
         cfg = ckpt.read_run_config(out)
-        ckpt.model_class(cfg.get("model_type", ""))  # an unknown model type is named as such
+        ckpt.build_model(cfg, out / "config.json")  # unknown model type, invalid config
         if cfg.get("model_type") != "gpt" or cfg.get("task", "lm") != "lm":
             raise UsageError(f"{out}: not a language-model run, cannot --resume it with --task lm")
-        ckpt.build_model(cfg)  # an invalid config.json is reported as one
         state = read_trainer_state(out)
         saved_train = (state or {}).get("train_config") or cfg.get("train_config", {})
         _check_resume_options(args, saved_train, cfg["config"])
