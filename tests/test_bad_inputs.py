@@ -123,7 +123,10 @@ DATA_CASES = {
     "no text files": ("notext", "notext: directory holds no .txt files"),
     "binary": ("binary.txt", "binary.txt: looks like a binary file"),
     "not utf-8": ("latin1.txt", "--encoding"),
-    "shorter than a block": ("short.txt", "shorter than block_size + 1 = 17"),
+    "shorter than a block": (
+        "short.txt",
+        "short.txt: the text is only 13 tokens, shorter than block_size + 1 = 17",
+    ),
 }
 
 
@@ -185,6 +188,11 @@ TRAIN_OPTIONS = {
     "lr 0": (["--lr", "0"], "--lr must be positive"),
     "lr negative": (["--lr=-1e-3"], "--lr must be positive"),
     "val_fraction 1": (["--val-fraction", "1"], "--val-fraction must be in [0, 1)"),
+    "an encoding that does not fit": (
+        ["--encoding", "utf-16"],
+        "corpus.txt: not valid utf-16 text",
+    ),
+    "an unknown encoding": (["--encoding", "klingon"], "unknown text encoding 'klingon'"),
     "vocab_size 0": (["--tokenizer", "bpe", "--vocab-size", "0"], "--vocab-size must be positive"),
     "min_lr above lr": (["--lr", "1e-4", "--min-lr", "1e-3"], "--min-lr must be in [0, --lr"),
 }

@@ -209,7 +209,10 @@ def train(args: argparse.Namespace) -> int:
                 ckpt.atomic_write_text(out / "tokenizer.json", tokenizer.to_json())
                 info = data.encode_to_file(corpus, tokenizer, token_file, source=str(args.data))
                 tokens, info = data.read_token_file(token_file)
-                data.split_tokens(tokens, args.val_fraction, probe.block_size)
+                try:
+                    data.split_tokens(tokens, args.val_fraction, probe.block_size)
+                except data.DataError as e:
+                    raise data.DataError(f"{args.data}: {e}") from None  # too short
             except BaseException:
                 _remove_partial(out, created)
                 raise
@@ -454,7 +457,10 @@ def eval_(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-tokens must be positive, got {args.max_tokens}")
     corpus = data.open_corpus(args.data, args.encoding)
     model, tokenizer = _load_gpt(args.run, args.device)
-    r = evaluate_text(model, tokenizer, corpus, args.batch_size, args.max_tokens)
+    try:
+        r = evaluate_text(model, tokenizer, corpus, args.batch_size, args.max_tokens)
+    except data.DataError as e:
+        raise data.DataError(f"{args.data}: {e}") from None  # e.g. shorter than one window
     print(f"loss         {r['loss']:.4f}  nats/token")
     print(f"perplexity   {r['perplexity']:.3f}")
     print(f"bits/char    {r['bits_per_char']:.4f}  ({r['chars_per_token']:.3f} chars/token)")
