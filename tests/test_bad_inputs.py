@@ -435,6 +435,17 @@ def test_a_pickle_file_offered_as_a_checkpoint_is_refused_unopened(cli, case, ve
     assert not (case / "UNPICKLED").exists()
 
 
+def test_import_hf_refuses_pickle_weights_unopened(cli, tmp_path):
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "gpt2", "n_embd": 8, "n_head": 2,
+                                                "n_layer": 1, "vocab_size": 10}))  # fmt: skip
+    _plant_pickle(hf, "pytorch_model.bin", tmp_path / "UNPICKLED")
+    refused(cli, tmp_path, "import-hf", "hf", "--out", "imported",
+            needle="hf: only pickle weights (pytorch_model.bin); attnlab never unpickles")  # fmt: skip
+    assert not (tmp_path / "UNPICKLED").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # --resume: the optimizer and trainer state are checked too
 # ---------------------------------------------------------------------------------------------
