@@ -114,3 +114,66 @@ def test_pickles_are_refused_without_being_opened(tmp_path, name):
     with pytest.raises(RunError, match="pickle"):
         load_run(d / name)
     assert not (tmp_path / "PWNED").exists() and not (d / "PWNED").exists()
+
+
+# Every model type a run directory can hold: a tiny config with every optional part switched on.
+TINY_CONFIGS = {
+    "gpt": {"vocab_size": 11, "block_size": 8, "n_layer": 2, "n_head": 2, "d_model": 8},
+    "encoder": {
+        "vocab_size": 11,
+        "block_size": 8,
+        "n_layer": 2,
+        "n_head": 2,
+        "d_model": 8,
+        "mlm_head": True,
+        "pooler": True,
+        "num_labels": 3,
+    },  # fmt: skip
+}
+
+
+def _model_type_or_skip(model_type: str):
+    from attnlab.checkpoint import MODEL_TYPES, model_class
+
+    module = MODEL_TYPES[model_type].split(":")[0]
+    try:
+        cls = model_class(model_type)
+    except ImportError:
+        pytest.skip(f"{module} is not in this checkout yet")
+    assert model_type in TINY_CONFIGS, f"add a tiny {model_type} config to TINY_CONFIGS"
+    return cls
+
+
+@pytest.mark.parametrize("model_type", ["gpt", "encoder", "seq2seq", "rnn", "vit"])
+def test_loading_checks_every_tensor_name_shape_and_dtype(tmp_path, model_type):
+    """Drop, reshape, retype or add any one tensor: load_model names it and refuses."""
+    from safetensors.torch import load_file, save_file
+
+    from attnlab.checkpoint import load_model
+
+    cls = _model_type_or_skip(model_type)
+    torch.manual_seed(0)
+    model = cls(cls.config_class(**TINY_CONFIGS[model_type]))
+    save_model(tmp_path, model)
+    path = tmp_path / "model.safetensors"
+    good = load_file(str(path))
+    reloaded = load_model(tmp_path)
+    for k, v in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[k], v), k
+
+    def refused(tensors, needle):
+        save_file(tensors, str(path))
+        with pytest.raises(RunError) as e:
+            load_model(tmp_path)
+        assert needle in str(e.value) and str(path) in str(e.value)
+
+    assert len(good) > 5
+    for name, t in good.items():
+        refused({k: v for k, v in good.items() if k != name}, f"missing tensor {name!r}")
+        bigger = torch.zeros(t.shape[0] + 1, *t.shape[1:], dtype=t.dtype) if t.dim() else t[None]
+        refused({**good, name: bigger}, f"{name} has shape {tuple(bigger.shape)}")
+        if t.is_floating_point():
+            refused({**good, name: t.double()}, f"{name} has dtype torch.float64")
+    refused({**good, "blocks.9.attn.q.weight": torch.zeros(2)}, "unexpected tensor")
+    save_file(good, str(path))
+    load_model(tmp_path)  # the untouched file still loads

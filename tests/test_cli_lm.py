@@ -1,4 +1,4 @@
-"""The language-model verbs end to end: train, generate, eval, and every bad input -> exit 2."""
+"""The language-model verbs end to end: train, generate, eval (bad inputs: test_bad_inputs.py)."""
 
 from __future__ import annotations
 
@@ -114,69 +114,3 @@ def test_resume_with_more_iterations_and_refusing_a_changed_setting(trained, cap
     assert "--lr cannot change on --resume" in capsys.readouterr().err
     assert main(["train", "--data", str(data), "--out", str(copy)]) == 2
     assert "pass --resume" in capsys.readouterr().err
-
-
-def _bad_files(d):
-    (d / "empty.txt").write_text("")
-    (d / "blank.txt").write_text("  \n\n\t ")
-    (d / "nodir").mkdir()
-    (d / "nodir" / "notes.md").write_text("hello")
-    (d / "bin.txt").write_bytes(bytes(range(256)))
-    (d / "latin.txt").write_bytes("na\u00efve caf\u00e9 ".encode("latin-1") * 20)
-    (d / "short.txt").write_text("too short")
-
-
-TRAIN_BAD = [
-    (["--data", "{d}/missing.txt"], "no such file"),
-    (["--data", "{d}/empty.txt"], "empty"),
-    (["--data", "{d}/blank.txt"], "only whitespace"),
-    (["--data", "{d}/nodir"], "no .txt files"),
-    (["--data", "{d}/bin.txt"], "binary"),
-    (["--data", "{d}/latin.txt"], "--encoding"),
-    (["--data", "{d}/short.txt", "--block-size", "64"], "shorter than block_size + 1"),
-    (
-        ["--data", "{text}", "--d-model", "30", "--n-head", "4"],
-        "--d-model (30) must be divisible by --n-head (4)",
-    ),
-    (["--data", "{text}", "--n-layer", "0"], "--n-layer must be positive"),
-    (["--data", "{text}", "--lr", "0"], "--lr must be positive"),
-    (["--data", "{text}", "--lr=-1e-3"], "--lr must be positive"),
-]
-
-
-@pytest.mark.parametrize("args, needle", TRAIN_BAD)
-def test_bad_training_input_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, args, needle):
-    _bad_files(tmp_path)
-    text = write_text(tmp_path)
-    out = tmp_path / "out"
-    argv = ["train", *[a.format(d=tmp_path, text=text) for a in args], "--out", str(out), "--quiet"]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert needle in err and err.count("\n") == 1 and err.startswith("attnlab: error:")
-    assert not out.exists()
-
-
-GENERATE_BAD = [
-    (["--prompt", "h\u00e9llo \u20ac"], "characters not in the vocabulary: '\u00e9', '\u20ac'"),
-    (["--top-p", "0"], "--top-p must be in (0, 1]"),
-    (["--top-p", "1.5"], "--top-p must be in (0, 1]"),
-    (["--max-new-tokens", "-3"], "--max-new-tokens must be >= 0"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
-]
-
-
-@pytest.mark.parametrize("args, needle", GENERATE_BAD)
-def test_bad_generation_input_is_one_line_exit_2(trained, capsys, args, needle):
-    _, run, _ = trained
-    assert main(["generate", str(run), *args]) == 2
-    captured = capsys.readouterr()
-    assert needle in captured.err and captured.err.count("\n") == 1 and captured.out == ""
-
-
-@pytest.mark.slow
-def test_bad_input_through_the_real_cli_has_no_traceback(tmp_path, cli):
-    r = cli("train", "--data", tmp_path / "nope.txt", "--out", tmp_path / "out")
-    assert (
-        r.returncode == 2 and r.stderr.startswith("attnlab: error:") and "Traceback" not in r.stderr
-    )
-    assert not (tmp_path / "out").exists()

@@ -44,6 +44,20 @@ class RunError(ValueError):
     """A run directory that is missing, incomplete, corrupt or inconsistent."""
 
 
+def looks_like_pickle(path: Path) -> bool:
+    """A file named like a PyTorch checkpoint whose first bytes are a pickle (protocol 2-5) or a
+    ``torch.save`` zip. Only those bytes are read: the file is never unpickled. (A run's own
+    ``tokens.bin`` is raw token ids and is not one.)"""
+    if path.suffix.lower() not in PICKLE_SUFFIXES or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError:
+        return False
+    return (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or head == b"PK\x03\x04"
+
+
 # ---------------------------------------------------------------------------------------------
 # Atomic writes
 # ---------------------------------------------------------------------------------------------
@@ -52,7 +66,10 @@ class RunError(ValueError):
 def atomic_write(path: str | Path, write) -> None:
     """Call ``write(tmp_path)``, fsync the result, then rename it onto ``path``."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise _about(e, path) from None
     os.close(fd)
     try:
         write(tmp)
@@ -60,10 +77,17 @@ def atomic_write(path: str | Path, write) -> None:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename == tmp:
+            raise _about(e, path) from None  # name the file the user asked for, not our temp
         raise
     _fsync_dir(path.parent)
+
+
+def _about(e: OSError, path: Path) -> OSError:
+    """The same error (type, errno, message) about ``path``."""
+    return type(e)(e.errno, e.strerror, str(path)) if e.errno else e
 
 
 def _umask() -> int:
@@ -204,7 +228,7 @@ def read_run_config(run_dir: str | Path) -> dict:
             raise RunError(f"{run_dir}: pickle checkpoints are refused (attnlab never unpickles); "
                            "give a run directory with model.safetensors")  # fmt: skip
         raise RunError(f"{run_dir}: expected a run directory, got a file")
-    pickles = [p.name for p in run_dir.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES]
+    pickles = [p.name for p in sorted(run_dir.iterdir()) if looks_like_pickle(p)]
     path = run_dir / "config.json"
     if not path.is_file():
         hint = (
@@ -236,19 +260,23 @@ def read_run_config(run_dir: str | Path) -> dict:
     return cfg
 
 
-def build_model(cfg: dict) -> nn.Module:
-    cls = model_class(cfg.get("model_type", ""))
+def build_model(cfg: dict, source: str | Path = "config.json") -> nn.Module:
+    """The model ``cfg`` (a run's config.json, read from ``source``) describes, freshly built."""
+    try:
+        cls = model_class(cfg.get("model_type", ""))
+    except RunError as e:
+        raise RunError(f"{source}: {e}") from None
     try:
         config = cls.config_class.from_dict(cfg.get("config", {}))
     except (ConfigError, TypeError) as e:
-        raise RunError(f"config.json: invalid {cls.__name__} config ({e})") from None
+        raise RunError(f"{source}: invalid {cls.__name__} config ({e})") from None
     return cls(config)
 
 
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Module:
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
-    model = build_model(cfg)
+    model = build_model(cfg, run_dir / "config.json")
     tensors = load_tensors(run_dir / "model.safetensors")
     check_state_dict(model, tensors, str(run_dir / "model.safetensors"))
     model.load_state_dict(tensors, strict=False)  # tied copies are re-tied by the constructor
@@ -267,5 +295,5 @@ def load_run(
         try:
             tokenizer = load_tokenizer(tok_path)
         except TokenizerError as e:
-            raise RunError(f"{tok_path}: {e}") from None
+            raise RunError(str(e)) from None  # it names the file
     return model, tokenizer

@@ -216,7 +216,18 @@ def tokenizer_from_json(text: str) -> Tokenizer:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    return tokenizer_from_json(Path(path).read_text(encoding="utf-8"))
+    """The tokenizer saved at ``path``; a missing or unreadable file is a TokenizerError
+    that names it."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        return tokenizer_from_json(text)
+    except TokenizerError as e:
+        message = str(e).removeprefix("tokenizer.json ").removeprefix("tokenizer.json: ")
+        raise TokenizerError(f"{path}: {message}") from None
 
 
 def build_tokenizer(

@@ -265,6 +265,31 @@ def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], di
     return tensors, {"param_groups": sd["param_groups"], "scalars": scalars}
 
 
+def check_optimizer_tensors(
+    opt: torch.optim.Optimizer, tensors: dict[str, Tensor], source: str
+) -> None:
+    """Every ``state.<param>.<key>`` names a parameter of ``opt``; moment buffers have its shape.
+
+    ``torch.optim.Optimizer.load_state_dict`` checks neither, and casts silently."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    for name, t in tensors.items():
+        parts = name.split(".", 2)
+        if len(parts) != 3 or parts[0] != "state" or not parts[1].isdigit():
+            raise ckpt.RunError(f"{source}: unexpected tensor {name!r}")
+        idx, key = int(parts[1]), parts[2]
+        if idx >= len(params):
+            raise ckpt.RunError(
+                f"{source}: state for parameter {idx}, but the model has {len(params)}"
+            )
+        if key != "step" and tuple(t.shape) != tuple(params[idx].shape):
+            raise ckpt.RunError(
+                f"{source}: {name} has shape {tuple(t.shape)}, the parameter it belongs to "
+                f"{tuple(params[idx].shape)}"
+            )
+        if not t.is_floating_point():
+            raise ckpt.RunError(f"{source}: {name} has dtype {t.dtype}, expected a float")
+
+
 def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, Tensor], meta: dict) -> None:
     state: dict[int, dict[str, Any]] = {}
     for name, t in tensors.items():
@@ -337,9 +362,12 @@ def read_trainer_state(run_dir: str | Path) -> dict | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise ckpt.RunError(f"{path}: cannot read ({e})") from None
+    if not isinstance(state, dict):
+        raise ckpt.RunError(f"{path}: not a trainer state (expected a JSON object)")
+    return state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -441,6 +469,7 @@ class Trainer:
         self._faults = _Faults(os.environ.get(FAULT_ENV))
         self._n_saves = 0
         self._stop = False
+        self._resumed: bool | None = None  # None: load_checkpoint not called yet
         self.model = self._wrap(self.raw_model)
 
     # -- set-up --------------------------------------------------------------------------------
@@ -561,7 +590,15 @@ class Trainer:
             ) from None
 
     def load_checkpoint(self) -> bool:
-        """Restore model, optimizer, RNG and data position from ``out_dir``. False if none."""
+        """Restore model, optimizer, RNG and data position from ``out_dir``. False if none.
+
+        Everything is read and checked before the run directory is written to; a checkpoint
+        that cannot be continued from (corrupt, truncated, from another model or optimizer) is
+        a ``RunError`` naming the file. Loading twice is a no-op (the CLI loads it early, so
+        that a bad checkpoint is reported before anything else is printed).
+        """
+        if self._resumed is not None:
+            return self._resumed
         d = self.out_dir
         if self.dist.is_main:
             recover_checkpoint(d)
@@ -571,34 +608,52 @@ class Trainer:
             dist.barrier()
         state = read_trainer_state(d)
         if state is None:
+            self._resumed = False
             return False
+        state_path = d / STATE_FILE
+        step = state.get("step") if isinstance(state, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ckpt.RunError(f"{state_path}: not a trainer state (no step number)")
         tensors = ckpt.load_tensors(d / MODEL_FILE)
         ckpt.check_state_dict(self.raw_model, tensors, str(d / MODEL_FILE))
         from safetensors import safe_open
 
         with safe_open(str(d / MODEL_FILE), "pt") as f:
-            model_step = int((f.metadata() or {}).get("step", -1))
-        if model_step != state["step"]:
+            model_step = (f.metadata() or {}).get("step", "-1")
+        if str(model_step) != str(step):
             raise ckpt.RunError(
                 f"{d}: model.safetensors is from step {model_step} but "
-                f"trainer_state.json from step {state['step']}"
+                f"trainer_state.json from step {step}"
             )
-        self.raw_model.load_state_dict(tensors, strict=False)
         opt_tensors = ckpt.load_tensors(d / OPTIMIZER_FILE)
-        load_optimizer(
-            self.optimizer,
-            {k: v.to(self.device) for k, v in opt_tensors.items()},
-            state["optimizer"],
-        )
-        set_rng_state(state["rng"])
-        if state.get("data") is not None and hasattr(self.train_batches, "load_state_dict"):
-            self.train_batches.load_state_dict(state["data"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.step = self.last_saved_step = int(state["step"])
-        self.best_val_loss, self.best_step = state.get("best_val_loss"), state.get("best_step")
+        check_optimizer_tensors(self.optimizer, opt_tensors, str(d / OPTIMIZER_FILE))
+        self.raw_model.load_state_dict(tensors, strict=False)
+        try:  # the model and optimizer are fresh: a failure here loses nothing
+            load_optimizer(
+                self.optimizer,
+                {k: v.to(self.device) for k, v in opt_tensors.items()},
+                state["optimizer"],
+            )
+            scratch = torch.Generator()
+            scratch.set_state(_unb64(state["rng"]["torch"]))  # checked before it is used
+            if state.get("data") is not None and hasattr(self.train_batches, "load_state_dict"):
+                self.train_batches.load_state_dict(state["data"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            best = state.get("best_val_loss"), state.get("best_step")
+            if not all(v is None or isinstance(v, (int, float)) for v in best):
+                raise ValueError("best_val_loss and best_step must be numbers")
+            set_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
+            what = f"missing {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:200]
+            raise ckpt.RunError(
+                f"{state_path}: cannot continue from this checkpoint ({what})"
+            ) from None
+        self.step = self.last_saved_step = step
+        self.best_val_loss, self.best_step = best
         if self.dist.is_main:  # said even with quiet: which step a run continues from matters
             self._log(f"resumed from the checkpoint of step {self.step} in {d}")
+        self._resumed = True
         return True
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -712,11 +767,13 @@ class Trainer:
         c = self.config
         resumed = False
         if self.out_dir is not None:
+            if resume:  # read and check the checkpoint before writing anything
+                resumed = self.load_checkpoint()
             if self.dist.is_main:
                 self._prepare_dir()
-            if resume:
-                resumed = self.load_checkpoint()
-            elif self.dist.is_main:  # a fresh run replaces what an earlier run left here
+            if (
+                not resume and self.dist.is_main
+            ):  # a fresh run replaces what an earlier run left here
                 recover_checkpoint(self.out_dir)
                 for name in (*CHECKPOINT_FILES, METRICS_FILE, CURVE_FILE):
                     (self.out_dir / name).unlink(missing_ok=True)

@@ -48,10 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
     try:
+        parser = build_parser()  # imports every area's verbs
+        args = parser.parse_args(argv)
+        args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
         result = args.func(args)
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)

@@ -117,20 +117,26 @@ def _encoder_config(args: argparse.Namespace, vocab_size: int, **heads):
         )
     if args.pos == "rotary":
         raise UsageError("--pos rotary is not available for the encoder (learned or sinusoidal)")
+    from attnlab.cli.lm import MODEL_OPTIONS, _as_options
+    from attnlab.config import ConfigError
+
     cfg = dict(ENCODER_PRESETS[args.preset])
-    for key in ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos"):
+    for key in MODEL_OPTIONS:
         if getattr(args, key, None) is not None:
             cfg[key] = getattr(args, key)
     if args.norm is not None:
         cfg["norm_first"] = args.norm == "pre"
-    return EncoderConfig(vocab_size=vocab_size, pad_id=0, **cfg, **heads)
+    try:
+        return EncoderConfig(vocab_size=vocab_size, pad_id=0, **cfg, **heads)
+    except ConfigError as e:
+        raise UsageError(_as_options(str(e), MODEL_OPTIONS)) from None
 
 
 def _settings(args: argparse.Namespace):
+    from attnlab.cli.lm import check_train_options
     from attnlab.tasks.encoder_tasks import LoopSettings
 
-    if args.max_iters < 1 or args.batch_size < 1:
-        raise UsageError("--max-iters and --batch-size must be positive")
+    check_train_options(args)  # --lr, --max-iters, --batch-size, ... as for --task lm
     if not 0.0 < args.val_fraction < 1.0:
         raise UsageError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
     for flag in ("resume", "compile"):

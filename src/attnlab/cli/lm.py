@@ -109,6 +109,20 @@ def train_config_from_args(args: argparse.Namespace):
     return TrainConfig(**values)
 
 
+def check_train_options(args: argparse.Namespace):
+    """The optimisation and tokenizer options every ``train --task`` shares, as a TrainConfig;
+    a bad one is a UsageError naming the option as typed (``--lr must be positive``)."""
+    try:
+        tcfg = train_config_from_args(args)
+    except ConfigError as e:
+        raise UsageError(_as_options(str(e), TRAIN_OPTIONS)) from None
+    for name in ("vocab_size", "min_freq"):
+        value = getattr(args, name, 1)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    return tcfg
+
+
 def _check_resume_options(args, saved_train: dict, saved_model: dict) -> None:
     """On --resume, an option typed on the command line must not change the run's settings."""
     for name in sorted(_given(args) - RESUMABLE):
@@ -142,8 +156,8 @@ def train(args: argparse.Namespace) -> int:
     )
 
     # Validate every option before reading or writing anything.
+    tcfg = check_train_options(args)
     try:
-        tcfg = train_config_from_args(args)
         probe = model_config_from_args(args, vocab_size=1)  # sizes, d_model % n_head, ...
     except ConfigError as e:
         raise UsageError(_as_options(str(e), (*TRAIN_OPTIONS, *MODEL_OPTIONS))) from None
@@ -159,6 +173,7 @@ def train(args: argparse.Namespace) -> int:
 
     if args.resume:
         cfg = ckpt.read_run_config(out)
+        ckpt.build_model(cfg, out / "config.json")  # unknown model type, invalid config
         if cfg.get("model_type") != "gpt" or cfg.get("task", "lm") != "lm":
             raise UsageError(f"{out}: not a language-model run, cannot --resume it with --task lm")
         state = read_trainer_state(out)
@@ -194,7 +209,10 @@ def train(args: argparse.Namespace) -> int:
                 ckpt.atomic_write_text(out / "tokenizer.json", tokenizer.to_json())
                 info = data.encode_to_file(corpus, tokenizer, token_file, source=str(args.data))
                 tokens, info = data.read_token_file(token_file)
-                data.split_tokens(tokens, args.val_fraction, probe.block_size)
+                try:
+                    data.split_tokens(tokens, args.val_fraction, probe.block_size)
+                except data.DataError as e:
+                    raise data.DataError(f"{args.data}: {e}") from None  # too short
             except BaseException:
                 _remove_partial(out, created)
                 raise
@@ -230,13 +248,6 @@ def train(args: argparse.Namespace) -> int:
         "chars_per_token": cpt,
         "n_tokens": info.n_tokens,
     }
-    if dist_info.is_main and not args.quiet:
-        n = model.num_params()
-        _stderr(
-            f"{info.n_tokens:,} tokens ({len(train_tokens):,} train, {len(val_tokens):,} val), "
-            "vocab "
-            f"{tokenizer.vocab_size}, {n / 1e6:.2f}M parameters, run directory {out}"
-        )
     trainer = Trainer(
         model,
         next_token_loss,
@@ -251,6 +262,15 @@ def train(args: argparse.Namespace) -> int:
         dist_info=dist_info,
         quiet=args.quiet,
     )
+    if args.resume:  # a checkpoint that cannot be continued from: one line, before any other
+        trainer.load_checkpoint()
+    if dist_info.is_main and not args.quiet:
+        n = model.num_params()
+        _stderr(
+            f"{info.n_tokens:,} tokens ({len(train_tokens):,} train, {len(val_tokens):,} val), "
+            "vocab "
+            f"{tokenizer.vocab_size}, {n / 1e6:.2f}M parameters, run directory {out}"
+        )
     try:
         result = trainer.fit(resume=args.resume)
     except TrainingError as e:
@@ -437,7 +457,10 @@ def eval_(args: argparse.Namespace) -> int:
         raise UsageError(f"--max-tokens must be positive, got {args.max_tokens}")
     corpus = data.open_corpus(args.data, args.encoding)
     model, tokenizer = _load_gpt(args.run, args.device)
-    r = evaluate_text(model, tokenizer, corpus, args.batch_size, args.max_tokens)
+    try:
+        r = evaluate_text(model, tokenizer, corpus, args.batch_size, args.max_tokens)
+    except data.DataError as e:
+        raise data.DataError(f"{args.data}: {e}") from None  # e.g. shorter than one window
     print(f"loss         {r['loss']:.4f}  nats/token")
     print(f"perplexity   {r['perplexity']:.3f}")
     print(f"bits/char    {r['bits_per_char']:.4f}  ({r['chars_per_token']:.3f} chars/token)")

@@ -95,14 +95,14 @@ def cmd_attention(args) -> int:
     amap = attention(
         rec, layer=args.layer, head=args.head, mean=args.mean, name=args.map, start=args.start
     )
-    _print(amap, args.json)
-    if png is not None:
+    if png is not None:  # written before anything is printed: a failed write prints only itself
         if args.all:
             attention_grid(rec, name=args.map).save_png(png)
-            _wrote(png, "attention grid (every layer x head)")
         else:
             amap.save_png(png)
-            _wrote(png, "attention heatmap")
+    _print(amap, args.json)
+    if png is not None:
+        _wrote(png, "attention grid (every layer x head)" if args.all else "attention heatmap")
     return 0
 
 
@@ -122,9 +122,10 @@ def cmd_influence(args) -> int:
     out = _out_path(args.csv, ".csv", "--csv")
     model, _, rec = _record(args)
     result = influence(model, rec, n_sources=args.sources, top=args.top)
+    if out is not None:  # written before anything is printed
+        result.to_csv(out)
     _print(result, args.json)
     if out is not None:
-        result.to_csv(out)
         _wrote(out, "influence table")
     return 0
 
@@ -142,9 +143,9 @@ def cmd_explore(args) -> int:
         max_tokens=args.max_tokens,
         start=args.start,
     )
+    page.save(out)
     if page.data["note"]:
         print(f"attnlab: note: {page.data['note']}", file=sys.stderr)
-    page.save(out)
     _wrote(out, "explorer page")
     return 0
 

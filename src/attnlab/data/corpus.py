@@ -58,7 +58,7 @@ class Corpus:
                     raw = f.read(chunk_bytes)
                     try:
                         text = carry + decoder.decode(raw, final=not raw)
-                    except UnicodeDecodeError as e:
+                    except UnicodeError as e:  # UTF-16 without a BOM raises the base class
                         raise DataError(_decode_message(path, self.encoding, e)) from None
                     if not raw:
                         if text:
@@ -76,9 +76,10 @@ class Corpus:
         return "".join(self.chunks())
 
 
-def _decode_message(path: Path, encoding: str, e: UnicodeDecodeError) -> str:
+def _decode_message(path: Path, encoding: str, e: UnicodeError) -> str:
+    where = f"bad byte at offset {e.start}" if hasattr(e, "start") else " ".join(str(e).split())
     return (
-        f"{path}: not valid {encoding} text (bad byte at offset {e.start}); "
+        f"{path}: not valid {encoding} text ({where}); "
         "if it is text in another encoding, pass --encoding (e.g. --encoding latin-1)"
     )
 
@@ -99,8 +100,9 @@ def _check_file(path: Path, encoding: str) -> None:
                 )
             try:
                 text = decoder.decode(raw, final=not raw)
-            except UnicodeDecodeError as e:
-                e.start += offset
+            except UnicodeError as e:  # UTF-16 without a BOM raises the base class
+                if hasattr(e, "start"):
+                    e.start += offset
                 raise DataError(_decode_message(path, encoding, e)) from None
             has_text = has_text or bool(text.strip())
             if not raw:

@@ -330,6 +330,13 @@ def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
     }
 
 
+def _is_attnlab_run(d: Path) -> bool:
+    try:
+        return "attnlab_format" in json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
+
+
 def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads."""
     model, tokenizer = load_run(run_dir)
@@ -348,6 +355,11 @@ def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"{out_dir}: exists and is not a directory")
+    if _is_attnlab_run(out_dir):
+        raise RunError(
+            f"{out_dir}: is an attnlab run directory; export-hf will not overwrite it "
+            "(give another directory)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     save_tensors(out_dir / "model.safetensors", gpt2_state_dict(model), metadata={"format": "pt"})
     if isinstance(tokenizer, HFTokenizer):
@@ -638,5 +650,10 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"{out_dir}: exists and is not a directory")
+    if _is_attnlab_run(out_dir):
+        raise RunError(
+            f"{out_dir}: is an attnlab run directory; export-hf will not overwrite it "
+            "(give another directory)"
+        )
     save_model(out_dir, model, tokenizer, extra=provenance)
     return out_dir

@@ -142,16 +142,13 @@ def sentence_embeddings(
 
 def read_texts(path: str | Path, encoding: str = "utf-8") -> list[str]:
     """The lines of a text file, or of every .txt file in a directory (sorted)."""
+    from attnlab.data import open_corpus
+
     path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.txt"))
-        if not files:
-            raise TaskDataError(f"{path}: no .txt files")
-    elif path.is_file():
-        files = [path]
-    else:
+    if not path.exists():
         raise TaskDataError(f"{path}: no such file or directory")
-    lines = [ln for f in files for ln in f.read_text(encoding=encoding).splitlines() if ln.strip()]
+    corpus = open_corpus(path, encoding)  # binary, undecodable, empty: a DataError naming it
+    lines = [ln for ln in corpus.read().splitlines() if ln.strip()]
     if not lines:
         raise TaskDataError(f"{path}: no text")
     return lines
@@ -159,11 +156,16 @@ def read_texts(path: str | Path, encoding: str = "utf-8") -> list[str]:
 
 def read_labelled(path: str | Path, encoding: str = "utf-8") -> tuple[list[str], list[str]]:
     """(labels, texts) from ``label<TAB>text`` lines; blank lines are skipped."""
+    from attnlab.data import open_corpus
+
     path = Path(path)
+    if not path.exists():
+        raise TaskDataError(f"{path}: no such file or directory")
     if not path.is_file():
-        raise TaskDataError(f"{path}: no such file")
+        raise TaskDataError(f"{path}: is a directory; expected one label<TAB>text file")
+    text = open_corpus(path, encoding).read()  # binary, undecodable, empty: a DataError
     labels, texts = [], []
-    for n, line in enumerate(path.read_text(encoding=encoding).splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         label, tab, text = line.partition("\t")
