@@ -36,6 +36,8 @@ a ``Recording`` and never special-cases a model. A model plugs in by doing three
    ``conformance_forward(ids) -> Tensor (B, T, ...)``: optional; what the checks call. Default:
                        ``model(ids)`` (the first element if it returns a tuple). A seq2seq model
                        defines it to run the decoder on ``ids`` with a fixed source.
+   ``conformance_inputs(batch, seed) -> Tensor``: optional; the random inputs the checks use
+                       instead of random token ids (a ViT returns random images (B, C, H, W)).
 
 Labels: for a map named ``<stack>.<...>.attn.weights`` the query AND key tokens are the
 stack's tokens; for ``cross.weights`` the keys are ``tokens[memory_stack]``. A self-attention
