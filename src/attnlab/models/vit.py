@@ -1,0 +1,226 @@
+"""ViT: a vision transformer (Dosovitskiy et al., "An Image is Worth 16x16 Words", 2020).
+
+    images (B, C, H, W)
+      -> cut into N = (H / P) * (W / P) patches of P x P pixels, each flattened to C*P*P numbers
+      -> a linear projection of every patch to d_model: the patch embeddings    (B, N, C_model)
+      -> prepend a learnable [CLS] vector, add learned position embeddings      (B, N + 1, C_model)
+      -> n_layer pre-norm blocks, every token attending to every other (no mask)
+      -> final LayerNorm -> a linear classifier on the [CLS] position           (B, n_classes)
+
+A patch plays the part a word plays in a text transformer: the model never sees pixels
+except through this one projection. Nothing is causal and nothing is padded.
+
+Recorded activations (``forward(images, record=True)``) use the names every attnlab model
+uses: ``patches`` (the flattened patches), ``embed``, ``pos``, ``blocks.N.attn.weights``
+(B, H, N + 1, N + 1), ..., ``ln_f``, ``logits``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab import hooks
+from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.config import BaseConfig, ConfigError
+from attnlab.hooks import Hook
+
+
+@dataclasses.dataclass
+class ViTConfig(BaseConfig):
+    image_size: int = 8  # square images, image_size x image_size pixels
+    patch_size: int = 2  # square patches; image_size must be a multiple of it
+    channels: int = 1  # 1 = grayscale, 3 = RGB
+    n_classes: int = 10
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 64
+    d_ff: int | None = None  # None = 4 * d_model
+    dropout: float = 0.0
+    bias: bool = True
+    norm_first: bool = True  # ViT is pre-norm
+    activation: str = "gelu"
+    ln_eps: float = 1e-6
+
+    def validate(self) -> None:
+        self._positive("image_size", "patch_size", "channels", "n_layer", "n_head", "d_model")
+        if self.d_ff is not None:
+            self._positive("d_ff")
+        if self.image_size % self.patch_size:
+            raise ConfigError(
+                f"image_size ({self.image_size}) must be divisible by patch_size "
+                f"({self.patch_size})"
+            )
+        if self.n_classes < 2:
+            raise ConfigError(f"n_classes must be at least 2, got {self.n_classes}")
+        if self.d_model % self.n_head:
+            raise ConfigError(
+                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
+            )
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if self.ln_eps <= 0:
+            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+
+    @property
+    def grid(self) -> int:
+        """Patches per side: image_size / patch_size."""
+        return self.image_size // self.patch_size
+
+    @property
+    def n_patches(self) -> int:
+        return self.grid * self.grid
+
+    @property
+    def patch_dim(self) -> int:
+        """Numbers in one flattened patch: channels * patch_size^2."""
+        return self.channels * self.patch_size * self.patch_size
+
+
+def patchify(images: Tensor, patch_size: int) -> Tensor:
+    """(B, C, H, W) -> (B, N, C*P*P): the non-overlapping P x P patches, row by row.
+
+    Patch n covers rows P*(n // (W/P)) ... and columns P*(n % (W/P)) ...; inside a patch the
+    numbers are ordered channel, then row, then column (``F.unfold``'s order).
+    """
+    cols = F.unfold(images, kernel_size=patch_size, stride=patch_size)  # (B, C*P*P, N)
+    return cols.transpose(1, 2)  # (B, N, C*P*P)
+
+
+class PatchEmbedding(nn.Module):
+    """x_n = W flatten(patch_n) + b: one shared linear map from a patch's pixels to d_model.
+
+    Written as unfold + Linear to read like the paper. A ``Conv2d(C, d_model, kernel_size=P,
+    stride=P)`` whose weight is ``proj.weight.view(d_model, C, P, P)`` computes the same thing
+    (that is how most implementations write it; ``as_conv2d`` builds one, the tests compare).
+    """
+
+    def __init__(self, c: ViTConfig):
+        super().__init__()
+        self.patch_size = c.patch_size
+        self.proj = nn.Linear(c.patch_dim, c.d_model, bias=c.bias)
+        self.hook_patches = Hook()
+
+    def forward(self, images: Tensor) -> Tensor:
+        patches = self.hook_patches(patchify(images, self.patch_size))  # (B, N, C*P*P)
+        return self.proj(patches)  # (B, N, d_model)
+
+    def as_conv2d(self) -> nn.Conv2d:
+        """The equivalent strided convolution (same weights, reshaped)."""
+        d, P = self.proj.out_features, self.patch_size
+        channels = self.proj.in_features // (P * P)
+        conv = nn.Conv2d(channels, d, P, stride=P, bias=self.proj.bias is not None)
+        with torch.no_grad():
+            conv.weight.copy_(self.proj.weight.view(d, channels, P, P))
+            if self.proj.bias is not None:
+                conv.bias.copy_(self.proj.bias)
+        return conv
+
+
+class ViT(nn.Module):
+    """Vision transformer classifier. ``forward(images)`` -> logits (B, n_classes)."""
+
+    config_class = ViTConfig
+    model_type = "vit"
+    causal = False  # every patch sees every other patch (read by `attnlab check`)
+    uses_padding = False  # every image has the same number of patches
+
+    def __init__(self, config: ViTConfig):
+        super().__init__()
+        self.config = c = config
+        self.patch_embed = PatchEmbedding(c)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))  # (1, 1, C)
+        self.pos_embed = nn.Parameter(torch.zeros(1, c.n_patches + 1, c.d_model))  # (1, N+1, C)
+        self.drop = nn.Dropout(c.dropout)
+        self.blocks = nn.ModuleList(
+            Block(
+                c.d_model,
+                c.n_head,
+                c.d_ff,
+                c.dropout,
+                causal=False,
+                norm_first=c.norm_first,
+                activation=c.activation,
+                ln_eps=c.ln_eps,
+                bias=c.bias,
+            )
+            for _ in range(c.n_layer)
+        )
+        self.ln_f = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias)
+        self.head = nn.Linear(c.d_model, c.n_classes)
+        for name in ("embed", "pos", "ln_f", "logits"):
+            setattr(self, f"hook_{name}", Hook())
+        self.apply(self._init_weights)
+        nn.init.normal_(self.cls_token, std=0.02)
+        nn.init.normal_(self.pos_embed, std=0.02)
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, images: Tensor, record: bool = False):
+        """images (B, C, H, W) -> logits (B, n_classes); with ``record=True``, (logits, cache)."""
+        if record:
+            with hooks.record(self) as acts:
+                logits = self.forward(images)
+            return logits, acts
+        c = self.config
+        want = (c.channels, c.image_size, c.image_size)
+        if images.dim() != 4 or tuple(images.shape[1:]) != want:
+            raise ValueError(
+                f"expected images (B, {', '.join(map(str, want))}), got {tuple(images.shape)}"
+            )
+        B = images.size(0)
+        x = self.hook_embed(self.patch_embed(images))  # (B, N, C) one vector per patch
+        x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, N + 1, C)
+        x = self.drop(x + self.hook_pos(self.pos_embed))  # (1, N + 1, C) broadcast over B
+        for block in self.blocks:
+            x = block(x)  # no mask: every token attends to all N + 1
+        x = self.hook_ln_f(self.ln_f(x))
+        return self.hook_logits(self.head(x[:, 0]))  # (B, n_classes) from [CLS] alone
+
+    # -- the inspection protocol (see attnlab.inspect.recording) ----------------------------------
+
+    def token_labels(self) -> list[str]:
+        """'[CLS]', then 'p<n> (r<row>,c<col>)' for each patch, row by row."""
+        g = self.config.grid
+        return ["[CLS]"] + [f"p{n} (r{n // g},c{n % g})" for n in range(g * g)]
+
+    @torch.no_grad()
+    def record_text(self, tokenizer, text: str):
+        """Record one forward pass over the image ``text`` names (a file path, or ``test:N``
+        for the N-th image of the run's test split); ``tokenizer`` is the run's
+        ``attnlab.data.images.ImageTokenizer``, which reads it. Logits are stored as
+        (1, 1, n_classes): one position, the [CLS] token, scoring every class."""
+        from attnlab.inspect.recording import InspectError, Recording
+
+        if tokenizer is None or not hasattr(tokenizer, "image"):
+            raise InspectError("this run has no image tokenizer (tokenizer.json), so it "
+                               "cannot read an image")  # fmt: skip
+        image = tokenizer.image(text).to(next(self.parameters()).device)  # (C, H, W)
+        logits, cache = self(image[None], record=True)
+        return Recording(
+            cache,
+            {"": self.token_labels()},
+            {"": list(range(self.config.n_patches + 1))},
+            logits=logits[:, None].detach(),  # (1, 1, n_classes)
+            model_type=self.model_type,
+        )
+
+    def conformance_inputs(self, batch: int = 2, seed: int = 0) -> Tensor:
+        """Random images in [0, 1] (batch, C, H, W) for ``attnlab check``."""
+        c = self.config
+        g = torch.Generator().manual_seed(seed)
+        x = torch.rand(batch, c.channels, c.image_size, c.image_size, generator=g)
+        return x.to(next(self.parameters()).device)
