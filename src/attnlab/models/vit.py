@@ -12,7 +12,8 @@ except through this one projection. Nothing is causal and nothing is padded.
 
 Recorded activations (``forward(images, record=True)``) use the names every attnlab model
 uses: ``patches`` (the flattened patches), ``embed``, ``pos``, ``blocks.N.attn.weights``
-(B, H, N + 1, N + 1), ..., ``ln_f``, ``logits``.
+(B, H, N + 1, N + 1), ..., ``ln_f``, ``class_logits`` (B, n_classes), named like the
+encoder's classification head.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ class ViT(nn.Module):
         )
         self.ln_f = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias)
         self.head = nn.Linear(c.d_model, c.n_classes)
-        for name in ("embed", "pos", "ln_f", "logits"):
+        for name in ("embed", "pos", "ln_f", "class_logits"):
             setattr(self, f"hook_{name}", Hook())
         self.apply(self._init_weights)
         nn.init.normal_(self.cls_token, std=0.02)
@@ -188,7 +189,7 @@ class ViT(nn.Module):
         for block in self.blocks:
             x = block(x)  # no mask: every token attends to all N + 1
         x = self.hook_ln_f(self.ln_f(x))
-        return self.hook_logits(self.head(x[:, 0]))  # (B, n_classes) from [CLS] alone
+        return self.hook_class_logits(self.head(x[:, 0]))  # (B, n_classes) from [CLS] alone
 
     # -- the inspection protocol (see attnlab.inspect.recording) ----------------------------------
 
