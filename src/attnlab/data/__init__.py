@@ -4,6 +4,8 @@
   checked and read in chunks; ``DataError`` for anything unusable.
 - ``tokens``: the corpus encoded once into a memory-mapped token file; random windows for
   language modelling, fixed batches for evaluation.
+- ``images`` (import it on its own): the built-in ``digits`` or a ``DIR/<label>/*.png`` folder,
+  a seeded train/val/test split, and the ``ImageTokenizer`` a ViT run stores.
 """
 
 from attnlab.data.corpus import BUILTIN, Corpus, DataError, load_text, open_corpus
