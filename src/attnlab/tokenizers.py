@@ -206,6 +206,13 @@ def tokenizer_from_json(text: str) -> Tokenizer:
             return CharTokenizer(body["vocab"], unk=body.get("unk", False))
         if body.get("type") == "word":
             return WordTokenizer(body["vocab"])
+        if body.get("type") == "image":  # a ViT run's: reads images, see attnlab.data.images
+            from attnlab.data.images import ImageTokenizer
+
+            try:
+                return ImageTokenizer.from_dict(body)
+            except TypeError as e:
+                raise TokenizerError(f"tokenizer.json: not an image tokenizer ({e})") from None
         raise TokenizerError(f"unknown tokenizer type {body.get('type')!r}")
     from tokenizers import Tokenizer as HFTok
 
