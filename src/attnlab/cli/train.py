@@ -15,8 +15,23 @@ TASKS = {
 
 
 def run(args: argparse.Namespace) -> int:
-    module, name = TASKS[args.task].split(":")
+    from attnlab.cli import UsageError
+
+    task = args.task
+    if args.arch == "vit" and task != "classify":
+        raise UsageError("--arch vit trains an image classifier: use --task classify")
+    if (task == "classify" and args.arch == "vit") or _is_image_data(args):
+        module, name = "attnlab.cli.vision", "train_vit"  # images: a vision transformer
+    else:
+        module, name = TASKS[task].split(":")
     return getattr(importlib.import_module(module), name)(args)
+
+
+def _is_image_data(args: argparse.Namespace) -> bool:
+    """--task classify on the built-in digits or on a folder (text classification reads a file)."""
+    from attnlab.data.images import is_image_data
+
+    return args.task == "classify" and is_image_data(args.data)
 
 
 def register(sub) -> None:
@@ -24,12 +39,19 @@ def register(sub) -> None:
         "train",
         help="train a model on a text, a task or a TSV file",
         description="Train a model. --task lm (default) trains a GPT on next-token prediction; "
-        "mlm and classify train a BERT-style encoder; seq2seq trains an encoder-decoder.",
+        "mlm and classify train a BERT-style encoder; classify on images (--data digits or "
+        "DIR/<label>/*.png, or --arch vit) trains a vision transformer; seq2seq trains an "
+        "encoder-decoder.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.set_defaults(func=run)
     a = p.add_argument
-    a("--task", choices=sorted(TASKS), default="lm", help="what to train")
+    a(
+        "--task",
+        choices=sorted(TASKS),
+        default="lm",
+        help="what to train (classify on images, e.g. --data digits, trains a ViT)",
+    )
     a(
         "--data",
         required=True,
@@ -76,7 +98,13 @@ def register(sub) -> None:
     a("--resume", action="store_true", help="continue from the checkpoint in --out")
     a("--quiet", action="store_true", help="no progress bar")
     # encoder-decoder
-    a("--arch", choices=["transformer", "lstm-attention", "lstm"], default="transformer")
+    a(
+        "--arch",
+        choices=["transformer", "lstm-attention", "lstm", "vit"],
+        default="transformer",
+        help="seq2seq architecture, or vit (a vision transformer) for --task classify on images",
+    )
+    a("--patch-size", type=int, help="--arch vit: side of a square patch in pixels (default 2)")
     a(
         "--score",
         choices=["dot", "general", "additive"],
