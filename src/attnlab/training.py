@@ -877,7 +877,7 @@ def _in_main_thread() -> bool:
 
 def _eval_line(row: dict) -> str:
     parts = [f"step {row['step']}"]
-    for key in ("train_loss", "val_loss", "val_ppl", "val_bpc"):
+    for key in ("train_loss", "val_loss", "val_ppl", "val_bpc", "val_accuracy"):
         if row.get(key) is not None:
             parts.append(f"{key} {row[key]:.4f}")
     return "eval  " + "  ".join(parts)
