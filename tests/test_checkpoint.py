@@ -129,6 +129,15 @@ TINY_CONFIGS = {
         "pooler": True,
         "num_labels": 3,
     },  # fmt: skip
+    "vit": {
+        "image_size": 4,
+        "patch_size": 2,
+        "channels": 3,
+        "n_classes": 3,
+        "n_layer": 2,
+        "n_head": 2,
+        "d_model": 8,
+    },  # fmt: skip
 }
 
 
