@@ -129,7 +129,7 @@ def test_bad_images_are_refused(cli, run, tmp_path, verb, image, needle):
 def test_bad_training_inputs_are_refused(cli, tmp_path):
     _save_png(tmp_path / "mixed" / "a" / "0.png", np.zeros((6, 6)))
     _save_png(tmp_path / "mixed" / "b" / "0.png", np.zeros((8, 8)))
-    (tmp_path / "one" / "only").mkdir(parents=True)
+    _save_png(tmp_path / "one" / "only" / "0.png", np.zeros((6, 6)))  # one class only
     train = ("train", "--task", "classify", "--out", "r")
     refused(cli, tmp_path, *train, "--data", "mixed", needle="must have the same size")
     refused(cli, tmp_path, *train, "--data", "one", needle="one subfolder per class")

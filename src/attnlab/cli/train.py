@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _is_image_data(args: argparse.Namespace) -> bool:
-    """--task classify on the built-in digits or on a folder (text classification reads a file)."""
+    """--task classify on the built-in digits or on a DIR/<label>/*.png folder of images."""
     from attnlab.data.images import is_image_data
 
     return args.task == "classify" and is_image_data(args.data)

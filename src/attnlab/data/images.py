@@ -54,8 +54,19 @@ class ImageSet:
 
 
 def is_image_data(spec: str) -> bool:
-    """True for ``digits`` and for a directory (text classification reads a TSV file)."""
-    return spec == DIGITS or Path(spec).is_dir()
+    """True for ``digits`` and for a folder with a subfolder of images (``DIR/<label>/*.png``)."""
+    if spec == DIGITS:
+        return True
+    path = Path(spec)
+    try:
+        return path.is_dir() and any(
+            f.suffix.lower() in IMAGE_SUFFIXES
+            for d in path.iterdir()
+            if d.is_dir()
+            for f in d.iterdir()
+        )
+    except OSError:
+        return False
 
 
 def load_images(spec: str) -> ImageSet:
