@@ -431,6 +431,8 @@ class Trainer:
         self.quiet = quiet
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.optimizer = make_optimizer(self.raw_model, c, self.device)
+        # listed once: model.parameters() walks every submodule (~0.6 ms a step for the baby GPT)
+        self._params = [p for p in self.raw_model.parameters() if p.requires_grad]
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         self.step = 0
         self.best_val_loss: float | None = None
@@ -653,9 +655,7 @@ class Trainer:
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         if c.grad_clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(
-                self.raw_model.parameters(), c.grad_clip, foreach=True
-            )
+            norm = torch.nn.utils.clip_grad_norm_(self._params, c.grad_clip, foreach=True)
             if self.scaler is None and not math.isfinite(float(norm)):
                 self._nan(float(norm), "gradient norm")
         if self.scaler is not None:
