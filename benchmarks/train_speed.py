@@ -10,12 +10,16 @@ beta2 0.99, dropout 0, weight decay 0.1, evaluation on 20 fixed batches every 25
 Reports: validation loss at the last step; training tokens/s and ms/iter (median over steps,
 leaving out the first 10 and the steps that include an evaluation); peak resident memory;
 generation tokens/s at batch 1 for 500 new tokens with and without the KV cache (past
-block_size both recompute the whole window, see attnlab.generation), and for one block.
+block_size both recompute the whole window every step, see attnlab.generation), and for 63 new
+tokens after a one-token prompt (one block: where the cache helps). Generation figures are the
+median of 3 runs. The machine's load average is printed at the start and the end: on a shared
+machine compare runs only against runs interleaved with them (benchmarks/step_vs_nanogpt.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -75,7 +79,11 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", default=None, help="run directory (default: a temporary one)")
     p.add_argument("--gen-tokens", type=int, default=500)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load0 = os.getloadavg()[0]
 
     from attnlab.cli import main as cli
 
@@ -132,7 +140,8 @@ def main() -> None:
     block = 63
     print(
         f"\nattnlab train_speed  (torch {torch.__version__}, threads {torch.get_num_threads()}, "
-        f"compile {args.compile}, dtype {args.dtype})"
+        f"compile {args.compile}, dtype {args.dtype}, "
+        f"load {load0:.2f} -> {os.getloadavg()[0]:.2f})"
     )
     rows = [
         (
