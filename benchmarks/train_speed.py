@@ -10,12 +10,16 @@ beta2 0.99, dropout 0, weight decay 0.1, evaluation on 20 fixed batches every 25
 Reports: validation loss at the last step; training tokens/s and ms/iter (median over steps,
 leaving out the first 10 and the steps that include an evaluation); peak resident memory;
 generation tokens/s at batch 1 for 500 new tokens with and without the KV cache (past
-block_size both recompute the whole window, see attnlab.generation), and for one block.
+block_size both recompute the whole window every step, see attnlab.generation), and for 63 new
+tokens after a one-token prompt (one block: where the cache helps). Generation figures are the
+median of 5 runs, the set-ups taking turns. The machine's load average is printed at the start and the end: on a shared
+machine compare runs only against runs interleaved with them (benchmarks/step_vs_nanogpt.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import sys
@@ -47,22 +51,25 @@ def train_figures(run: Path, eval_interval: int, tokens_per_step: int) -> dict:
 
 
 def generation_figures(run: Path, new_tokens: int, repeats: int = 3) -> dict:
+    """tokens/s (median of ``repeats``) per (new tokens, cache); the four set-ups take turns
+    within each repeat, so a change in machine load hits them alike."""
     from attnlab import load_run
     from attnlab.generation import SamplingConfig, generate_ids
 
     model, tok = load_run(run)
     prompt = torch.tensor([tok.encode("\n")])
-    out = {}
-    for n in (new_tokens, model.config.block_size - 1):
-        for cache in (True, False):
+    setups = [
+        (n, cache) for n in (new_tokens, model.config.block_size - 1) for cache in (True, False)
+    ]
+    times: dict = {s: [] for s in setups}
+    generate_ids(model, prompt, SamplingConfig(8, seed=0))  # warm-up
+    for r in range(repeats):
+        for n, cache in setups if r % 2 == 0 else setups[::-1]:
             cfg = SamplingConfig(n, temperature=1.0, seed=0)
-            times = []
-            for _ in range(repeats):
-                t = time.perf_counter()
-                generate_ids(model, prompt, cfg, use_cache=cache)
-                times.append(time.perf_counter() - t)
-            out[(n, cache)] = n / statistics.median(times)
-    return out
+            t = time.perf_counter()
+            generate_ids(model, prompt, cfg, use_cache=cache)
+            times[(n, cache)].append(time.perf_counter() - t)
+    return {(n, cache): n / statistics.median(ts) for (n, cache), ts in times.items()}
 
 
 def main() -> None:
@@ -75,7 +82,11 @@ def main() -> None:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", default=None, help="run directory (default: a temporary one)")
     p.add_argument("--gen-tokens", type=int, default=500)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     args = p.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    load0 = os.getloadavg()[0]
 
     from attnlab.cli import main as cli
 
@@ -128,11 +139,12 @@ def main() -> None:
     wall = time.perf_counter() - t0
     peak_train = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     f = train_figures(out, 250, 12 * 64)
-    g = generation_figures(out, args.gen_tokens)
+    g = generation_figures(out, args.gen_tokens, repeats=5)
     block = 63
     print(
         f"\nattnlab train_speed  (torch {torch.__version__}, threads {torch.get_num_threads()}, "
-        f"compile {args.compile}, dtype {args.dtype})"
+        f"compile {args.compile}, dtype {args.dtype}, "
+        f"load {load0:.2f} -> {os.getloadavg()[0]:.2f})"
     )
     rows = [
         (

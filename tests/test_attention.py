@@ -91,6 +91,15 @@ def test_paths_agree_causal_with_t_lt_s_cache_case():
     _assert_paths_agree(*_qkv(T=3, S=8), causal=True)
 
 
+@pytest.mark.parametrize("S", [1, 2, 9])
+def test_paths_agree_causal_with_one_query(S):
+    # decoding one token: the fast path drops the (all-True) causal mask
+    _assert_paths_agree(*_qkv(T=1, S=S), causal=True)
+    q, k, v = _qkv(B=3, T=1, S=S)
+    keep = torch.rand(3, 1, 1, S) > 0.3
+    _assert_paths_agree(q, k, v, mask=keep, causal=True)
+
+
 def test_causal_mask_is_bottom_right_aligned():
     T, S = 3, 7
     m = causal_mask(T, S)

@@ -23,7 +23,7 @@ TOK = CharTokenizer("abcdefghij klmnopqr\n")  # 20 characters for a vocab of 20
 def test_cached_generation_matches_uncached(pos, temperature):
     model = tiny_gpt(pos=pos, block_size=16).eval()
     prompt = torch.randint(0, 20, (3, 5))
-    # 30 new tokens: past block_size 16, so the crop / re-prefill path runs too
+    # 30 new tokens: past block_size 16, so the cropped-window path runs too
     cfg = SamplingConfig(max_new_tokens=30, temperature=temperature, top_k=10, seed=7)
     cached = generate_ids(model, prompt, cfg, use_cache=True)
     uncached = generate_ids(model, prompt, cfg, use_cache=False)

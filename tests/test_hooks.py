@@ -77,3 +77,20 @@ def test_unknown_hook_name_is_a_clear_error():
         record(_model(), names=["blocks.9.attn.weights"]),
     ):
         pass
+
+
+def test_torch_hooks_on_a_hook_module_still_fire_outside_recording():
+    # an inactive Hook skips nn.Module.__call__, unless a torch hook is registered on it
+    model = _model()
+    ids = torch.randint(0, 30, (2, 5))
+    seen = []
+    point = hook_points(model)["blocks.1.resid_post"]
+    handle = point.register_forward_hook(lambda mod, inp, out: seen.append(out.detach()))
+    try:
+        model(ids)
+    finally:
+        handle.remove()
+    with record(model, names=["blocks.1.resid_post"]) as cache:
+        model(ids)
+    model(ids)
+    assert len(seen) == 1 and torch.equal(seen[0], cache["blocks.1.resid_post"])

@@ -10,11 +10,15 @@ Each step turns the last position's logits (B, V) into a next token:
 
 With the KV cache (the default) the prompt is run once ("prefill") and every later step feeds
 only the newest token: the keys and values of earlier positions are read from the cache.
-Without it (``use_cache=False``) every step recomputes the whole context. When the context
-outgrows ``block_size``, the uncached path crops it to the last ``block_size`` tokens, and the
-cached path re-prefills the cache with those same tokens (the positions of every kept token
-change, so their cached keys cannot be reused); both paths therefore see the same context and
-give the same tokens.
+Without it (``use_cache=False``) every step recomputes the whole context.
+
+Once the context outgrows ``block_size``, both paths crop it to the last ``block_size`` tokens
+and recompute all of them, every step: the cache cannot help there, for any position scheme.
+When the window slides by one token, every kept token moves one position (learned and
+sinusoidal positions are added to its embedding), and, from the second layer on, its key and
+value were computed while attending to the token that has just dropped out of the window (so
+even rotary keys, whose scores depend only on relative distance, are stale). Reusing them would
+sample from a different distribution than the model defines; both paths give the same tokens.
 """
 
 from __future__ import annotations
@@ -113,12 +117,11 @@ def generate_ids(
     cache = model.new_cache(B, block) if use_cache else None
     new = []
     for step in range(cfg.max_new_tokens):
-        if not use_cache:
+        if not use_cache or ids.size(1) > block:
+            # the last block_size tokens, all recomputed (past block_size a cache cannot help)
             logits = model(ids[:, -block:], logits_to_keep=1)[:, -1]  # (B, V)
-        elif step == 0 or cache[0].length >= block:
-            for layer in cache:  # (re-)prefill with the last block_size tokens
-                layer.length = 0
-            logits = model(ids[:, -block:], cache=cache, logits_to_keep=1)[:, -1]
+        elif step == 0:
+            logits = model(ids, cache=cache, logits_to_keep=1)[:, -1]  # prefill the prompt
         else:
             logits = model(ids[:, -1:], cache=cache)[:, -1]  # feed only the newest token
         tok = next_token(logits, cfg, seen, generator)  # (B,)

@@ -78,6 +78,21 @@ def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def _set_cpu_threads(device: torch.device, quiet: bool = True) -> None:
+    """On CPU, unless OMP_NUM_THREADS says otherwise, use only the cores that are idle."""
+    from attnlab.training import cpu_threads_for_load
+
+    n = cpu_threads_for_load() if device.type == "cpu" else None
+    if n is None or n == torch.get_num_threads():
+        return
+    torch.set_num_threads(n)
+    if not quiet:
+        _stderr(
+            f"using {n} CPU thread{'s' if n > 1 else ''}: the other cores are busy "
+            "(load average); set OMP_NUM_THREADS to choose"
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # train
 # ---------------------------------------------------------------------------------------------
@@ -165,6 +180,7 @@ def train(args: argparse.Namespace) -> int:
         raise UsageError(f"--val-fraction must be in [0, 1), got {args.val_fraction}")
     device = resolve_device(tcfg.device)
     dist_info = init_distributed(device)
+    _set_cpu_threads(device, quiet=args.quiet or not dist_info.is_main)
     corpus = None
     if args.out is None:
         corpus = data.open_corpus(args.data, args.encoding)
@@ -342,6 +358,7 @@ def _load_gpt(run: str, device_name: str):
         device = resolve_device(device_name)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+    _set_cpu_threads(device)
     model, tokenizer = ckpt.load_run(run, device=device)
     if not isinstance(model, GPT):
         raise UsageError(
