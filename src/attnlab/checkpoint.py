@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ConfigError
-from attnlab.tokenizers import Tokenizer, TokenizerError, load_tokenizer
+from attnlab.tokenizers import PairTokenizer, Tokenizer, TokenizerError, load_tokenizer
 
 FORMAT_VERSION = 1
 
@@ -156,8 +156,11 @@ def save_model(run_dir: str | Path, model: nn.Module, tokenizer: Tokenizer | Non
     run_dir.mkdir(parents=True, exist_ok=True)
     inner = getattr(getattr(model, "_orig_mod", model), "module", getattr(model, "_orig_mod", model))
     save_tensors(run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"})
-    if tokenizer is not None:
-        atomic_write_text(run_dir / "tokenizer.json", tokenizer.to_json())
+    if tokenizer is not None:  # a PairTokenizer (seq2seq) also writes target_tokenizer.json
+        files = getattr(tokenizer, "to_json_files", None)
+        files = files() if files else {"tokenizer.json": tokenizer.to_json()}
+        for name, text in files.items():
+            atomic_write_text(run_dir / name, text)
     cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type, "config": inner.config.to_dict()}
     cfg.update(extra or {})
     atomic_write_json(run_dir / "config.json", cfg)
@@ -213,15 +216,24 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Mo
     return model.to(device).eval()
 
 
+def _read_tokenizer(path: Path) -> Tokenizer:
+    try:
+        return load_tokenizer(path)
+    except TokenizerError as e:
+        raise RunError(f"{path}: {e}") from None
+
+
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[nn.Module, Tokenizer | None]:
-    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode."""
+    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode.
+
+    An encoder-decoder run (one with ``target_tokenizer.json``) gives a ``PairTokenizer``.
+    """
     run_dir = Path(run_dir)
     model = load_model(run_dir, device)
-    tok_path = run_dir / "tokenizer.json"
-    tokenizer = None
-    if tok_path.is_file():
-        try:
-            tokenizer = load_tokenizer(tok_path)
-        except TokenizerError as e:
-            raise RunError(f"{tok_path}: {e}") from None
+    tok_path, tgt_path = run_dir / "tokenizer.json", run_dir / "target_tokenizer.json"
+    tokenizer = _read_tokenizer(tok_path) if tok_path.is_file() else None
+    if tgt_path.is_file():
+        if tokenizer is None:
+            raise RunError(f"{run_dir}: target_tokenizer.json without tokenizer.json")
+        tokenizer = PairTokenizer(tokenizer, _read_tokenizer(tgt_path))
     return model, tokenizer
