@@ -107,7 +107,7 @@ def test_attention_lstm_learns_to_copy_a_few_sequences():
 
 
 def test_record_text_exposes_the_alignment_under_the_shared_name():
-    tok = PairTokenizer(CharTokenizer("abcdefgh"), CharTokenizer("0123"))
+    tok = PairTokenizer(CharTokenizer("abcdefgh "), CharTokenizer("0123"))
     model = make("dot", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
     rec = model.record_text(tok, "bad cafe")
     w = rec["cache"]["decoder.attn.weights"]  # (1, 1, T, S)
