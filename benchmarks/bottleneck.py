@@ -6,7 +6,7 @@ This trains all three on the same task with the same budget (same steps, batch a
 rate; parameter counts matched within 20% by sizing the LSTMs' hidden width to the
 Transformer), then measures exact match on fresh inputs of each length from 5 to 80.
 
-    OMP_NUM_THREADS=1 python benchmarks/bottleneck.py --tasks reverse,copy --steps 1500 \
+    OMP_NUM_THREADS=1 python benchmarks/bottleneck.py --tasks reverse,copy --steps 1000 \
         --png docs/bottleneck.png
 
 Prints parameter counts, training times and a markdown table; writes a PNG. On 2 CPU cores the
@@ -64,10 +64,10 @@ def exact_by_length(model, tok, task: str, n: int, seed: int) -> dict[int, float
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--tasks", default="reverse", help="comma-separated: reverse, copy")
+    p.add_argument("--tasks", default="reverse,copy", help="comma-separated: reverse, copy")
     p.add_argument("--archs", default=",".join(ARCHS))
     p.add_argument(
-        "--steps", type=int, default=1500, help="training steps, the same for every model"
+        "--steps", type=int, default=1000, help="training steps, the same for every model"
     )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)

@@ -32,10 +32,11 @@ def pad_ids(seqs: list[list[int]], pad: int = PAD, device=None) -> Tensor:
     return out.to(device) if device is not None else out
 
 
-def default_max_len(model, src_len: int) -> int:
-    """Longest output tried: twice the source plus 10, within the model's positions."""
+def default_max_len(model, src_len: int, max_len: int | None = None) -> int:
+    """Longest output tried: ``max_len`` or twice the source plus 10, within the model's
+    positions (a Transformer's ``config.max_len`` holds <bos> too)."""
     limit = getattr(model.config, "max_len", None)
-    n = 2 * src_len + 10
+    n = max_len or 2 * src_len + 10
     return min(n, limit - 1) if limit else n
 
 
@@ -51,7 +52,7 @@ def greedy(model, src: Tensor, max_len: int | None = None) -> list[list[int]]:
 
     Returns each row's output ids without <eos> (stopped at <eos> or after ``max_len`` tokens).
     """
-    max_len = max_len or default_max_len(model, src.size(1))
+    max_len = default_max_len(model, src.size(1), max_len)
     B = src.size(0)
     state = model.start(src, max_len + 1)
     tokens = torch.full((B,), BOS, dtype=torch.long, device=src.device)
@@ -95,7 +96,7 @@ def beam_search(
         raise ValueError("beam_search decodes one source at a time: src must be (1, S)")
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
-    max_len = max_len or default_max_len(model, src.size(1))
+    max_len = default_max_len(model, src.size(1), max_len)
     state = model.start(src, max_len + 1)
     alive: list[list[int]] = [[]]
     scores = torch.zeros(1, device=src.device)  # (K,) total log-probabilities of the live beams

@@ -92,6 +92,11 @@ def translate(args: argparse.Namespace) -> int:
         raise UsageError("--beam must be >= 1")
     model, tok, _ = _load(args.run)
     texts = args.text if args.text != ["-"] else [ln.rstrip("\n") for ln in sys.stdin]
+    limit = getattr(model.config, "max_len", None)
+    for t in texts:
+        if limit and len(tok.encode_source(t)) > limit:
+            raise UsageError(f"source of {len(tok.encode_source(t))} tokens is longer than the "
+                             f"model's {limit} positions: {t[:40]!r}")  # fmt: skip
     for line in run_translate(model, tok, texts, args.beam, args.alpha, args.max_len):
         print(line)
     return 0
