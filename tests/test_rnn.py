@@ -111,6 +111,6 @@ def test_record_text_exposes_the_alignment_under_the_shared_name():
     model = make("dot", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
     rec = model.record_text(tok, "bad cafe")
     w = rec["cache"]["decoder.attn.weights"]  # (1, 1, T, S)
-    assert w.shape == (1, 1, len(rec["tokens"]["decoder"]), len("bad cafe"))
-    assert rec["tokens"]["encoder"] == list("bad cafe")
+    assert w.shape == (1, 1, len(rec["tokens"]["decoder"]), len("bad cafe") + 1)
+    assert rec["tokens"]["encoder"] == [*"bad cafe", "<eos>"]
     assert rec["translation"] == tok.decode_target(tok.encode_target(rec["translation"]))

@@ -217,7 +217,7 @@ def test_record_text_gives_tokens_matching_the_maps():
     model = make(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
     rec = model.record_text(tok, "hello")
     w = rec["cache"]["decoder.blocks.0.cross.weights"]  # (1, H, T, S)
-    assert rec["tokens"]["encoder"] == list("hello")
+    assert rec["tokens"]["encoder"] == [*"hello", "<eos>"]
     assert rec["tokens"]["decoder"][0] == "<bos>"
     assert w.shape[-2:] == (len(rec["tokens"]["decoder"]), len(rec["tokens"]["encoder"]))
     assert rec["cross_source"] == {"decoder": "encoder"}

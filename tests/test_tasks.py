@@ -141,7 +141,9 @@ def test_pair_tokenizer_round_trips_the_corpus(kinds):
     for s, t in d.train[:50]:
         ids = tok.encode_target(t)
         assert min(ids) >= 3 and tok.decode_target([*ids, PairTokenizer.EOS, 7]) == t
-        assert min(tok.encode_source(s)) >= 3
+        src = tok.encode_source(s)
+        assert min(src[:-1]) >= 3 and src[-1] == PairTokenizer.EOS
+        assert tok.decode_source(src) == tok.source.decode(tok.source.encode(s))
 
 
 def test_collate_shifts_the_target_right_behind_bos():

@@ -225,7 +225,7 @@ class PairTokenizer:
     """A source and a target tokenizer for an encoder-decoder, plus three reserved ids.
 
     Model ids 0, 1, 2 are ``<pad>``, ``<bos>`` (starts the decoder) and ``<eos>`` (ends a
-    target); a tokenizer's id i becomes model id i + 3. Saved as two files: ``tokenizer.json``
+    source and a target); a tokenizer's id i becomes model id i + 3. Saved as two files: ``tokenizer.json``
     (source) and ``target_tokenizer.json`` (target). ``encode``/``tokens``/``vocab_size`` are the
     source side's, so a tool written for one tokenizer still reads the input text sensibly.
     """
@@ -250,7 +250,9 @@ class PairTokenizer:
     vocab_size = src_vocab_size
 
     def encode_source(self, text: str) -> list[int]:
-        return [i + 3 for i in self.source.encode(text)]
+        """Source ids, ending with ``<eos>``: the marker tells the encoder where the source ends
+        (a Transformer has no other way to find its last token, e.g. to reverse it)."""
+        return [i + 3 for i in self.source.encode(text)] + [self.EOS]
 
     def encode_target(self, text: str) -> list[int]:
         """Target ids without ``<bos>``/``<eos>``: the caller frames them."""

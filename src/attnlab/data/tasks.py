@@ -338,7 +338,7 @@ def build_pair_tokenizer(data: Seq2SeqData, source: str = "char", target: str = 
 
 
 def encode_pairs(tokenizer: PairTokenizer, pairs: list[Pair]) -> list[tuple[list[int], list[int]]]:
-    """Pairs -> (source ids, target ids + <eos>)."""
+    """Pairs -> (source ids + <eos>, target ids + <eos>)."""
     return [(tokenizer.encode_source(s), tokenizer.encode_target(t) + [EOS]) for s, t in pairs]
 
 
