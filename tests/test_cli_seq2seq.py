@@ -66,6 +66,7 @@ def test_parallel_corpus_with_word_tokenizers(cli, tmp_path):
     assert r.returncode == 0 and r.stdout.startswith("val: 29 pairs"), (r.stdout, r.stderr)
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_and_exit_2(cli, tmp_path):
     assert "unknown seq2seq data" in one_error_line(
         cli("train", "--task", "seq2seq", "--data", "nope:x=1", "--out", tmp_path / "a")
