@@ -7,7 +7,8 @@ For each run: translate the text greedily, record a teacher-forced pass on (text
 (``model.record_text``), and draw the cross-attention map, rows = the output character each
 decoder step produced, columns = source characters. A Transformer map is the mean over heads
 of one decoder layer (``--layer``, default the last); an LSTM has one map. Prints, per run,
-the share of the month digits' attention that falls on the month word.
+the share of the month digits' attention that falls on the month word (or the character
+right after it).
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ def cross_map(rec: dict, layer: int | None):
 
 
 def month_share(w, src: str, out_tokens: list[str]) -> float:
-    """Attention from output positions 5-6 (the month digits of YYYY-MM-DD) onto the month word."""
+    """Attention from output positions 5-6 (the month digits of YYYY-MM-DD) onto the month word
+    and the character after it: a left-to-right LSTM encoder's state there is the first that has
+    read the whole word, so that is where its attention lands."""
     months = set(MONTHS) | set(MONTH_ABBR)
     m = next((m for m in re.finditer(r"[a-zA-Z]+", src) if m.group().lower() in months), None)
     if m is None or len(out_tokens) < 7:
         return float("nan")
-    return float(w[5:7, m.start() : m.end()].sum(-1).mean())
+    return float(w[5:7, m.start() : m.end() + 1].sum(-1).mean())
 
 
 def main() -> None:
