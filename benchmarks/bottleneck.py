@@ -9,8 +9,9 @@ Transformer), then measures exact match on fresh inputs of each length from 5 to
     OMP_NUM_THREADS=1 python benchmarks/bottleneck.py --tasks reverse,copy --steps 1000 \
         --png docs/bottleneck.png
 
-Prints parameter counts, training times and a markdown table; writes a PNG. On 2 CPU cores the
-default settings take about 10 minutes (shrink --steps / --eval-per-length to go faster).
+Prints parameter counts, training times and a markdown table; writes a PNG. The defaults use
+about 11 CPU-minutes on one thread (13.5 min wall measured on a shared 2-core machine); shrink
+--steps, --eval-per-length or --tasks to go faster.
 """
 
 from __future__ import annotations
