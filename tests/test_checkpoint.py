@@ -129,6 +129,22 @@ TINY_CONFIGS = {
         "pooler": True,
         "num_labels": 3,
     },  # fmt: skip
+    "seq2seq": {
+        "src_vocab_size": 9,
+        "tgt_vocab_size": 7,
+        "max_len": 8,
+        "n_encoder_layers": 1,
+        "n_decoder_layers": 1,
+        "n_head": 2,
+        "d_model": 8,
+    },
+    "rnn": {
+        "src_vocab_size": 9,
+        "tgt_vocab_size": 7,
+        "d_embed": 4,
+        "d_hidden": 6,
+        "attention": "additive",
+    },
     "vit": {
         "image_size": 4,
         "patch_size": 2,

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ConfigError
-from attnlab.tokenizers import Tokenizer, TokenizerError, load_tokenizer
+from attnlab.tokenizers import PairTokenizer, Tokenizer, TokenizerError, load_tokenizer
 
 FORMAT_VERSION = 1
 
@@ -205,8 +205,11 @@ def save_model(
     save_tensors(
         run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"}
     )
-    if tokenizer is not None:
-        atomic_write_text(run_dir / "tokenizer.json", tokenizer.to_json())
+    if tokenizer is not None:  # a PairTokenizer (seq2seq) also writes target_tokenizer.json
+        files = getattr(tokenizer, "to_json_files", None)
+        files = files() if files else {"tokenizer.json": tokenizer.to_json()}
+        for name, text in files.items():
+            atomic_write_text(run_dir / name, text)
     write_run_config(run_dir, inner, extra)
 
 
@@ -283,17 +286,26 @@ def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Mo
     return model.to(device).eval()
 
 
+def _read_tokenizer(path: Path) -> Tokenizer:
+    try:
+        return load_tokenizer(path)
+    except TokenizerError as e:
+        raise RunError(str(e)) from None  # it names the file
+
+
 def load_run(
     run_dir: str | Path, device: str | torch.device = "cpu"
 ) -> tuple[nn.Module, Tokenizer | None]:
-    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode."""
+    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode.
+
+    An encoder-decoder run (one with ``target_tokenizer.json``) gives a ``PairTokenizer``.
+    """
     run_dir = Path(run_dir)
     model = load_model(run_dir, device)
-    tok_path = run_dir / "tokenizer.json"
-    tokenizer = None
-    if tok_path.is_file():
-        try:
-            tokenizer = load_tokenizer(tok_path)
-        except TokenizerError as e:
-            raise RunError(str(e)) from None  # it names the file
+    tok_path, tgt_path = run_dir / "tokenizer.json", run_dir / "target_tokenizer.json"
+    tokenizer = _read_tokenizer(tok_path) if tok_path.is_file() else None
+    if tgt_path.is_file():
+        if tokenizer is None:
+            raise RunError(f"{run_dir}: target_tokenizer.json without tokenizer.json")
+        tokenizer = PairTokenizer(tokenizer, _read_tokenizer(tgt_path))
     return model, tokenizer

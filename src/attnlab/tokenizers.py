@@ -251,3 +251,80 @@ def build_tokenizer(
             (text[i : i + chunk] for i in range(0, len(text), chunk)), vocab_size=vocab_size
         )
     raise TokenizerError(f"unknown tokenizer {kind!r}; choose char, word or bpe")
+
+
+class PairTokenizer:
+    """A source and a target tokenizer for an encoder-decoder, plus three reserved ids.
+
+    Model ids 0, 1, 2 are ``<pad>``, ``<bos>`` (starts the decoder) and ``<eos>`` (ends a
+    source and a target); a tokenizer's id i becomes model id i + 3. Saved as two files: ``tokenizer.json``
+    (source) and ``target_tokenizer.json`` (target). ``encode``/``tokens``/``vocab_size`` are the
+    source side's, so a tool written for one tokenizer still reads the input text sensibly.
+    """
+
+    kind = "pair"
+    PAD, BOS, EOS = 0, 1, 2
+    SPECIALS = ("<pad>", "<bos>", "<eos>")
+    files = ("tokenizer.json", "target_tokenizer.json")
+
+    def __init__(self, source: Tokenizer, target: Tokenizer):
+        self.source, self.target = source, target
+        self.special_tokens = dict(zip(self.SPECIALS, range(3)))
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.source.vocab_size + 3
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.target.vocab_size + 3
+
+    vocab_size = src_vocab_size
+
+    def encode_source(self, text: str) -> list[int]:
+        """Source ids, ending with ``<eos>``: the marker tells the encoder where the source ends
+        (a Transformer has no other way to find its last token, e.g. to reverse it)."""
+        return [i + 3 for i in self.source.encode(text)] + [self.EOS]
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target ids without ``<bos>``/``<eos>``: the caller frames them."""
+        return [i + 3 for i in self.target.encode(text)]
+
+    encode = encode_source
+
+    def _strip(self, ids: Iterable[int]) -> list[int]:
+        out = []
+        for i in ids:
+            i = int(i)
+            if i == self.EOS:
+                break
+            if i >= 3:
+                out.append(i - 3)
+        return out
+
+    def decode_target(self, ids: Iterable[int]) -> str:
+        """Model ids -> text, stopping at ``<eos>`` and dropping ``<pad>``/``<bos>``."""
+        return self.target.decode(self._strip(ids))
+
+    def decode_source(self, ids: Iterable[int]) -> str:
+        return self.source.decode(self._strip(ids))
+
+    decode = decode_source
+
+    def _token_strings(self, tok: Tokenizer, ids: Iterable[int]) -> list[str]:
+        return [self.SPECIALS[i] if i < 3 else tok.decode([i - 3]) for i in map(int, ids)]
+
+    def source_tokens(self, ids: Iterable[int]) -> list[str]:
+        return self._token_strings(self.source, ids)
+
+    def target_tokens(self, ids: Iterable[int]) -> list[str]:
+        return self._token_strings(self.target, ids)
+
+    def tokens(self, text: str) -> list[str]:
+        return self.source.tokens(text)
+
+    def to_json_files(self) -> dict[str, str]:
+        return {
+            "tokenizer.json": self.source.to_json(),
+            "target_tokenizer.json": self.target.to_json(),
+        }

@@ -465,8 +465,22 @@ def evaluate_text(
 
 
 def eval_(args: argparse.Namespace) -> int:
-    """``attnlab eval RUN --data D``: loss, perplexity and bits per character on stdout."""
+    """``attnlab eval RUN``: a language model is scored on ``--data`` (loss, perplexity, bits
+    per character); an encoder-decoder on its own held-out split (exact match, token accuracy)."""
     from attnlab import data
+    from attnlab.checkpoint import read_run_config
+
+    model_type = read_run_config(args.run).get("model_type")
+    if model_type in ("seq2seq", "rnn"):
+        from attnlab.cli.seq2seq import evaluate
+
+        return evaluate(args)
+    if model_type != "gpt":
+        raise UsageError(
+            f"{args.run}: eval scores GPT and encoder-decoder runs, not {model_type!r}"
+        )
+    if args.data is None:
+        raise UsageError("eval of a language model needs --data (the text to score)")
 
     if args.batch_size <= 0:
         raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
@@ -524,15 +538,22 @@ def register(sub) -> None:
 
     e = sub.add_parser(
         "eval",
-        help="loss, perplexity and bits per character of a run on a text",
+        help="score a run: a GPT on a text, an encoder-decoder on its test split",
         formatter_class=fmt,
-        description="Evaluate a trained GPT on a text: loss, perplexity, bits per character.",
+        description="A GPT run: loss, perplexity and bits per character on --data. An "
+        "encoder-decoder run: exact match (decoded output == target) and teacher-forced token "
+        "accuracy on the held-out split it was trained with.",
     )
     e.set_defaults(func=eval_)
     a = e.add_argument
     a("run", help="run directory")
-    a("--data", required=True, help="a text file, a directory of .txt files or a built-in corpus")
+    a("--data", help="GPT: a text file, a directory of .txt files or a built-in corpus")
     a("--encoding", default="utf-8")
     a("--batch-size", type=int, default=32)
     a("--max-tokens", type=int, default=1 << 20, help="evaluate at most this many tokens")
     a("--device", default="auto", help="cpu, cuda or auto")
+    a("--split", choices=["test", "val", "train"], default="test", help="seq2seq: which split")
+    a("--beam", type=int, default=1, help="seq2seq: beam width (1 = greedy)")
+    a("--alpha", type=float, default=0.6, help="seq2seq: length penalty exponent")
+    a("--limit", type=int, default=0, help="seq2seq: evaluate only the first N pairs")
+    a("--json", action="store_true", help="seq2seq: print one JSON object")

@@ -220,7 +220,10 @@ def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influ
     """Per token and block: relative change, cosine, sublayer shares and top source tokens."""
     prefixes = rec.blocks()
     if not prefixes:
-        raise InspectError("this model recorded no resid_pre/resid_post activations")
+        raise InspectError(
+            "this model has no transformer blocks (no resid_pre/resid_post recorded): "
+            "an LSTM has no residual stream to measure; try attention or explore"
+        )
     c = rec.cache
     rows, labels, tokens = [], [], {}
     for b, p in enumerate(prefixes):

@@ -97,7 +97,8 @@ class Recording:
     ``cache`` holds (B=1) activations by name. ``tokens`` maps each stack to its token strings,
     ``{"": tokens}`` for a single-stack model. ``ids`` likewise holds the token ids.
     ``memory_stack`` names the stack cross-attention reads from (None without one).
-    ``logits`` is the model's output (1, T, vocab) where it has one.
+    ``logits`` is the model's output (1, T, vocab) where it has one. ``extra`` holds what a
+    model adds (an encoder-decoder: ``translation`` and ``predicted`` decoder tokens).
     """
 
     cache: ActivationCache
@@ -107,6 +108,7 @@ class Recording:
     logits: Tensor | None = None
     model_type: str = ""
     key_stacks: dict[str, str] = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # model-specific: e.g. a translation and its tokens
 
     # -- attention maps ----------------------------------------------------------------------
 
@@ -177,7 +179,8 @@ class Recording:
                 raise InspectError(
                     f"no attention map matches {name!r}; recorded: {', '.join(self.map_names())}"
                 )
-        if layer is None:
+        layered = [m for m in maps if m.layer is not None]
+        if layer is None or (not layered and layer == 0):  # an LSTM's one map has no layer
             return maps[0]
         hit = [m for m in maps if m.layer == layer]
         if not hit:

@@ -115,7 +115,10 @@ def similarity(rec: Recording, layer: int | None = None) -> Similarity:
     """Cosine similarity (T, T) of the residual stream before and after every block."""
     prefixes = rec.blocks()
     if not prefixes:
-        raise InspectError("this model recorded no resid_pre/resid_post activations")
+        raise InspectError(
+            "this model has no transformer blocks (no resid_pre/resid_post recorded): "
+            "an LSTM has no residual stream to measure; try attention or explore"
+        )
     layers = [
         SimilarityLayer(
             p,

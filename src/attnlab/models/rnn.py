@@ -1,0 +1,191 @@
+"""LSTM encoder-decoder, without attention (Sutskever et al., 2014) and with it (Luong et al.).
+
+Without attention the encoder's final (h, c) is the decoder's initial state and the ONLY thing
+the decoder knows about the source: one fixed-size context vector, however long the input.
+
+With attention every decoder step t also looks at every encoder output s:
+    e_ts = score(h_t, s)         dot:      h_t . s
+                                 general:  h_t . (W_a s)                       (Luong)
+                                 additive: v . tanh(W_q h_t + W_k s)           (Bahdanau)
+    a_t  = softmax_s(e_t)        weights over the source, 0 on padding, sum to 1
+    c_t  = sum_s a_ts s          context vector
+    h~_t = tanh(W_c [c_t; h_t])  the attentional state that predicts the next token
+The score uses the current decoder state h_t (Luong's order); the decoder is fed only the
+previous target token (teacher forcing in training), so a whole target runs in one LSTM call.
+
+Recorded (``attnlab.hooks``): ``decoder.attn.scores`` and ``decoder.attn.weights``, shaped
+(B, 1, T, S) like a one-head attention layer; ``encoder.out`` (B, S, C); ``decoder.hidden``
+(B, T, C); ``decoder.logits``. Token ids 0, 1, 2 are <pad>, <bos>, <eos>.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from attnlab import hooks
+from attnlab.attention import padding_mask
+from attnlab.config import BaseConfig, ConfigError
+from attnlab.decoding import DecoderProbes
+from attnlab.hooks import Hook
+
+PAD, BOS, EOS = 0, 1, 2
+ATTENTION = ("none", "dot", "general", "additive")
+
+
+@dataclasses.dataclass
+class RNNConfig(BaseConfig):
+    src_vocab_size: int = 64
+    tgt_vocab_size: int = 64
+    d_embed: int = 64
+    d_hidden: int = 128
+    n_layer: int = 1
+    attention: str = "general"  # none | dot | general | additive
+    dropout: float = 0.0
+    label_smoothing: float = 0.0
+
+    def validate(self) -> None:
+        self._positive("src_vocab_size", "tgt_vocab_size", "d_embed", "d_hidden", "n_layer")
+        if self.src_vocab_size <= EOS or self.tgt_vocab_size <= EOS:
+            raise ConfigError("vocabularies need room for <pad>, <bos> and <eos> (ids 0-2)")
+        if self.attention not in ATTENTION:
+            raise ConfigError(
+                f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+
+
+class SourceAttention(nn.Module):
+    """One-head attention of decoder states (B, T, C) over encoder outputs (B, S, C)."""
+
+    def __init__(self, d: int, score: str):
+        super().__init__()
+        self.score = score
+        if score == "general":
+            self.w_a = nn.Linear(d, d, bias=False)
+        elif score == "additive":
+            self.w_q = nn.Linear(d, d, bias=False)
+            self.w_k = nn.Linear(d, d, bias=True)
+            self.v = nn.Linear(d, 1, bias=False)
+        self.hook_scores, self.hook_weights = Hook(), Hook()
+
+    def forward(self, h: Tensor, enc: Tensor, mask: Tensor) -> Tensor:
+        """h (B, T, C), enc (B, S, C), mask (B, 1, 1, S) True = token -> context (B, T, C)."""
+        if self.score == "dot":
+            scores = h @ enc.transpose(1, 2)  # (B, T, S)
+        elif self.score == "general":
+            scores = h @ self.w_a(enc).transpose(1, 2)  # (B, T, S)
+        else:
+            hidden = torch.tanh(self.w_q(h)[:, :, None] + self.w_k(enc)[:, None])  # (B, T, S, C)
+            scores = self.v(hidden).squeeze(-1)  # (B, T, S)
+        scores = self.hook_scores(scores[:, None])  # (B, 1, T, S): one head
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # no weight on padding
+        weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # (B, 1, T, S)
+        weights = self.hook_weights(weights)
+        return (weights @ enc[:, None]).squeeze(1)  # (B, T, C) context vectors
+
+
+class _Encoder(nn.Module):
+    def __init__(self, c: RNNConfig):
+        super().__init__()
+        self.tok_embed = nn.Embedding(c.src_vocab_size, c.d_embed, padding_idx=PAD)
+        drop = c.dropout if c.n_layer > 1 else 0.0
+        self.lstm = nn.LSTM(c.d_embed, c.d_hidden, c.n_layer, batch_first=True, dropout=drop)
+        self.drop = nn.Dropout(c.dropout)
+        self.hook_out = Hook()
+
+
+class _Decoder(nn.Module):
+    def __init__(self, c: RNNConfig):
+        super().__init__()
+        self.tok_embed = nn.Embedding(c.tgt_vocab_size, c.d_embed, padding_idx=PAD)
+        drop = c.dropout if c.n_layer > 1 else 0.0
+        self.lstm = nn.LSTM(c.d_embed, c.d_hidden, c.n_layer, batch_first=True, dropout=drop)
+        self.drop = nn.Dropout(c.dropout)
+        if c.attention != "none":
+            self.attn = SourceAttention(c.d_hidden, c.attention)
+            self.combine = nn.Linear(2 * c.d_hidden, c.d_hidden, bias=False)  # W_c [c_t; h_t]
+        self.lm_head = nn.Linear(c.d_hidden, c.tgt_vocab_size)
+        self.hook_hidden, self.hook_logits = Hook(), Hook()
+
+
+class RNNSeq2Seq(DecoderProbes, nn.Module):
+    """LSTM encoder-decoder; ``config.attention`` picks none, dot, general or additive."""
+
+    config_class = RNNConfig
+    model_type = "rnn"
+
+    def __init__(self, config: RNNConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = _Encoder(config)
+        self.decoder = _Decoder(config)
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def encode(self, src: Tensor) -> dict:
+        """src (B, S) -> encoder outputs (B, S, C), source mask (B, 1, 1, S) and final (h, c)."""
+        lengths = (src != PAD).sum(1).clamp(min=1).cpu()
+        x = self.encoder.drop(self.encoder.tok_embed(src))  # (B, S, E)
+        packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, (h, c) = self.encoder.lstm(packed)  # h, c: (L, B, C) at each row's last token
+        out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
+        out = self.encoder.hook_out(out)  # (B, S, C), zeros on padding
+        return {"enc": out, "src_mask": padding_mask(ids=src, pad_id=PAD), "h": h, "c": c}
+
+    def decode(self, tgt: Tensor, state: dict) -> Tensor:
+        """tgt (B, T) from <bos> -> logits (B, T, V); advances state's (h, c) past ``tgt``."""
+        d = self.decoder
+        x = d.drop(d.tok_embed(tgt))  # (B, T, E)
+        out, (state["h"], state["c"]) = d.lstm(x, (state["h"], state["c"]))  # (B, T, C)
+        if self.config.attention != "none":
+            context = d.attn(out, state["enc"], state["src_mask"])  # (B, T, C)
+            out = torch.tanh(d.combine(torch.cat([context, out], dim=-1)))  # (B, T, C)
+        out = d.hook_hidden(d.drop(out))
+        return d.hook_logits(d.lm_head(out))  # (B, T, V)
+
+    def forward(self, src: Tensor, tgt: Tensor, record: bool = False):
+        """Teacher-forced pass: src (B, S), tgt (B, T) -> logits (B, T, V) (and the recording)."""
+        if record:
+            with hooks.record(self) as acts:
+                logits = self.forward(src, tgt)
+            return logits, acts
+        return self.decode(tgt, self.encode(src))
+
+    def loss(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, smoothing: float | None = None):
+        """Cross-entropy of ``tgt_out`` (B, T) (label-smoothed if configured), pads ignored."""
+        eps = self.config.label_smoothing if smoothing is None else smoothing
+        logits = self(src, tgt_in)
+        flat = logits.reshape(-1, logits.size(-1)).float()
+        return F.cross_entropy(flat, tgt_out.reshape(-1), ignore_index=PAD, label_smoothing=eps)
+
+    # -- incremental decoding (see attnlab.decoding) ----------------------------------------
+
+    def start(self, src: Tensor, max_len: int) -> dict:
+        return self.encode(src)
+
+    def step(self, state: dict, tokens: Tensor) -> Tensor:
+        """Feed the last tokens (B,) -> log-probabilities of the next (B, V)."""
+        logits = self.decode(tokens[:, None], state)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+    @staticmethod
+    def reorder(state: dict, index: Tensor) -> None:
+        for k in ("enc", "src_mask"):
+            state[k] = state[k].index_select(0, index)
+        for k in ("h", "c"):
+            state[k] = state[k].index_select(1, index)  # (L, B, C)
+
+    def record_text(self, tokenizer, text: str, max_len: int | None = None):
+        """Translate greedily, then record a teacher-forced pass; see ``Seq2SeqTransformer``."""
+        from attnlab.decoding import record_translation
+
+        return record_translation(self, tokenizer, text, max_len)
