@@ -15,12 +15,24 @@ from attnlab.checkpoint import load_run
 from attnlab.hooks import ActivationCache, record
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
+from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.models.vit import ViT, ViTConfig
 from attnlab.tokenizers import CharTokenizer, WordTokenizer, load_tokenizer
+from attnlab.training import TrainConfig, Trainer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GPT",
+    "RNNConfig",
+    "RNNSeq2Seq",
+    "Seq2SeqConfig",
+    "Seq2SeqTransformer",
+    "TrainConfig",
+    "Trainer",
+    "ViT",
+    "ViTConfig",
     "ActivationCache",
     "CharTokenizer",
     "Encoder",
