@@ -54,20 +54,12 @@ class EncoderConfig(BaseConfig):
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
-        if self.d_ff is not None:
-            self._positive("d_ff")
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
-            )
-        if self.pos not in POSITIONAL:
-            raise ConfigError(f"pos must be one of {', '.join(POSITIONAL)}, got {self.pos!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.ln_eps <= 0:
-            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+        self._positive_or_none("d_ff")
+        self._divisible("d_model", "n_head")
+        self._one_of("pos", POSITIONAL)
+        self._one_of("activation", ACTIVATIONS)
+        self._fraction("dropout")
+        self._positive("ln_eps")
         if self.type_vocab_size < 0 or self.num_labels < 0:
             raise ConfigError("type_vocab_size and num_labels must be >= 0")
         if not 0 <= self.pad_id < self.vocab_size:

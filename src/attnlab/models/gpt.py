@@ -40,22 +40,14 @@ class GPTConfig(BaseConfig):
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
-        if self.d_ff is not None:
-            self._positive("d_ff")
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
-            )
-        if self.pos not in POSITIONS:
-            raise ConfigError(f"pos must be one of {', '.join(POSITIONS)}, got {self.pos!r}")
+        self._positive_or_none("d_ff")
+        self._divisible("d_model", "n_head")
+        self._one_of("pos", POSITIONS)
         if self.pos == "rotary" and (self.d_model // self.n_head) % 2:
             raise ConfigError("rotary positions need an even head width (d_model / n_head)")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.ln_eps <= 0:
-            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+        self._one_of("activation", ACTIVATIONS)
+        self._fraction("dropout")
+        self._positive("ln_eps")
 
 
 PRESETS: dict[str, dict] = {
