@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import from_hf_attention_mask
-from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.positional import POSITIONAL
@@ -112,20 +112,7 @@ class Encoder(nn.Module):
             nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.embed_norm else nn.Identity()
         )
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            Block(
-                c.d_model,
-                c.n_head,
-                c.d_ff,
-                c.dropout,
-                causal=False,
-                norm_first=c.norm_first,
-                activation=c.activation,
-                ln_eps=c.ln_eps,
-                bias=c.bias,
-            )
-            for _ in range(c.n_layer)
-        )
+        self.blocks = block_stack(c, causal=False)
         self.ln_f = (
             nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
         )

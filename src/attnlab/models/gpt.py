@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import KVCache, from_hf_attention_mask
-from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.positional import POSITIONAL, Rotary
@@ -74,11 +74,7 @@ class GPT(nn.Module):
         rotary = Rotary(head_dim, c.block_size) if c.pos == "rotary" else None
         self.pos_embed = POSITIONAL[c.pos](c.block_size, c.d_model) if c.pos in POSITIONAL else None
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            Block(c.d_model, c.n_head, c.d_ff, c.dropout, causal=True, norm_first=c.norm_first,
-                  activation=c.activation, ln_eps=c.ln_eps, bias=c.bias, rotary=rotary)
-            for _ in range(c.n_layer)
-        )  # fmt: skip
+        self.blocks = block_stack(c, causal=True, rotary=rotary)
         self.ln_f = (
             nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
         )

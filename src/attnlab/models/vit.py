@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 
@@ -127,20 +127,7 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))  # (1, 1, C)
         self.pos_embed = nn.Parameter(torch.zeros(1, c.n_patches + 1, c.d_model))  # (1, N+1, C)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            Block(
-                c.d_model,
-                c.n_head,
-                c.d_ff,
-                c.dropout,
-                causal=False,
-                norm_first=c.norm_first,
-                activation=c.activation,
-                ln_eps=c.ln_eps,
-                bias=c.bias,
-            )
-            for _ in range(c.n_layer)
-        )
+        self.blocks = block_stack(c, causal=False)
         self.ln_f = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias)
         self.head = nn.Linear(c.d_model, c.n_classes)
         for name in ("embed", "pos", "ln_f", "class_logits"):
