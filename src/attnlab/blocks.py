@@ -107,3 +107,13 @@ class Block(nn.Module):
         mlp = lambda h: self.hook_mlp_out(self.mlp(h))
         x = self.hook_resid_post(self._sublayer(x, self.ln2, mlp, self.hook_ln2))
         return x
+
+
+def block_stack(c, causal: bool, rotary: nn.Module | None = None) -> nn.ModuleList:
+    """``c.n_layer`` Blocks sized by a model config (d_model, n_head, d_ff, dropout, norm_first,
+    activation, ln_eps, bias): the stack of a GPT (causal), a BERT-style encoder or a ViT."""
+    return nn.ModuleList(
+        Block(c.d_model, c.n_head, c.d_ff, c.dropout, causal=causal, norm_first=c.norm_first,
+              activation=c.activation, ln_eps=c.ln_eps, bias=c.bias, rotary=rotary)
+        for _ in range(c.n_layer)
+    )  # fmt: skip

@@ -222,6 +222,17 @@ def write_run_config(run_dir: str | Path, model: nn.Module, extra: dict | None =
     atomic_write_json(Path(run_dir) / "config.json", cfg)
 
 
+def read_json_object(path: Path) -> dict:
+    """The JSON object in ``path``; a RunError naming the file if it is not one."""
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise RunError(f"{path}: expected a JSON object")
+    return cfg
+
+
 def read_run_config(run_dir: str | Path) -> dict:
     run_dir = Path(run_dir)
     if not run_dir.exists():
@@ -240,12 +251,7 @@ def read_run_config(run_dir: str | Path) -> dict:
             else ""
         )
         raise RunError(f"{run_dir}: no config.json, so this is not an attnlab run directory{hint}")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise RunError(f"{path}: expected a JSON object")
+    cfg = read_json_object(path)
     version = cfg.get("attnlab_format")
     if version is None:
         raise RunError(f"{path}: no attnlab_format version (not written by attnlab, or too old)")

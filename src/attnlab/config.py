@@ -27,6 +27,28 @@ class BaseConfig:
             if value is None or value <= 0:
                 raise ConfigError(f"{name} must be positive, got {value}")
 
+    def _positive_or_none(self, *names: str) -> None:
+        """Like ``_positive``, but None (= a default chosen elsewhere) is allowed."""
+        self._positive(*(n for n in names if getattr(self, n) is not None))
+
+    def _divisible(self, a: str, b: str) -> None:
+        """``a`` must be a multiple of ``b`` (both already checked positive)."""
+        va, vb = getattr(self, a), getattr(self, b)
+        if va % vb:
+            raise ConfigError(f"{a} ({va}) must be divisible by {b} ({vb})")
+
+    def _one_of(self, name: str, choices) -> None:
+        value = getattr(self, name)
+        if value not in choices:
+            raise ConfigError(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+
+    def _fraction(self, *names: str) -> None:
+        """Each value must be in [0, 1) (dropout, label smoothing, Adam betas)."""
+        for name in names:
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name} must be in [0, 1), got {value}")
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

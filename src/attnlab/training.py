@@ -113,8 +113,7 @@ class TrainConfig(BaseConfig):
             "eval_iters",
             "log_interval",
         )
-        if self.lr_decay_iters is not None:
-            self._positive("lr_decay_iters")
+        self._positive_or_none("lr_decay_iters")
         if not 0 <= self.min_lr <= self.lr:
             raise ConfigError(f"min_lr must be in [0, lr = {self.lr}], got {self.min_lr}")
         if self.warmup_iters < 0:
@@ -122,9 +121,7 @@ class TrainConfig(BaseConfig):
         for name in ("weight_decay", "grad_clip"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("beta1", "beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        self._fraction("beta1", "beta2")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ConfigError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"

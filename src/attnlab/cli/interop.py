@@ -133,10 +133,12 @@ def _encoder_config(args: argparse.Namespace, vocab_size: int, **heads):
 
 
 def _settings(args: argparse.Namespace):
+    """The TrainConfig of ``--task mlm|classify``; the options these tasks refuse are errors."""
     from attnlab.cli.lm import check_train_options
-    from attnlab.tasks.encoder_tasks import LoopSettings
+    from attnlab.training import resolve_device
 
-    check_train_options(args)  # --lr, --max-iters, --batch-size, ... as for --task lm
+    tcfg = check_train_options(args)  # --lr, --max-iters, --batch-size, ... as for --task lm
+    resolve_device(tcfg.device)  # no CUDA for --device cuda: said before the data is read
     if not 0.0 < args.val_fraction < 1.0:
         raise UsageError(f"--val-fraction must be between 0 and 1, got {args.val_fraction}")
     for flag in ("resume", "compile"):
@@ -147,30 +149,7 @@ def _settings(args: argparse.Namespace):
         "float32",
     ):
         raise UsageError(f"--task {args.task} trains in float32 without gradient accumulation")
-    return LoopSettings(
-        max_iters=args.max_iters,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        min_lr=args.min_lr,
-        warmup_iters=args.warmup_iters,
-        lr_decay_iters=args.lr_decay_iters,
-        weight_decay=args.weight_decay,
-        beta2=args.beta2,
-        grad_clip=args.grad_clip,
-        eval_interval=args.eval_interval,
-        log_interval=args.log_interval,
-        quiet=args.quiet,
-    )
-
-
-def _device(args: argparse.Namespace) -> str:
-    import torch
-
-    if args.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError("--device cuda asked for, but no CUDA device is available")
-    return args.device
+    return tcfg
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
@@ -180,21 +159,55 @@ def _out_dir(args: argparse.Namespace) -> Path:
     return out
 
 
+def _fit(model, tokenizer, task, tcfg, out: Path, extra: dict, quiet: bool) -> dict | None:
+    """Train ``task`` with the shared Trainer; returns the last evaluation's task figures (and
+    records them in config.json as ``metrics``), or None when training stopped early."""
+    from attnlab import checkpoint as ckpt
+    from attnlab.training import Trainer, TrainingError
+
+    trainer = Trainer(
+        model,
+        task.loss_fn,
+        task.train_batches,
+        tcfg,
+        out,
+        val_batches=task.val_batches,
+        eval_extras=task.eval_extras,
+        tokenizer=tokenizer,
+        run_extra=extra,
+        quiet=quiet,
+    )
+    try:
+        result = trainer.fit()
+    except TrainingError as e:
+        _err(f"attnlab: error: {e}")
+        return None
+    if result.interrupted:
+        _err(f"stopped at step {result.step}; checkpoint saved in {out}")
+        return None
+    final = next(r for r in reversed(result.history) if "val_loss" in r)
+    shared = ("step", "train_loss", "val_loss", "val_ppl", "lr", "tokens_per_s")
+    metrics = {"iter": final["step"], **{k: v for k, v in final.items() if k not in shared}}
+    extra.update(train_config=tcfg.to_dict(), metrics=metrics)
+    ckpt.write_run_config(out, model, extra)  # config.json now records the final figures
+    return metrics
+
+
 def train_mlm(args: argparse.Namespace) -> int:
     """attnlab train --task mlm --data TEXT: a BERT-style encoder on masked-LM."""
     import torch
 
-    from attnlab.checkpoint import save_model
     from attnlab.models.encoder import Encoder
     from attnlab.tasks import encoder_tasks as et
+    from attnlab.training import resolve_device
 
-    settings, device, out = _settings(args), _device(args), _out_dir(args)
+    tcfg, out = _settings(args), _out_dir(args)
     try:
         texts = et.read_texts(args.data, args.encoding)
         torch.manual_seed(args.seed)
         tokenizer = et.build_encoder_tokenizer(args.tokenizer, texts, args.vocab_size)
-        model = Encoder(_encoder_config(args, tokenizer.vocab_size, mlm_head=True)).to(device)
-        batch_loss, evaluate = et.mlm_task(
+        model = Encoder(_encoder_config(args, tokenizer.vocab_size, mlm_head=True))
+        task = et.mlm_task(
             model,
             tokenizer,
             texts,
@@ -202,19 +215,17 @@ def train_mlm(args: argparse.Namespace) -> int:
             args.batch_size,
             args.eval_iters,
             args.seed,
-            device,
         )
     except et.TaskDataError as e:
         raise UsageError(str(e)) from None
     _err(
         f"masked-LM: {sum(p.numel() for p in model.parameters()):,} parameters, "
-        f"{tokenizer.vocab_size} tokens ({args.tokenizer}), device {device}"
+        f"{tokenizer.vocab_size} tokens ({args.tokenizer}), device {resolve_device(tcfg.device)}"
     )
-    history = et.train_loop(model, batch_loss, evaluate, settings)
-    final = history[-1]
-    save_model(
-        out, model.cpu(), tokenizer, extra={"task": "mlm", "metrics": final, "data": str(args.data)}
-    )
+    extra = {"task": "mlm", "data": str(args.data)}
+    final = _fit(model, tokenizer, task, tcfg, out, extra, args.quiet)
+    if final is None:
+        return 1
     print(
         f"val_mlm_loss {final['val_mlm_loss']:.4f}  val_masked_accuracy "
         f"{final['val_masked_accuracy']:.4f}  run {out}"
@@ -226,13 +237,13 @@ def train_classify(args: argparse.Namespace) -> int:
     """attnlab train --task classify --data labels.tsv: label<TAB>text, accuracy held out."""
     import torch
 
-    from attnlab.checkpoint import save_model
     from attnlab.models.encoder import Encoder
     from attnlab.tasks import encoder_tasks as et
+    from attnlab.training import resolve_device
 
     if getattr(args, "arch", "transformer") not in ("transformer", None):
         raise UsageError(f"--arch {args.arch} is not a text classifier (use transformer)")
-    settings, device, out = _settings(args), _device(args), _out_dir(args)
+    tcfg, out = _settings(args), _out_dir(args)
     try:
         labels, texts = et.read_labelled(args.data, args.encoding)
         torch.manual_seed(args.seed)
@@ -241,20 +252,19 @@ def train_classify(args: argparse.Namespace) -> int:
         model = Encoder(
             _encoder_config(args, tokenizer.vocab_size, pooler=True, num_labels=n_classes)
         )
-        model.to(device)
-        batch_loss, evaluate, classes, n_train, n_val = et.classify_task(
-            model, tokenizer, labels, texts, args.val_fraction, args.batch_size, args.seed, device
+        task = et.classify_task(
+            model, tokenizer, labels, texts, args.val_fraction, args.batch_size, args.seed
         )
     except et.TaskDataError as e:
         raise UsageError(str(e)) from None
     _err(
-        f"classify: {n_classes} classes, {n_train} training and {n_val} held-out examples, "
-        f"device {device}"
+        f"classify: {n_classes} classes, {task.n_train} training and {task.n_val} held-out "
+        f"examples, device {resolve_device(tcfg.device)}"
     )
-    history = et.train_loop(model, batch_loss, evaluate, settings)
-    final = history[-1]
-    extra = {"task": "classify", "labels": classes, "metrics": final, "data": str(args.data)}
-    save_model(out, model.cpu(), tokenizer, extra=extra)
+    extra = {"task": "classify", "labels": task.classes, "data": str(args.data)}
+    final = _fit(model, tokenizer, task, tcfg, out, extra, args.quiet)
+    if final is None:
+        return 1
     right, n = final["val_correct"], final["val_examples"]
     print(f"held-out accuracy {final['val_accuracy']:.4f} ({right}/{n})  run {out}")
     return 0

@@ -31,6 +31,7 @@ from attnlab.checkpoint import (
     atomic_write_text,
     load_run,
     load_tensors,
+    read_json_object,
     save_model,
     save_tensors,
 )
@@ -64,12 +65,7 @@ def read_hf_config(hf_dir: str | Path) -> dict:
     path = hf_dir / "config.json"
     if not path.is_file():
         raise RunError(f"{hf_dir}: no config.json, so this is not a Hugging Face model directory")
-    try:
-        cfg = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise RunError(f"{path}: expected a JSON object")
+    cfg = read_json_object(path)
     return cfg
 
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import from_hf_attention_mask
-from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.positional import POSITIONAL
@@ -54,20 +54,12 @@ class EncoderConfig(BaseConfig):
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
-        if self.d_ff is not None:
-            self._positive("d_ff")
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
-            )
-        if self.pos not in POSITIONAL:
-            raise ConfigError(f"pos must be one of {', '.join(POSITIONAL)}, got {self.pos!r}")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.ln_eps <= 0:
-            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+        self._positive_or_none("d_ff")
+        self._divisible("d_model", "n_head")
+        self._one_of("pos", POSITIONAL)
+        self._one_of("activation", ACTIVATIONS)
+        self._fraction("dropout")
+        self._positive("ln_eps")
         if self.type_vocab_size < 0 or self.num_labels < 0:
             raise ConfigError("type_vocab_size and num_labels must be >= 0")
         if not 0 <= self.pad_id < self.vocab_size:
@@ -120,20 +112,7 @@ class Encoder(nn.Module):
             nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.embed_norm else nn.Identity()
         )
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            Block(
-                c.d_model,
-                c.n_head,
-                c.d_ff,
-                c.dropout,
-                causal=False,
-                norm_first=c.norm_first,
-                activation=c.activation,
-                ln_eps=c.ln_eps,
-                bias=c.bias,
-            )
-            for _ in range(c.n_layer)
-        )
+        self.blocks = block_stack(c, causal=False)
         self.ln_f = (
             nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
         )

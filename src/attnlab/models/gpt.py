@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import KVCache, from_hf_attention_mask
-from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.positional import POSITIONAL, Rotary
@@ -40,22 +40,14 @@ class GPTConfig(BaseConfig):
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
-        if self.d_ff is not None:
-            self._positive("d_ff")
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
-            )
-        if self.pos not in POSITIONS:
-            raise ConfigError(f"pos must be one of {', '.join(POSITIONS)}, got {self.pos!r}")
+        self._positive_or_none("d_ff")
+        self._divisible("d_model", "n_head")
+        self._one_of("pos", POSITIONS)
         if self.pos == "rotary" and (self.d_model // self.n_head) % 2:
             raise ConfigError("rotary positions need an even head width (d_model / n_head)")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.ln_eps <= 0:
-            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+        self._one_of("activation", ACTIVATIONS)
+        self._fraction("dropout")
+        self._positive("ln_eps")
 
 
 PRESETS: dict[str, dict] = {
@@ -82,11 +74,7 @@ class GPT(nn.Module):
         rotary = Rotary(head_dim, c.block_size) if c.pos == "rotary" else None
         self.pos_embed = POSITIONAL[c.pos](c.block_size, c.d_model) if c.pos in POSITIONAL else None
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            Block(c.d_model, c.n_head, c.d_ff, c.dropout, causal=True, norm_first=c.norm_first,
-                  activation=c.activation, ln_eps=c.ln_eps, bias=c.bias, rotary=rotary)
-            for _ in range(c.n_layer)
-        )  # fmt: skip
+        self.blocks = block_stack(c, causal=True, rotary=rotary)
         self.ln_f = (
             nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
         )

@@ -52,14 +52,9 @@ class RNNConfig(BaseConfig):
         self._positive("src_vocab_size", "tgt_vocab_size", "d_embed", "d_hidden", "n_layer")
         if self.src_vocab_size <= EOS or self.tgt_vocab_size <= EOS:
             raise ConfigError("vocabularies need room for <pad>, <bos> and <eos> (ids 0-2)")
-        if self.attention not in ATTENTION:
-            raise ConfigError(
-                f"attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}"
-            )
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        self._one_of("attention", ATTENTION)
+        self._fraction("dropout")
+        self._fraction("label_smoothing")
 
 
 class SourceAttention(nn.Module):

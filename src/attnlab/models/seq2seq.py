@@ -58,22 +58,14 @@ class Seq2SeqConfig(BaseConfig):
     def validate(self) -> None:
         self._positive("src_vocab_size", "tgt_vocab_size", "max_len", "n_head", "d_model")
         self._positive("n_encoder_layers", "n_decoder_layers")
-        if self.d_ff is not None:
-            self._positive("d_ff")
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
-            )
+        self._positive_or_none("d_ff")
+        self._divisible("d_model", "n_head")
         if self.src_vocab_size <= EOS or self.tgt_vocab_size <= EOS:
             raise ConfigError("vocabularies need room for <pad>, <bos> and <eos> (ids 0-2)")
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
-        if self.pos not in POSITIONAL:
-            raise ConfigError(f"pos must be one of {', '.join(POSITIONAL)}, got {self.pos!r}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if not 0.0 <= self.label_smoothing < 1.0:
-            raise ConfigError(f"label_smoothing must be in [0, 1), got {self.label_smoothing}")
+        self._one_of("activation", ACTIVATIONS)
+        self._one_of("pos", POSITIONAL)
+        self._fraction("dropout")
+        self._fraction("label_smoothing")
         if self.share_embeddings:
             if self.src_vocab_size != self.tgt_vocab_size:
                 raise ConfigError("share_embeddings needs src_vocab_size == tgt_vocab_size")

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 
@@ -48,25 +48,14 @@ class ViTConfig(BaseConfig):
 
     def validate(self) -> None:
         self._positive("image_size", "patch_size", "channels", "n_layer", "n_head", "d_model")
-        if self.d_ff is not None:
-            self._positive("d_ff")
-        if self.image_size % self.patch_size:
-            raise ConfigError(
-                f"image_size ({self.image_size}) must be divisible by patch_size "
-                f"({self.patch_size})"
-            )
+        self._positive_or_none("d_ff")
+        self._divisible("image_size", "patch_size")
         if self.n_classes < 2:
             raise ConfigError(f"n_classes must be at least 2, got {self.n_classes}")
-        if self.d_model % self.n_head:
-            raise ConfigError(
-                f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})"
-            )
-        if self.activation not in ACTIVATIONS:
-            raise ConfigError(f"activation must be one of {', '.join(ACTIVATIONS)}")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.ln_eps <= 0:
-            raise ConfigError(f"ln_eps must be positive, got {self.ln_eps}")
+        self._divisible("d_model", "n_head")
+        self._one_of("activation", ACTIVATIONS)
+        self._fraction("dropout")
+        self._positive("ln_eps")
 
     @property
     def grid(self) -> int:
@@ -138,20 +127,7 @@ class ViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c.d_model))  # (1, 1, C)
         self.pos_embed = nn.Parameter(torch.zeros(1, c.n_patches + 1, c.d_model))  # (1, N+1, C)
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = nn.ModuleList(
-            Block(
-                c.d_model,
-                c.n_head,
-                c.d_ff,
-                c.dropout,
-                causal=False,
-                norm_first=c.norm_first,
-                activation=c.activation,
-                ln_eps=c.ln_eps,
-                bias=c.bias,
-            )
-            for _ in range(c.n_layer)
-        )
+        self.blocks = block_stack(c, causal=False)
         self.ln_f = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias)
         self.head = nn.Linear(c.d_model, c.n_classes)
         for name in ("embed", "pos", "ln_f", "class_logits"):

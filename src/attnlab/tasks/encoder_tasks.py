@@ -1,8 +1,7 @@
 """Training a BERT-style encoder: masked-LM on a text, classification on ``label<TAB>text``.
 
-The loop is deliberately small (AdamW, linear warm-up then cosine decay, gradient clipping,
-periodic evaluation) so that it can later move onto the shared Trainer: a task supplies
-``batch() -> loss`` and ``evaluate() -> metrics`` and the loop does the rest.
+Each task is an ``EncoderTask`` (a loss function, batch sources and evaluation figures) that
+the shared ``attnlab.training.Trainer`` trains, as it trains a GPT or a ViT.
 
 Tokenizers here always carry the five special tokens, at fixed ids
     [PAD]=0  [UNK]=1  [CLS]=2  [SEP]=3  [MASK]=4
@@ -11,11 +10,9 @@ and a post-processor that frames every text as ``[CLS] text [SEP]``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import math
-import sys
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -181,97 +178,37 @@ def read_labelled(path: str | Path, encoding: str = "utf-8") -> tuple[list[str],
 
 
 # ---------------------------------------------------------------------------------------------
-# The loop
+# Tasks: a loss function, batch sources and evaluation figures for ``attnlab.training.Trainer``
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
-class LoopSettings:
-    max_iters: int = 2000
-    batch_size: int = 12
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_iters: int = 100
-    lr_decay_iters: int | None = None
-    weight_decay: float = 0.1
-    beta2: float = 0.99
-    grad_clip: float = 1.0
-    eval_interval: int = 250
-    log_interval: int = 10
-    quiet: bool = False
+class EncoderTask:
+    """What the shared Trainer needs to train an encoder on one task.
+
+    ``loss_fn(model, batch)`` calls the encoder's task head (``mlm_loss``, ``classify``), so the
+    model it gets must be the Encoder itself (no DDP or ``torch.compile`` wrapper).
+    ``eval_extras(val_loss)`` adds the task's figures to every evaluation.
+    """
+
+    loss_fn: Callable[[Encoder, tuple], Tensor]
+    train_batches: Iterator[tuple[Tensor, ...]]
+    val_batches: list[tuple[Tensor, ...]]
+    eval_extras: Callable[[float], dict]
+    n_train: int = 0
+    n_val: int = 0
+    classes: list[str] = dataclasses.field(default_factory=list)
 
 
-def lr_at(it: int, s: LoopSettings) -> float:
-    """Linear warm-up to ``lr`` over ``warmup_iters``, then cosine decay to ``min_lr``."""
-    if it < s.warmup_iters:
-        return s.lr * (it + 1) / s.warmup_iters
-    decay = s.lr_decay_iters or s.max_iters
-    if it >= decay:
-        return s.min_lr
-    ratio = (it - s.warmup_iters) / max(1, decay - s.warmup_iters)
-    return s.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (s.lr - s.min_lr)
-
-
-def make_optimizer(model: torch.nn.Module, s: LoopSettings) -> torch.optim.AdamW:
-    """AdamW; weight decay on matrices only (not biases, LayerNorms)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    groups = [
-        {"params": decay, "weight_decay": s.weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=s.lr, betas=(0.9, s.beta2))
-
-
-def train_loop(
-    model: torch.nn.Module,
-    batch_loss: Callable[[], Tensor],
-    evaluate: Callable[[], dict],
-    s: LoopSettings,
-    log: Callable[[str], None] | None = None,
-) -> list[dict]:
-    """Run ``s.max_iters`` optimiser steps; returns the evaluation records (the last is final)."""
-    log = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    opt = make_optimizer(model, s)
-    history: list[dict] = []
-    t0 = time.time()
-    for it in range(s.max_iters):
-        for group in opt.param_groups:
-            group["lr"] = lr_at(it, s)
-        model.train()
-        loss = batch_loss()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if s.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), s.grad_clip)
-        opt.step()
-        if not s.quiet and (it % s.log_interval == 0 or it == s.max_iters - 1):
-            log(
-                f"iter {it + 1}/{s.max_iters}  loss {loss.item():.4f}  lr {lr_at(it, s):.2e}  "
-                f"{time.time() - t0:.1f}s"
-            )
-        last = it == s.max_iters - 1
-        if last or (s.eval_interval and (it + 1) % s.eval_interval == 0):
-            model.eval()
-            with torch.no_grad():
-                record = {"iter": it + 1, **evaluate()}
-            history.append(record)
-            if not s.quiet:
-                log(
-                    "eval  "
-                    + "  ".join(
-                        f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in record.items()
-                    )
-                )
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module):
+    was = model.training
     model.eval()
-    return history
-
-
-# ---------------------------------------------------------------------------------------------
-# Tasks
-# ---------------------------------------------------------------------------------------------
+    try:
+        with torch.no_grad():
+            yield next(model.parameters()).device
+    finally:
+        model.train(was)
 
 
 def mlm_task(
@@ -282,12 +219,14 @@ def mlm_task(
     batch_size: int,
     eval_iters: int,
     seed: int,
-    device="cpu",
-):
-    """(batch_loss, evaluate) for masked-LM on ``texts``.
+) -> EncoderTask:
+    """Masked-LM on ``texts``: batches (inputs (B, T), labels (B, T)).
 
     The token stream (each line's ids, concatenated) is cut into windows of block_size - 2 and
-    framed as [CLS] window [SEP]; the last ``val_fraction`` of the stream is held out.
+    framed as [CLS] window [SEP]; the last ``val_fraction`` of the stream is held out, and
+    ``eval_iters`` fixed batches of it are the validation set. ``val_loss`` is the mean
+    cross-entropy over masked positions; the extras repeat it as ``val_mlm_loss`` and add
+    ``val_masked_accuracy`` (argmax right at masked positions).
     """
     ids = [i for seq in _encode_plain(tokenizer, texts) for i in seq]
     window = model.config.block_size - 2
@@ -303,7 +242,6 @@ def mlm_task(
     mask_id, pad_id = special_id(tokenizer, "[MASK]"), special_id(tokenizer, "[PAD]")
     specials = sorted(set(getattr(tokenizer, "special_tokens", {}).values()))
     vocab = model.config.vocab_size
-    g_train = torch.Generator().manual_seed(seed)
 
     def batch(source: Tensor, g: torch.Generator) -> tuple[Tensor, Tensor]:
         starts = torch.randint(len(source) - window, (batch_size,), generator=g)
@@ -311,31 +249,30 @@ def mlm_task(
         framed = torch.cat(
             [torch.full((batch_size, 1), cls_id), body, torch.full((batch_size, 1), sep_id)], 1
         )
-        inputs, labels = mask_tokens(framed, mask_id, vocab, specials + [pad_id], generator=g)
-        return inputs.to(device), labels.to(device)
+        return mask_tokens(framed, mask_id, vocab, specials + [pad_id], generator=g)
 
-    def batch_loss() -> Tensor:
-        inputs, labels = batch(train, g_train)
-        return model.mlm_loss(inputs, labels)
+    def train_batches() -> Iterator[tuple[Tensor, Tensor]]:
+        g = torch.Generator().manual_seed(seed)
+        while True:
+            yield batch(train, g)
 
-    def evaluate() -> dict:
-        g = torch.Generator().manual_seed(seed + 1)  # the same held-out batches every time
-        losses, right, total = [], 0, 0
-        for _ in range(eval_iters):
-            inputs, labels = batch(val, g)
-            logits = model.mlm_logits(inputs)
-            sel = labels != IGNORE_INDEX
-            losses.append(
-                F.cross_entropy(logits[sel].float(), labels[sel]).item() if sel.any() else 0.0
-            )
-            right += int((logits.argmax(-1)[sel] == labels[sel]).sum())
-            total += int(sel.sum())
-        return {
-            "val_mlm_loss": sum(losses) / len(losses),
-            "val_masked_accuracy": right / max(1, total),
-        }
+    g_val = torch.Generator().manual_seed(seed + 1)  # the same held-out batches every time
+    val_batches = [batch(val, g_val) for _ in range(eval_iters)]
 
-    return batch_loss, evaluate
+    def loss_fn(m: Encoder, b: tuple[Tensor, Tensor]) -> Tensor:
+        return m.mlm_loss(*b)
+
+    def eval_extras(val_loss: float) -> dict:
+        right = total = 0
+        with _eval_mode(model) as device:
+            for inputs, labels in val_batches:
+                logits = model.mlm_logits(inputs.to(device))  # (B, T, vocab)
+                sel = labels.to(device) != IGNORE_INDEX
+                right += int((logits.argmax(-1)[sel] == labels.to(device)[sel]).sum())
+                total += int(sel.sum())
+        return {"val_mlm_loss": val_loss, "val_masked_accuracy": right / max(1, total)}
+
+    return EncoderTask(loss_fn, train_batches(), val_batches, eval_extras, len(train), len(val))
 
 
 def classify_task(
@@ -346,12 +283,12 @@ def classify_task(
     val_fraction: float,
     batch_size: int,
     seed: int,
-    device="cpu",
-):
-    """(batch_loss, evaluate, classes, n_train, n_val) for ``label<TAB>text`` classification.
+) -> EncoderTask:
+    """``label<TAB>text`` classification: batches (ids (B, T), attention_mask (B, T), y (B,)).
 
     Examples are shuffled with ``seed`` and the last ``val_fraction`` held out (at least one).
-    Evaluation reports accuracy on the whole held-out split.
+    The extras report accuracy on the whole held-out split (``val_accuracy``, ``val_correct``,
+    ``val_examples``).
     """
     classes = sorted(set(labels))
     y = torch.tensor([classes.index(lab) for lab in labels])
@@ -364,28 +301,38 @@ def classify_task(
     order = torch.randperm(len(seqs), generator=torch.Generator().manual_seed(seed)).tolist()
     n_val = min(len(seqs) - 1, max(1, round(len(seqs) * val_fraction)))
     val_idx, train_idx = order[:n_val], order[n_val:]
-    g_train = torch.Generator().manual_seed(seed + 2)
 
-    def batch_loss() -> Tensor:
-        pick = torch.randint(len(train_idx), (batch_size,), generator=g_train).tolist()
-        ids, mask = pad_batch([seqs[train_idx[i]] for i in pick], pad_id)
-        logits = model.classify(ids.to(device), mask.to(device))  # (B, n_classes)
-        return F.cross_entropy(logits.float(), y[[train_idx[i] for i in pick]].to(device))
+    def examples(idx: list[int]) -> tuple[Tensor, Tensor, Tensor]:
+        ids, mask = pad_batch([seqs[i] for i in idx], pad_id)
+        return ids, mask, y[idx]
 
-    def evaluate() -> dict:
+    def train_batches() -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        g = torch.Generator().manual_seed(seed + 2)
+        while True:
+            pick = torch.randint(len(train_idx), (batch_size,), generator=g).tolist()
+            yield examples([train_idx[i] for i in pick])
+
+    val_batches = [examples(val_idx[lo : lo + 64]) for lo in range(0, len(val_idx), 64)]
+
+    def loss_fn(m: Encoder, b: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        ids, mask, target = b
+        return F.cross_entropy(m.classify(ids, mask).float(), target)  # (B, n_classes) logits
+
+    def eval_extras(_val_loss: float) -> dict:
         right = 0
-        for lo in range(0, len(val_idx), 64):
-            chunk = val_idx[lo : lo + 64]
-            ids, mask = pad_batch([seqs[i] for i in chunk], pad_id)
-            pred = model.classify(ids.to(device), mask.to(device)).argmax(-1).cpu()
-            right += int((pred == y[chunk]).sum())
+        with _eval_mode(model) as device:
+            for ids, mask, target in val_batches:
+                pred = model.classify(ids.to(device), mask.to(device)).argmax(-1).cpu()
+                right += int((pred == target).sum())
         return {
             "val_accuracy": right / len(val_idx),
             "val_correct": right,
             "val_examples": len(val_idx),
         }
 
-    return batch_loss, evaluate, classes, len(train_idx), len(val_idx)
+    return EncoderTask(
+        loss_fn, train_batches(), val_batches, eval_extras, len(train_idx), len(val_idx), classes
+    )
 
 
 def _encode_plain(tokenizer: Tokenizer, texts: Iterable[str]) -> list[list[int]]:
