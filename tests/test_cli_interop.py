@@ -66,6 +66,10 @@ def test_export_then_import_round_trips_a_gpt_run(capsys, tmp_path):
     assert source["hf_model_type"] == "gpt2" and source["attnlab"]["model_type"] == "gpt"
     _, tok = load_run(tmp_path / "back")  # a char tokenizer travels beside the HF files
     assert tok.encode("bad") == [2, 1, 4]
+    before = (tmp_path / "back" / "model.safetensors").read_bytes()
+    line = one_error_line(attnlab(capsys, "import-hf", tmp_path / "hf", "--out", tmp_path / "back"))
+    assert "import-hf will not overwrite it" in line  # the verb the user typed, not export-hf
+    assert (tmp_path / "back" / "model.safetensors").read_bytes() == before
 
 
 def test_bad_inputs_exit_2_with_one_line(capsys, cli, tmp_path):

@@ -348,14 +348,7 @@ def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
         "model_type": model.model_type,
         "config": model.config.to_dict(),
     }
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise RunError(f"{out_dir}: exists and is not a directory")
-    if _is_attnlab_run(out_dir):
-        raise RunError(
-            f"{out_dir}: is an attnlab run directory; export-hf will not overwrite it "
-            "(give another directory)"
-        )
+    out_dir = _fresh_output_dir(out_dir, "export-hf")
     out_dir.mkdir(parents=True, exist_ok=True)
     save_tensors(out_dir / "model.safetensors", gpt2_state_dict(model), metadata={"format": "pt"})
     if isinstance(tokenizer, HFTokenizer):
@@ -640,16 +633,22 @@ def _json_or_list(path: Path) -> list:
     return data if isinstance(data, list) else []
 
 
-def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
-    """Convert a HF GPT-2 / BERT directory into an attnlab run directory."""
-    model, tokenizer, provenance = load_hf(hf_dir)
+def _fresh_output_dir(out_dir: str | Path, verb: str) -> Path:
+    """``out_dir`` as a Path, refused when it is a file or already holds an attnlab run."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"{out_dir}: exists and is not a directory")
     if _is_attnlab_run(out_dir):
         raise RunError(
-            f"{out_dir}: is an attnlab run directory; export-hf will not overwrite it "
+            f"{out_dir}: is an attnlab run directory; {verb} will not overwrite it "
             "(give another directory)"
         )
+    return out_dir
+
+
+def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
+    """Convert a HF GPT-2 / BERT directory into an attnlab run directory."""
+    model, tokenizer, provenance = load_hf(hf_dir)
+    out_dir = _fresh_output_dir(out_dir, "import-hf")
     save_model(out_dir, model, tokenizer, extra=provenance)
     return out_dir
