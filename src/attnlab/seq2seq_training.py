@@ -50,7 +50,7 @@ class TrainSettings:
 
 
 def build_model(arch: str, tokenizer: PairTokenizer, max_len: int, *, n_layer=None, n_head=None,
-                d_model=None, dropout=None, norm=None, score="general",
+                d_model=None, dropout=None, norm=None, score="dot",
                 label_smoothing=0.0) -> nn.Module:  # fmt: skip
     """A Transformer or an LSTM encoder-decoder sized for ``tokenizer``'s vocabularies.
 

@@ -108,7 +108,7 @@ def register(sub) -> None:
     a(
         "--score",
         choices=["dot", "general", "additive"],
-        default="general",
+        default="dot",
         help="LSTM attention score",
     )
     a("--label-smoothing", type=float, default=0.0)

@@ -44,7 +44,7 @@ class RNNConfig(BaseConfig):
     d_embed: int = 64
     d_hidden: int = 128
     n_layer: int = 1
-    attention: str = "general"  # none | dot | general | additive
+    attention: str = "dot"  # none | dot (the notes' similarity) | general | additive
     dropout: float = 0.0
     label_smoothing: float = 0.0
 
