@@ -16,7 +16,13 @@ transformers.logging.set_verbosity_error()
 
 from attnlab.checkpoint import load_run  # noqa: E402
 from attnlab.interop.hf import import_hf  # noqa: E402
-from attnlab.interop.minilm import RIVER, minilm_dir, real_attention, strongest_head  # noqa: E402
+from attnlab.interop.minilm import (  # noqa: E402
+    RIVER,
+    head_map,
+    minilm_dir,
+    real_attention,
+    strongest_head,
+)
 from attnlab.tasks.encoder_tasks import pad_batch, sentence_embeddings  # noqa: E402
 
 SENTENCES = [
@@ -91,6 +97,10 @@ def test_real_attention_of_the_river_sentence(minilm_run):
     layer, head = strongest_head(tokens, w, "bank", "river")
     assert w[layer, head, 2, 5] == w[:, :, 2, 5].max()
     assert w[layer, head, 2, 5] > 1 / 7  # a real head singles the river out, unlike uniform
+    m = head_map(tokens, w, layer, head)  # the shared labelled map the demo prints
+    assert m.queries == m.keys == tokens and (m.layer, m.head) == (layer, head)
+    assert (m.weights == w[layer, head].numpy()).all()
+    assert "river" in str(m) and f"head {head}" in str(m)
 
 
 @pytest.mark.slow

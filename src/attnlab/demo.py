@@ -12,23 +12,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 RUN = Path("runs") / "demo-shakespeare"
 MAX_ITERS = 4000  # nanoGPT's CPU settings (batch 12, block 64) run ~30 ms/iter on 2 idle cores
 PROMPT = "ROMEO:\n"
 SENTENCE = "I like to eat apples"
-
-
-def attention_table(tokens: list[str], weights: torch.Tensor) -> str:
-    """A token x token table: row = the query token, column = the key token it attends to."""
-    width = max(6, *(len(t) for t in tokens)) + 1
-    head = " " * width + "".join(f"{t:>{width}}" for t in tokens)
-    rows = [
-        f"{q:>{width}}" + "".join(f"{w:>{width}.2f}" for w in row.tolist())
-        for q, row in zip(tokens, weights)
-    ]
-    return "\n".join([head, *rows])
 
 
 def train() -> None:
@@ -107,7 +94,13 @@ def real_model() -> None:
     from attnlab.checkpoint import RunError
 
     try:
-        from attnlab.interop.minilm import RIVER, plot_head, real_attention, strongest_head
+        from attnlab.interop.minilm import (
+            RIVER,
+            head_map,
+            plot_head,
+            real_attention,
+            strongest_head,
+        )
 
         tokens, weights = real_attention()
     except (ImportError, RunError) as e:  # the `models` extra is optional
@@ -118,7 +111,7 @@ def real_model() -> None:
         f"\n[demo] for contrast, REAL pretrained attention: all-MiniLM-L6-v2 on {RIVER!r}, "
         f"layer {layer} head {head} (no causal mask: an encoder reads both ways):\n"
     )
-    print(attention_table(tokens, weights[layer, head]))
+    print(head_map(tokens, weights, layer, head))
     path = RUN / "minilm_bank_river.png"
     plot_head(tokens, weights[layer, head], path, f"all-MiniLM-L6-v2 layer {layer} head {head}")
     print(f"[demo] its heatmap   : {path}")

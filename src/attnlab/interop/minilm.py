@@ -101,9 +101,16 @@ def plot_head(tokens: list[str], weights: torch.Tensor, path: str | Path, title:
     plt.close(fig)
 
 
-def main() -> None:
-    from attnlab.demo import attention_table
+def head_map(tokens: list[str], weights: torch.Tensor, layer: int, head: int):
+    """One head of ``real_attention``'s weights as the inspection tools' labelled AttentionMap
+    (prints as a token x token table, renders as a heatmap in Jupyter)."""
+    from attnlab.inspect.attention import AttentionMap
 
+    w = weights[layer, head].numpy()  # (T, T)
+    return AttentionMap(w, list(tokens), list(tokens), f"blocks.{layer}.attn.weights", layer, head)
+
+
+def main() -> None:
     tokens, weights = real_attention()
     layer, head = strongest_head(tokens, weights, "bank", "river")
     print(
@@ -111,7 +118,7 @@ def main() -> None:
         f"every token sees every other), layer {layer} head {head}, the head where 'bank' "
         "looks most at 'river':"
     )
-    print(attention_table(tokens, weights[layer, head]))
+    print(head_map(tokens, weights, layer, head))
 
 
 if __name__ == "__main__":
