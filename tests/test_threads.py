@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from attnlab import training
+from attnlab import runtime
 
 
 @pytest.fixture
@@ -31,18 +31,18 @@ def machine(monkeypatch):
 )
 def test_threads_follow_idle_cores(machine, cpus, load, want):
     machine(cpus, load)
-    assert training.cpu_threads_for_load() == want
+    assert runtime.cpu_threads_for_load() == want
 
 
 def test_never_more_than_torch_would_use(machine):
     machine(16, 0.0, torch_default=4)
-    assert training.cpu_threads_for_load() == 4
+    assert runtime.cpu_threads_for_load() == 4
 
 
 def test_omp_num_threads_is_the_users_choice(machine, monkeypatch):
     machine(2, 4.0)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    assert training.cpu_threads_for_load() is None
+    assert runtime.cpu_threads_for_load() is None
 
 
 def test_cli_sets_the_threads_on_cpu_only(machine):

@@ -82,7 +82,7 @@ def atomic_write(path: str | Path, write) -> None:
         if isinstance(e, OSError) and e.filename == tmp:
             raise _about(e, path) from None  # name the file the user asked for, not our temp
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _about(e: OSError, path: Path) -> OSError:
@@ -96,7 +96,7 @@ def _umask() -> int:
     return mask
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     try:
         fd = os.open(d, os.O_RDONLY)
     except OSError:

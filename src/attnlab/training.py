@@ -60,6 +60,7 @@ from torch import Tensor, nn
 
 from attnlab import checkpoint as ckpt
 from attnlab.config import BaseConfig, ConfigError
+from attnlab.runtime import cpu_threads_for_load, resolve_device, resolve_dtype  # noqa: F401
 
 STATE_FILE = "trainer_state.json"
 MODEL_FILE = "model.safetensors"
@@ -157,53 +158,6 @@ def make_optimizer(model: nn.Module, c: TrainConfig, device: torch.device) -> to
         return torch.optim.AdamW(groups, fused=True, **kw)
     except (RuntimeError, TypeError, ValueError):  # no fused kernel for this device or dtype
         return torch.optim.AdamW(groups, foreach=True, **kw)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}; use cpu, cuda or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda asked for, but torch sees no CUDA GPU")
-    return dev
-
-
-def cpu_threads_for_load() -> int | None:
-    """Intra-op CPU threads to use when the user has not chosen (``OMP_NUM_THREADS`` unset):
-    one per core that the 1-minute load average says is idle, at least 1, at most torch's
-    default. None when ``OMP_NUM_THREADS`` is set (the user's choice stands).
-
-    Why: torch's default (one thread per core) is fastest on an idle machine, but when other
-    processes keep cores busy every parallel op waits for a thread that is not running: on
-    2 shared cores, 50 steps of the baby GPT took 84 s with 2 threads and 13 s with 1. The
-    thread count does not change the results (the same bits with 1 and 2 threads).
-    """
-    if os.environ.get("OMP_NUM_THREADS"):
-        return None
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    try:
-        busy = round(os.getloadavg()[0])
-    except (AttributeError, OSError):
-        busy = 0
-    return max(1, min(torch.get_num_threads(), cpus - busy))
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """Autocast dtype. ``auto``: bf16 on a GPU that has it; fp32 on CPU, where bf16 autocast
-    measured slower for small models (the casts cost more than the matmuls save)."""
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if name == "float16" and device.type != "cuda":
-        raise ConfigError("float16 autocast needs a CUDA GPU; on CPU use bfloat16 or float32")
-    return getattr(torch, name)
 
 
 def next_token_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
@@ -354,7 +308,7 @@ def recover_checkpoint(run_dir: str | Path) -> None:
         for name in CHECKPOINT_FILES:
             if (ready / name).exists():
                 os.replace(ready / name, run_dir / name)
-        ckpt._fsync_dir(run_dir)
+        ckpt.fsync_dir(run_dir)
         shutil.rmtree(ready)
     shutil.rmtree(run_dir / STAGING, ignore_errors=True)
     for tmp in list(run_dir.glob(".*.tmp")) + list((run_dir / "best").glob(".*.tmp")):
@@ -576,14 +530,14 @@ class Trainer:
                 "world_size": self.dist.world_size,
             }
             ckpt.atomic_write_json(staging / STATE_FILE, state)
-            ckpt._fsync_dir(staging)
+            ckpt.fsync_dir(staging)
             os.replace(staging, ready)  # the commit point
-            ckpt._fsync_dir(d)
+            ckpt.fsync_dir(d)
             for name in CHECKPOINT_FILES:
                 os.replace(ready / name, d / name)
                 if name == MODEL_FILE and self._faults.at("kill-during-install", n):
                     _kill_self()
-            ckpt._fsync_dir(d)
+            ckpt.fsync_dir(d)
             ready.rmdir()
         except OSError as e:
             shutil.rmtree(staging, ignore_errors=True)

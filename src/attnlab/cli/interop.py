@@ -135,7 +135,7 @@ def _encoder_config(args: argparse.Namespace, vocab_size: int, **heads):
 def _settings(args: argparse.Namespace):
     """The TrainConfig of ``--task mlm|classify``; the options these tasks refuse are errors."""
     from attnlab.cli.lm import check_train_options
-    from attnlab.training import resolve_device
+    from attnlab.runtime import resolve_device
 
     tcfg = check_train_options(args)  # --lr, --max-iters, --batch-size, ... as for --task lm
     resolve_device(tcfg.device)  # no CUDA for --device cuda: said before the data is read
@@ -198,8 +198,8 @@ def train_mlm(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab.models.encoder import Encoder
+    from attnlab.runtime import resolve_device
     from attnlab.tasks import encoder_tasks as et
-    from attnlab.training import resolve_device
 
     tcfg, out = _settings(args), _out_dir(args)
     try:
@@ -238,8 +238,8 @@ def train_classify(args: argparse.Namespace) -> int:
     import torch
 
     from attnlab.models.encoder import Encoder
+    from attnlab.runtime import resolve_device
     from attnlab.tasks import encoder_tasks as et
-    from attnlab.training import resolve_device
 
     if getattr(args, "arch", "transformer") not in ("transformer", None):
         raise UsageError(f"--arch {args.arch} is not a text classifier (use transformer)")

@@ -79,18 +79,9 @@ def _stderr(msg: str) -> None:
 
 
 def _set_cpu_threads(device: torch.device, quiet: bool = True) -> None:
-    """On CPU, unless OMP_NUM_THREADS says otherwise, use only the cores that are idle."""
-    from attnlab.training import cpu_threads_for_load
+    from attnlab.runtime import set_cpu_threads
 
-    n = cpu_threads_for_load() if device.type == "cpu" else None
-    if n is None or n == torch.get_num_threads():
-        return
-    torch.set_num_threads(n)
-    if not quiet:
-        _stderr(
-            f"using {n} CPU thread{'s' if n > 1 else ''}: the other cores are busy "
-            "(load average); set OMP_NUM_THREADS to choose"
-        )
+    set_cpu_threads(device, quiet)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -352,7 +343,7 @@ def _remove_partial(out: Path, created: bool) -> None:
 
 def _load_gpt(run: str, device_name: str):
     from attnlab.models.gpt import GPT
-    from attnlab.training import resolve_device
+    from attnlab.runtime import resolve_device
 
     try:
         device = resolve_device(device_name)

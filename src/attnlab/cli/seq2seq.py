@@ -16,15 +16,14 @@ def _data_errors():
 
 
 def _device(name: str) -> str:
-    import torch
-
     from attnlab.cli import UsageError
+    from attnlab.config import ConfigError
+    from attnlab.runtime import resolve_device
 
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {name}: CUDA is not available")
-    return name
+    try:
+        return str(resolve_device(name))
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def train(args: argparse.Namespace) -> int:
