@@ -25,8 +25,9 @@ import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
 from attnlab.checkpoint import save_model  # noqa: E402
+from attnlab.data.batches import pad_batch  # noqa: E402
+from attnlab.embeddings import sentence_embeddings  # noqa: E402
 from attnlab.interop import hf  # noqa: E402
-from attnlab.tasks.encoder_tasks import pad_batch, sentence_embeddings  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 

@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from attnlab.data import (
     DataError,
     RandomWindows,
-    build_tokenizer_from_corpus,
     encode_to_file,
     fixed_batches,
     load_text,
@@ -21,6 +20,7 @@ from attnlab.data import (
     split_tokens,
     token_dtype,
 )
+from attnlab.tokenizers import build_tokenizer
 from lm_helpers import TEXT, random_tokens, write_text
 
 
@@ -83,7 +83,7 @@ def test_chunks_rebuild_the_text_whatever_the_chunk_size(tmp_path_factory, text,
 
 def test_token_file_holds_the_encoded_corpus(tmp_path):
     corpus = open_corpus(write_text(tmp_path))
-    tok = build_tokenizer_from_corpus("char", corpus)
+    tok = build_tokenizer("char", corpus.chunks())
     info = encode_to_file(corpus, tok, tmp_path / "tokens.bin")
     tokens, info2 = read_token_file(tmp_path / "tokens.bin")
     assert info == info2 and tokens.dtype == np.uint16 and isinstance(tokens, np.memmap)

@@ -9,13 +9,16 @@ import torch
 
 from attnlab.checkpoint import load_run, save_model
 from attnlab.config import ConfigError
+from attnlab.data.batches import pad_batch
+from attnlab.embeddings import sentence_embeddings
 from attnlab.models.encoder import IGNORE_INDEX, Encoder, EncoderConfig, mask_tokens
-from attnlab.tasks.encoder_tasks import (
-    build_encoder_tokenizer,
-    pad_batch,
-    sentence_embeddings,
-)
+from attnlab.tokenizers import build_tokenizer
 from attnlab.training import TrainConfig, lr_at
+
+
+def build_encoder_tokenizer(kind, texts, vocab_size=512):
+    return build_tokenizer(kind, texts, vocab_size, encoder=True)
+
 
 SIZES = [
     dict(n_layer=1, n_head=1, d_model=8, vocab_size=13, block_size=12),

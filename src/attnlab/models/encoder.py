@@ -26,7 +26,6 @@ from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.positional import POSITIONAL
 
-SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 IGNORE_INDEX = -100  # label of a position the masked-LM loss skips (HF's convention)
 
 
@@ -159,16 +158,27 @@ class Encoder(nn.Module):
         attention_mask: Tensor | None = None,
         token_type_ids: Tensor | None = None,
         record: bool = False,
+        head: str | None = None,
     ):
-        """ids (B, T) -> hidden states (B, T, C); with ``record=True``, (hidden, activation cache).
+        """ids (B, T) -> hidden states (B, T, C); with ``record=True``, (output, activation cache).
 
         ``attention_mask`` (B, T): 1 = real token, 0 = padding (keys that nobody attends to).
         ``token_type_ids`` (B, T): segment of each token (0 = first sentence), default all 0.
+        ``head``: ``"mlm"`` returns masked-LM logits (B, T, vocab), ``"classify"`` class logits
+        (B, num_labels). Training calls the heads through here, so that the wrappers of
+        DistributedDataParallel and ``torch.compile`` (which see only ``forward``) see them.
         """
         if record:
             with hooks.record(self) as acts:
-                hidden = self.forward(ids, attention_mask, token_type_ids)
-            return hidden, acts
+                out = self.forward(ids, attention_mask, token_type_ids, head=head)
+            return out, acts
+        if head is not None:
+            hidden = self.forward(ids, attention_mask, token_type_ids)
+            if head == "mlm":
+                return self._mlm_logits(hidden)
+            if head == "classify":
+                return self._class_logits(hidden)
+            raise ValueError(f"head must be None, 'mlm' or 'classify', got {head!r}")
         B, T = ids.shape
         limit = self.config.block_size
         if ids.size(1) > limit:
@@ -201,18 +211,24 @@ class Encoder(nn.Module):
         self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids=None
     ) -> Tensor:
         """Masked-LM logits (B, T, vocab)."""
+        return self(ids, attention_mask, token_type_ids, head="mlm")
+
+    def _mlm_logits(self, hidden: Tensor) -> Tensor:
         if self.mlm is None:
             raise ValueError("this encoder has no masked-LM head (config.mlm_head is False)")
-        return self.hook_mlm_logits(self.mlm(self(ids, attention_mask, token_type_ids)))
+        return self.hook_mlm_logits(self.mlm(hidden))  # (B, T, vocab)
 
     def classify(
         self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids=None
     ) -> Tensor:
         """Class logits (B, num_labels) from the first token ([CLS])."""
+        return self(ids, attention_mask, token_type_ids, head="classify")
+
+    def _class_logits(self, hidden: Tensor) -> Tensor:
         if self.classifier is None:
             raise ValueError("this encoder has no classification head (config.num_labels is 0)")
-        pooled = self.drop(self.pooled(self(ids, attention_mask, token_type_ids)))
-        return self.hook_class_logits(self.classifier(pooled))
+        pooled = self.drop(self.pooled(hidden))  # (B, C)
+        return self.hook_class_logits(self.classifier(pooled))  # (B, num_labels)
 
     def mlm_loss(self, ids: Tensor, labels: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """Mean cross-entropy over the positions whose label is not IGNORE_INDEX."""

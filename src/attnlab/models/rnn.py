@@ -32,8 +32,8 @@ from attnlab.attention import padding_mask
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.decoding import DecoderProbes
 from attnlab.hooks import Hook
+from attnlab.tokenizers import EOS, PAD
 
-PAD, BOS, EOS = 0, 1, 2
 ATTENTION = ("none", "dot", "general", "additive")
 
 

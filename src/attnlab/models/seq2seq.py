@@ -33,8 +33,7 @@ from attnlab.config import BaseConfig, ConfigError
 from attnlab.decoding import DecoderProbes
 from attnlab.hooks import Hook
 from attnlab.positional import POSITIONAL
-
-PAD, BOS, EOS = 0, 1, 2
+from attnlab.tokenizers import EOS, PAD
 
 
 @dataclasses.dataclass
