@@ -4,11 +4,24 @@ A run directory looks like a Hugging Face model directory:
     config.json          {"attnlab_format": 1, "model_type": "gpt", "config": {...}, ...}
     model.safetensors    the weights (tied copies stored once)
     tokenizer.json       see attnlab.tokenizers
-plus, for training runs, trainer_state.json, optimizer.safetensors and metrics.jsonl.
+plus, for training runs (written by ``attnlab.training.Trainer`` through the functions of the
+last section here):
+    optimizer.safetensors   AdamW moments of the same step as model.safetensors
+    trainer_state.json      step, train config, RNG states, data position, best metric so far
+    best/                   config.json, tokenizer.json, model.safetensors of the best evaluation
+    metrics.jsonl, loss.png one JSON line per log or evaluation; the loss curve
 
 Every file is written to a temporary name in the same directory, fsynced, then renamed, so a
 crash never leaves half a file. Only safetensors and JSON are ever read: nothing is unpickled.
 Loading checks every tensor's name, shape and dtype against the model the config describes.
+
+How a checkpoint stays whole: its three files are first written into a fresh ``ckpt-tmp/``
+directory (each file fsynced), which is then renamed to ``ckpt-ready/``: the rename is the
+commit point. The files are then moved into place one by one (each move atomic) and
+``ckpt-ready/`` removed. A crash before the commit leaves the previous checkpoint untouched
+(``ckpt-tmp/`` is discarded by ``recover_checkpoint``); a crash after it is rolled forward by
+finishing the moves. ``model.safetensors`` is always one whole file, and config.json and
+tokenizer.json never change during training, so ``load_run`` works at every instant.
 """
 
 from __future__ import annotations
@@ -16,7 +29,9 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,12 +220,17 @@ def save_model(
     save_tensors(
         run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"}
     )
-    if tokenizer is not None:  # a PairTokenizer (seq2seq) also writes target_tokenizer.json
-        files = getattr(tokenizer, "to_json_files", None)
-        files = files() if files else {"tokenizer.json": tokenizer.to_json()}
-        for name, text in files.items():
-            atomic_write_text(run_dir / name, text)
+    if tokenizer is not None:
+        write_tokenizer(run_dir, tokenizer)
     write_run_config(run_dir, inner, extra)
+
+
+def write_tokenizer(run_dir: str | Path, tokenizer) -> None:
+    """tokenizer.json (and target_tokenizer.json for a PairTokenizer, as a seq2seq run has)."""
+    files = getattr(tokenizer, "to_json_files", None)
+    files = files() if files else {"tokenizer.json": tokenizer.to_json()}
+    for name, text in files.items():
+        atomic_write_text(Path(run_dir) / name, text)
 
 
 def write_run_config(run_dir: str | Path, model: nn.Module, extra: dict | None = None) -> None:
@@ -315,3 +335,245 @@ def load_run(
             raise RunError(f"{run_dir}: target_tokenizer.json without tokenizer.json")
         tokenizer = PairTokenizer(tokenizer, _read_tokenizer(tgt_path))
     return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------
+# Training runs: the directory, checkpoints, trainer state and metrics (written by the Trainer)
+# ---------------------------------------------------------------------------------------------
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.safetensors"
+STATE_FILE = "trainer_state.json"
+METRICS_FILE = "metrics.jsonl"
+CURVE_FILE = "loss.png"
+STAGING, READY = "ckpt-tmp", "ckpt-ready"
+CHECKPOINT_FILES = (OPTIMIZER_FILE, MODEL_FILE, STATE_FILE)  # install order: state last
+# what makes a directory a run (one of these, and starting a new run there is refused)
+RUN_FILES = ("config.json", MODEL_FILE, STATE_FILE, "tokenizer.json", METRICS_FILE)
+
+
+def check_writable(run_dir: str | Path) -> None:
+    """Create ``run_dir`` if needed and prove a file can be written there (then remove it)."""
+    d = Path(run_dir)
+    try:
+        if d.exists() and not d.is_dir():
+            raise RunError(f"{d}: exists and is not a directory")
+        d.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(d / ".write-test", "ok")
+        (d / ".write-test").unlink()
+    except OSError as e:
+        raise RunError(
+            f"cannot write the run directory {d}: {e.strerror or e} "
+            "(nothing was trained; choose another --out)"
+        ) from None
+
+
+def check_new_run(run_dir: str | Path) -> None:
+    """A new run may go into a missing or empty directory, or one holding other files; one that
+    holds a run (even part of one) is refused: it is continued with --resume, never replaced."""
+    d = Path(run_dir)
+    if d.exists() and not d.is_dir():
+        raise RunError(f"{d}: exists and is not a directory")
+    found = [name for name in RUN_FILES if (d / name).exists()]
+    if not found:
+        return
+    if (d / STATE_FILE).is_file():
+        try:
+            step = read_trainer_state(d).get("step")
+        except RunError:
+            step = None
+        held = f"a training run (step {step})" if step is not None else "a training run"
+        raise RunError(
+            f"{d} already holds {held}; pass --resume to continue it, or choose another --out"
+        )
+    if (d / MODEL_FILE).is_file():
+        raise RunError(f"{d} already holds a model; choose another --out (it is left as it is)")
+    raise RunError(
+        f"{d} holds part of a run that never wrote its first checkpoint ({found[0]}); "
+        "remove the directory or choose another --out"
+    )
+
+
+def create_run_dir(run_dir: str | Path) -> bool:
+    """Create (or reuse) the directory of a new run and prove it writable; True if it is new."""
+    created = not Path(run_dir).exists()
+    check_writable(run_dir)
+    return created
+
+
+def remove_partial_run(run_dir: str | Path, created: bool, names: tuple[str, ...] = ()) -> None:
+    """Bad input found while a new run was being prepared: leave nothing behind. A directory
+    this run created is removed whole; in one that existed, only ``names`` (and the files every
+    run writes) are removed, with their temporary copies."""
+    d = Path(run_dir)
+    if created:
+        shutil.rmtree(d, ignore_errors=True)
+        return
+    for name in (*names, *RUN_FILES, "target_tokenizer.json", OPTIMIZER_FILE, CURVE_FILE):
+        (d / name).unlink(missing_ok=True)
+        for tmp in d.glob(f".{name}.*tmp"):
+            tmp.unlink(missing_ok=True)
+    shutil.rmtree(d / "best", ignore_errors=True)
+    for name in (STAGING, READY):
+        shutil.rmtree(d / name, ignore_errors=True)
+
+
+def write_run_files(run_dir: str | Path, model: nn.Module, tokenizer, extra: dict) -> None:
+    """config.json and the tokenizer files, in ``run_dir`` and in ``run_dir/best``: written
+    once, before the first step (which also proves the directory writable before training)."""
+    d = Path(run_dir)
+    try:
+        for target in (d, d / "best"):
+            target.mkdir(exist_ok=True)
+            write_run_config(target, model, extra)
+            if tokenizer is not None:
+                write_tokenizer(target, tokenizer)
+    except OSError as e:
+        raise RunError(
+            f"cannot write the run directory {d}: {e.strerror or e} (nothing was trained)"
+        ) from None
+
+
+def write_checkpoint(
+    run_dir: str | Path,
+    model_tensors: dict[str, torch.Tensor],
+    optimizer_tensors: dict[str, torch.Tensor],
+    state: dict,
+    fault: Callable[[str, Path], None] | None = None,
+) -> None:
+    """Write one checkpoint (model, optimizer, trainer state of ``state["step"]``) whole or not
+    at all: staged in ``ckpt-tmp/``, committed by renaming it ``ckpt-ready/``, then installed.
+
+    ``fault(point, staging_dir)`` is a test hook called at "start", "optimizer" (model staged)
+    and "installed-model". An OSError (a full disk) leaves the previous checkpoint in place.
+    """
+    d = Path(run_dir)
+    staging, ready = d / STAGING, d / READY
+    hook = fault or (lambda point, where: None)
+    try:
+        hook("start", staging)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        meta = {"format": "pt", "step": str(state["step"])}
+        save_tensors(staging / MODEL_FILE, model_tensors, meta)
+        hook("optimizer", staging)
+        save_tensors(staging / OPTIMIZER_FILE, optimizer_tensors)
+        atomic_write_json(staging / STATE_FILE, state)
+        fsync_dir(staging)
+        os.replace(staging, ready)  # the commit point
+        fsync_dir(d)
+        for name in CHECKPOINT_FILES:
+            os.replace(ready / name, d / name)
+            if name == MODEL_FILE:
+                hook("installed-model", staging)
+        fsync_dir(d)
+        ready.rmdir()
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def recover_checkpoint(run_dir: str | Path) -> None:
+    """Bring a run directory back to one whole checkpoint after a crash: finish installing a
+    committed ``ckpt-ready/``, discard an uncommitted ``ckpt-tmp/`` and half-written files."""
+    run_dir = Path(run_dir)
+    ready = run_dir / READY
+    if ready.is_dir():
+        for name in CHECKPOINT_FILES:
+            if (ready / name).exists():
+                os.replace(ready / name, run_dir / name)
+        fsync_dir(run_dir)
+        shutil.rmtree(ready)
+    shutil.rmtree(run_dir / STAGING, ignore_errors=True)
+    for tmp in list(run_dir.glob(".*.tmp")) + list((run_dir / "best").glob(".*.tmp")):
+        tmp.unlink(missing_ok=True)  # a file whose atomic write was cut short
+
+
+def read_trainer_state(run_dir: str | Path) -> dict | None:
+    """trainer_state.json as a dict; None when the run has no checkpoint yet."""
+    path = Path(run_dir) / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RunError(f"{path}: cannot read ({e})") from None
+    if not isinstance(state, dict):
+        raise RunError(f"{path}: not a trainer state (expected a JSON object)")
+    return state
+
+
+def read_checkpoint(run_dir: str | Path) -> tuple[dict, dict, dict] | None:
+    """(trainer state, model tensors, optimizer tensors) of the run's last checkpoint, after
+    ``recover_checkpoint``; None if it has none. The state's step must be a number and the
+    model's weights must be of that step (their metadata says which)."""
+    d = Path(run_dir)
+    state = read_trainer_state(d)
+    if state is None:
+        return None
+    step = state.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise RunError(f"{d / STATE_FILE}: not a trainer state (no step number)")
+    tensors = load_tensors(d / MODEL_FILE)
+    from safetensors import safe_open
+
+    with safe_open(str(d / MODEL_FILE), "pt") as f:
+        model_step = (f.metadata() or {}).get("step", "-1")
+    if str(model_step) != str(step):
+        raise RunError(
+            f"{d}: model.safetensors is from step {model_step} but trainer_state.json "
+            f"from step {step}"
+        )
+    return state, tensors, load_tensors(d / OPTIMIZER_FILE)
+
+
+def read_tokenizer_files(run_dir: str | Path):
+    """The run's tokenizer: tokenizer.json, paired with target_tokenizer.json when there is one
+    (an encoder-decoder run); None when the run has no tokenizer."""
+    run_dir = Path(run_dir)
+    src, tgt = run_dir / "tokenizer.json", run_dir / "target_tokenizer.json"
+    try:
+        tok = load_tokenizer(src) if src.is_file() else None
+        if tok is not None and tgt.is_file():
+            tok = PairTokenizer(tok, load_tokenizer(tgt))
+    except TokenizerError as e:
+        raise RunError(str(e)) from None  # it names the file
+    return tok
+
+
+def write_best(run_dir: str | Path, model_tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """best/model.safetensors; ``meta`` (step, metric, value) goes into its metadata."""
+    meta = {"format": "pt", **{k: str(v) for k, v in meta.items()}}
+    save_tensors(Path(run_dir) / "best" / MODEL_FILE, model_tensors, meta)
+
+
+def append_metrics(run_dir: str | Path, row: dict) -> None:
+    with open(Path(run_dir) / METRICS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a metrics.jsonl file (a run directory, or the file itself)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+
+
+def truncate_metrics(run_dir: str | Path, step: int) -> list[dict]:
+    """Keep the rows up to ``step`` (a resumed run rewrites what came after its checkpoint)."""
+    path = Path(run_dir) / METRICS_FILE
+    keep = [row for row in read_metrics(path) if row.get("step", 0) <= step]
+    if path.is_file():
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in keep))
+    return keep
+
+
+def clear_metrics(run_dir: str | Path) -> None:
+    """A run starting from step 0 begins with no metrics and no curve."""
+    for name in (METRICS_FILE, CURVE_FILE):
+        (Path(run_dir) / name).unlink(missing_ok=True)
