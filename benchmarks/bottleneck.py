@@ -17,8 +17,8 @@ about 11 CPU-minutes on one thread (13.5 min wall measured on a shared 2-core ma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
-import tempfile
 import time
 
 import matplotlib
@@ -27,25 +27,31 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from attnlab.data.tasks import build_pair_tokenizer, generate  # noqa: E402
 from attnlab.decoding import greedy, pad_ids  # noqa: E402
-from attnlab.seq2seq_training import ARCHS, TrainSettings, build_model, train  # noqa: E402
+from attnlab.tasks.seq2seq import ARCHS, Seq2Seq, Seq2SeqOptions  # noqa: E402
+from attnlab.training import TrainConfig, Trainer  # noqa: E402
 
 LENGTHS = (5, 10, 20, 30, 40, 50, 60, 70, 80)
 
 
-def matched_model(arch: str, tok, target_params: int, args):
+def sized(task: Seq2Seq, arch: str, **sizes):
+    """``task``'s model for ``arch`` with these sizes (the task keeps the options)."""
+    task.options = dataclasses.replace(task.options, arch=arch, **sizes)
+    return task.build_model()
+
+
+def matched_model(task: Seq2Seq, arch: str, target_params: int, args):
     """The Transformer as given; an LSTM with the hidden width whose size is nearest it."""
     if arch == "transformer":
-        return build_model(arch, tok, 256, n_layer=args.layers, d_model=args.d_model, dropout=0.0)
+        return sized(task, arch, n_layer=args.layers, d_model=args.d_model)
     best = None
     for hidden in range(16, 1025, 8):
-        m = build_model(arch, tok, 256, d_model=hidden, score=args.score)
+        m = sized(task, arch, n_layer=None, d_model=hidden, score=args.score)
         gap = abs(m.num_params() - target_params)
         if best is not None and gap > best[0]:
             break  # sizes only grow from here
-        best = (gap, m)
-    return best[1]
+        best = (gap, hidden)
+    return sized(task, arch, n_layer=None, d_model=best[1], score=args.score)
 
 
 @torch.no_grad()
@@ -88,22 +94,21 @@ def main() -> None:
         spec = (
             f"{task}:min_len={args.min_len},max_len={args.max_len},n_train=20000,n_val=50,n_test=1"
         )
-        data = generate(spec, args.seed)
-        tok = build_pair_tokenizer(data)
-        tf_params = build_model(
-            "transformer", tok, 256, n_layer=args.layers, d_model=args.d_model
+        s2s = Seq2Seq(Seq2SeqOptions(data=spec, dropout=0.0), seed=args.seed)
+        s2s.prepare(None)
+        tok = s2s.tokenizer
+        tf_params = sized(
+            s2s, "transformer", n_layer=args.layers, d_model=args.d_model
         ).num_params()
         for arch in archs:
             torch.manual_seed(args.seed)
-            model = matched_model(arch, tok, tf_params, args)
-            s = TrainSettings(
+            model = matched_model(s2s, arch, tf_params, args)
+            c = TrainConfig(
                 max_iters=args.steps, batch_size=args.batch_size, lr=args.lr, min_lr=args.lr / 10,
-                warmup_iters=min(100, args.steps // 10), eval_interval=args.steps,
-                eval_examples=20, seed=args.seed, quiet=True,
+                weight_decay=0.01, eval_interval=args.steps, seed=args.seed, device="cpu",
             )  # fmt: skip
             t0 = time.time()
-            with tempfile.TemporaryDirectory() as run:
-                train(model, tok, data, run, s)
+            Trainer(model, s2s, c, quiet=True).fit()
             secs = time.time() - t0
             results[(task, arch)] = exact_by_length(
                 model, tok, task, args.eval_per_length, args.seed + 1

@@ -42,7 +42,8 @@ def main() -> None:
     import model as nano  # nanoGPT's model.py
 
     from attnlab.models.gpt import GPT, GPTConfig
-    from attnlab.training import TrainConfig, make_optimizer, next_token_loss
+    from attnlab.tasks.lm import next_token_loss
+    from attnlab.training import TrainConfig, make_optimizer
 
     torch.manual_seed(0)
     B, T, V = 12, 64, 65
@@ -67,7 +68,7 @@ def main() -> None:
     their_opt = theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
     ours = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=4, n_head=4, d_model=128))
     tc = TrainConfig(lr=1e-3, beta2=0.99, weight_decay=0.1)
-    our_opt = make_optimizer(ours, tc, torch.device("cpu"))
+    our_opt = make_optimizer(ours, tc)
     our_params = list(ours.parameters())
 
     def their_step():

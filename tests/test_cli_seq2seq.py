@@ -32,7 +32,10 @@ def test_train_translate_eval(cli, tmp_path, arch):
     assert "val exact match" in r.stdout
     names = {p.name for p in run.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "target_tokenizer.json"} <= names
-    assert len((run / "metrics.jsonl").read_text().splitlines()) == 2
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in rows if "val_exact" in r]  # at steps 0, 8 and 16, in its own words
+    assert [r["step"] for r in evals] == [0, 8, 16] and "val_ppl" not in evals[-1]
+    assert all("pairs_per_s" in r and "tokens_per_s" not in r for r in rows if "val_loss" not in r)
     model, tok = load_run(run)
     assert model.model_type == ("seq2seq" if arch == "transformer" else "rnn")
     if arch == "lstm-attention":

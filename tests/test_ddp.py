@@ -1,5 +1,6 @@
-"""DistributedDataParallel on 2 CPU processes (gloo): averaged gradients equal one process's
-gradients on the same global batch."""
+"""DistributedDataParallel on 2 CPU processes (gloo), for every task: each process keeps its
+half of the global batch, and the averaged gradients equal those of one process computing both
+halves (the mean of the two halves' gradients)."""
 
 from __future__ import annotations
 
@@ -11,46 +12,41 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from attnlab.data import RandomWindows
-from attnlab.training import DistInfo, TrainConfig, Trainer, init_distributed, next_token_loss
-from lm_helpers import random_tokens, tiny_gpt
+from attnlab.training import DistInfo, TrainConfig, Trainer, init_distributed
+from attnlab.training import run as training
+from task_helpers import TASKS, given, write_task_data
 
-TOKENS = random_tokens(2000, 20, seed=2)
-CFG = dict(
-    max_iters=1,
-    batch_size=3,
-    lr=1e-3,
-    warmup_iters=0,
-    eval_interval=100,
-    eval_iters=1,
-    log_interval=1,
-    device="cpu",
-    grad_clip=0.0,
-)
+CFG = dict(max_iters=1, batch_size=3, lr=1e-3, warmup_iters=0, eval_interval=100, eval_iters=1,
+           log_interval=1, device="cpu", grad_clip=0.0)  # fmt: skip
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
-    os.environ.update(
-        RANK=str(rank),
-        WORLD_SIZE=str(world),
-        LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+def _task(task_id: str, d, seed: int):
+    p = training.plan(given(task_id, d, d / f"run-{task_id}"))
+    task = p.task(p.options, seed=1337)
+    task.prepare(None if task_id != "lm" else d / f"tokens-{task_id}-{seed}")
+    torch.manual_seed(seed)  # different weights on each rank: DDP must broadcast rank 0's
+    return task, task.build_model()
+
+
+def _worker(rank: int, world: int, port: int, d: str) -> None:
+    from pathlib import Path
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
     torch.set_num_threads(1)
     info = init_distributed(torch.device("cpu"))
-    torch.manual_seed(rank)  # different init on purpose: DDP must broadcast rank 0's weights
-    model = tiny_gpt()
-    batches = RandomWindows(TOKENS, 16, 3, seed=5, rank=info.rank, world_size=info.world_size)
-    trainer = Trainer(
-        model, next_token_loss, batches, TrainConfig(**CFG), dist_info=info, quiet=True
-    )
-    trainer.model.train()
-    next_token_loss(trainer.model, next(batches)).backward()  # DDP averages the gradients here
-    if rank == 0:
-        raw = trainer.raw_model
-        save_file({n: p.grad for n, p in raw.named_parameters()}, out)
-        save_file({n: p.detach() for n, p in raw.named_parameters()}, out + ".w")
+    d = Path(d)
+    for task_id in TASKS:
+        task, model = _task(task_id, d, seed=rank)
+        trainer = Trainer(model, task, TrainConfig(**CFG), dist_info=info, quiet=True)
+        trainer.model.eval()  # no dropout: each process would draw its own masks
+        batch = next(trainer.train_batches)
+        task.loss(trainer.model, batch).backward()  # DDP averages the gradients here
+        if rank == 0:
+            raw = trainer.raw_model
+            save_file({n: p.grad for n, p in raw.named_parameters() if p.grad is not None},
+                      str(d / f"{task_id}.grads"))  # fmt: skip
+            save_file({n: p.detach() for n, p in raw.named_parameters()}, str(d / f"{task_id}.w"))
     torch.distributed.destroy_process_group()
 
 
@@ -61,16 +57,25 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_ddp_averaged_gradients_equal_single_process_on_the_global_batch(tmp_path):
-    out = str(tmp_path / "grads.pt")
-    mp.spawn(_worker, args=(2, _free_port(), out), nprocs=2, join=True)
-    ddp_grads, weights = load_file(out), load_file(out + ".w")
-    model = tiny_gpt()
-    model.load_state_dict(weights, strict=False)  # rank 0's weights, which DDP gave to both ranks
-    whole = next(RandomWindows(TOKENS, 16, 6, seed=5))  # the same 6 windows, in one process
-    next_token_loss(model, whole).backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(ddp_grads[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
+def test_ddp_averaged_gradients_equal_one_process_on_both_halves_for_every_task(tmp_path):
+    d = write_task_data(tmp_path)
+    (d / "tokens-lm-0").mkdir()
+    (d / "tokens-lm-1").mkdir()
+    mp.spawn(_worker, args=(2, _free_port(), str(d)), nprocs=2, join=True)
+    (d / "tokens-lm-9").mkdir()
+    for task_id in TASKS:
+        ddp_grads = load_file(str(d / f"{task_id}.grads"))
+        task, model = _task(task_id, d, seed=9)
+        model.load_state_dict(load_file(str(d / f"{task_id}.w")), strict=False)  # rank 0's
+        model.eval()
+        whole = next(task.train_batches(6, 1337))  # the global batch: both ranks' rows
+        for half in (slice(0, 3), slice(3, 6)):
+            (task.loss(model, tuple(t[half] for t in whole)) / 2).backward()
+        for name, p in model.named_parameters():
+            if p.grad is None:
+                continue
+            torch.testing.assert_close(ddp_grads[name], p.grad, rtol=1e-4, atol=1e-6,
+                                       msg=f"{task_id}: {name}")  # fmt: skip
 
 
 def test_single_process_is_not_distributed():

@@ -13,7 +13,6 @@ from dateutil import parser as dateparser
 from attnlab.data import tasks
 from attnlab.data.tasks import (
     DataError,
-    build_pair_tokenizer,
     collate,
     encode_pairs,
     format_date,
@@ -22,6 +21,7 @@ from attnlab.data.tasks import (
     ordinal,
     rebuild,
 )
+from attnlab.tasks.seq2seq import pair_tokenizer
 from attnlab.tokenizers import PairTokenizer
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "phrases_en_es.tsv"
@@ -137,7 +137,7 @@ def test_rebuild_refuses_a_changed_tsv(tmp_path):
 @pytest.mark.parametrize("kinds", [("char", "char"), ("word", "word"), ("word", "bpe")])
 def test_pair_tokenizer_round_trips_the_corpus(kinds):
     d = load_tsv(EXAMPLE)
-    tok = build_pair_tokenizer(d, *kinds, vocab_size=300)
+    tok = pair_tokenizer(d, *kinds, vocab_size=300)
     for s, t in d.train[:50]:
         ids = tok.encode_target(t)
         assert min(ids) >= 3 and tok.decode_target([*ids, PairTokenizer.EOS, 7]) == t
@@ -148,7 +148,7 @@ def test_pair_tokenizer_round_trips_the_corpus(kinds):
 
 def test_collate_shifts_the_target_right_behind_bos():
     d = generate(f"reverse:{SMALL}")
-    tok = build_pair_tokenizer(d)
+    tok = pair_tokenizer(d)
     examples = encode_pairs(tok, d.train[:8])
     src, tgt_in, tgt_out = collate(examples)
     assert src.shape[0] == tgt_in.shape[0] == 8 and tgt_in.shape == tgt_out.shape

@@ -12,18 +12,11 @@ import time
 import pytest
 import torch
 
-from attnlab.checkpoint import RunError, load_run
-from attnlab.data import RandomWindows, fixed_batches
+from attnlab.checkpoint import RunError, load_run, read_trainer_state
+from attnlab.data import RandomWindows
+from attnlab.tasks.lm import LanguageModel
 from attnlab.tokenizers import CharTokenizer
-from attnlab.training import (
-    FAULT_ENV,
-    TrainConfig,
-    Trainer,
-    TrainingError,
-    lr_at,
-    next_token_loss,
-    read_trainer_state,
-)
+from attnlab.training import FAULT_ENV, TrainConfig, Trainer, TrainingError, lr_at
 from lm_helpers import TINY_TRAIN, random_tokens, tiny_gpt, train_losses, write_text
 
 TOKENS = random_tokens(3000, 20, seed=1)
@@ -45,17 +38,39 @@ def make_trainer(out=None, max_iters=12, seed=0, batches=None, **kw):
         log_interval=1,
         seed=seed,
         device="cpu",
+        checkpoint_seconds=0,  # only at evaluations, so that the checkpoints can be counted
     )
     cfg = TrainConfig(**{**fields, **kw})
-    batches = batches or RandomWindows(TOKENS, 16, 4, seed=seed)
-    val = fixed_batches(TOKENS, 16, 4, 2, seed=123)
-    return Trainer(
-        model, next_token_loss, batches, cfg, out, val_batches=val, tokenizer=TOK, quiet=True
-    )
+    task = LanguageModel.from_tokens(TOKENS, TOKENS[:500], TOK, block_size=16)
+    if batches is not None:
+        task.train_batches = lambda *args: batches
+    return Trainer(model, task, cfg, out, quiet=True)
 
 
 def losses(result) -> dict[int, float]:
     return {r["step"]: r["train_loss"] for r in result.history if "val_loss" not in r}
+
+
+def test_unset_warmup_and_eval_interval_follow_max_iters():
+    short, long = TrainConfig(max_iters=40), TrainConfig(max_iters=100_000)
+    assert (short.warmup_iters, short.eval_interval, short.lr_decay_iters) == (4, 5, 40)
+    assert (long.warmup_iters, long.eval_interval) == (100, 250)
+    assert TrainConfig(max_iters=3).eval_interval == 1
+    resumed = TrainConfig.from_dict({**short.to_dict(), "max_iters": 80})
+    assert resumed.warmup_iters == 4 and resumed.lr_decay_iters == 40  # the run's schedule stays
+
+
+@pytest.mark.parametrize("schedule", ["cosine", "noam", "constant"])
+def test_every_schedule_warms_up_to_the_peak_lr_then_never_rises(schedule):
+    c = TrainConfig(lr=1e-3, min_lr=1e-5, warmup_iters=10, max_iters=100, schedule=schedule)
+    lrs = [lr_at(t, c) for t in range(300)]
+    assert all(a < b for a, b in zip(lrs[:10], lrs[1:10]))
+    assert max(lrs) == pytest.approx(1e-3) and lrs.index(max(lrs)) in (9, 10)
+    assert all(a >= b - 1e-15 for a, b in zip(lrs[10:], lrs[11:]))
+    if schedule == "noam":  # 1/sqrt(step) after warmup: 4x the steps, half the rate
+        assert lr_at(39, c) == pytest.approx(lr_at(9, c) / 2)
+    if schedule == "constant":
+        assert lrs[-1] == 1e-3
 
 
 def test_lr_warms_up_then_decays_to_min_lr():
@@ -127,7 +142,7 @@ def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, monkeypa
 
 
 def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "disk-full-at-checkpoint:2")
+    monkeypatch.setenv(FAULT_ENV, "disk-full-at-checkpoint:3")
     with pytest.raises(TrainingError, match=r"step 8.*No space left.*step 4\) is kept"):
         make_trainer(tmp_path / "r").fit()
     assert read_trainer_state(tmp_path / "r")["step"] == 4
@@ -177,6 +192,72 @@ def test_sigint_saves_a_checkpoint_and_stops_cleanly(tmp_path):
     assert losses(resumed) == losses(whole)
 
 
+def test_sigterm_saves_the_step_it_finished_and_says_which(tmp_path, monkeypatch):
+    said = []
+    monkeypatch.setenv(FAULT_ENV, "sigterm-at:5")  # after step 5 is done
+    trainer = make_trainer(tmp_path / "r")
+    trainer._log = said.append
+    result = trainer.fit()
+    assert result.interrupted == "SIGTERM" and result.step == 5
+    assert read_trainer_state(tmp_path / "r")["step"] == 5
+    assert said[-1] == f"saved the checkpoint of step 5 in {tmp_path / 'r'}"
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_checkpoint_exists_from_step_0_so_an_early_kill_leaves_a_loadable_run(tmp_path):
+    run = tmp_path / "r"
+
+    class Watch(RandomWindows):
+        seen = None
+
+        def __next__(self):
+            if Watch.seen is None:  # the first training batch: step 0 is done evaluating
+                Watch.seen = read_trainer_state(run)
+            return super().__next__()
+
+    make_trainer(run, max_iters=3, eval_interval=100, batches=Watch(TOKENS, 16, 4)).fit()
+    assert Watch.seen["step"] == 0
+    assert load_run(run)[0].config.vocab_size == 20
+
+
+def test_checkpoints_follow_the_clock_between_evaluations(tmp_path):
+    trainer = make_trainer(tmp_path / "r", max_iters=6, eval_interval=100)
+    trainer.config.checkpoint_seconds = 1e-9  # due after every step
+    saved = []
+    original = trainer.save_checkpoint
+
+    def save():
+        saved.append(trainer.step)
+        original()
+        trainer._last_save_cost = 0.0  # else the next one waits 10x as long as this one took
+
+    trainer.save_checkpoint = save
+    trainer.fit()
+    assert saved == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_a_fresh_fit_will_not_replace_a_run(tmp_path):
+    make_trainer(tmp_path / "r", max_iters=4).fit()
+    before = (tmp_path / "r" / "model.safetensors").read_bytes()
+    with pytest.raises(RunError, match="already holds a training run"):
+        make_trainer(tmp_path / "r", max_iters=4).fit()
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == before
+
+
+def test_best_is_chosen_by_the_tasks_declared_metric(tmp_path):
+    trainer = make_trainer(tmp_path / "r", max_iters=8)
+    trainer.best_metric = next(m for m in trainer.metrics if m.name == "val_ppl")
+    result = trainer.fit()
+    evals = [r for r in result.history if "val_ppl" in r and r["step"] > 0]
+    best = min(evals, key=lambda r: r["val_ppl"])
+    assert result.best == {"metric": "val_ppl", "value": best["val_ppl"],
+                           "val_loss": best["val_loss"], "step": best["step"]}  # fmt: skip
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "r" / "best" / "model.safetensors"), "pt") as f:
+        assert f.metadata()["step"] == str(best["step"])
+
+
 # ---- whole processes, killed -----------------------------------------------------------------
 
 ARGS = [
@@ -191,6 +272,8 @@ ARGS = [
     "3e-3",
     "--warmup-iters",
     "2",
+    "--checkpoint-seconds",
+    "0",
 ]
 
 
@@ -207,7 +290,7 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "fault, expect_step", [("kill-during-checkpoint:2", 4), ("kill-during-install:2", 8)]
+    "fault, expect_step", [("kill-during-checkpoint:3", 4), ("kill-during-install:3", 8)]
 )
 def test_killed_while_writing_a_checkpoint(tmp_path, cli, uninterrupted, fault, expect_step):
     data, whole = uninterrupted

@@ -35,6 +35,22 @@ def user_errors() -> tuple[type[BaseException], ...]:
     return tuple(errors)
 
 
+def int_at_least(low: int):
+    """An argparse type: an integer >= low (argparse turns the error into exit 2)."""
+
+    def conv(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {n}")
+        return n
+
+    conv.__name__ = "integer"
+    return conv
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab",

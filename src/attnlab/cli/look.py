@@ -6,12 +6,11 @@ function of ``attnlab.inspect``; results go to stdout, "wrote FILE" lines to std
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
 
-from attnlab.cli import UsageError
+from attnlab.cli import UsageError, int_at_least
 
 
 def _user_errors(fn):
@@ -160,22 +159,6 @@ def cmd_check(args) -> int:
     return 0 if report.ok else 1
 
 
-def _int_at_least(low: int):
-    """An argparse type: an integer >= low (argparse turns the error into exit 2)."""
-
-    def conv(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if n < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {n}")
-        return n
-
-    conv.__name__ = "integer"
-    return conv
-
-
 def _run_and_text(p) -> None:
     p.add_argument("run", help="run directory (written by `attnlab train` or `import-hf`)")
     p.add_argument("text", help="the text to run through the model")
@@ -183,7 +166,7 @@ def _run_and_text(p) -> None:
 
 def register(sub) -> None:
     """Add this area's verbs to the `attnlab` sub-parsers."""
-    pos, nonneg = _int_at_least(1), _int_at_least(0)
+    pos, nonneg = int_at_least(1), int_at_least(0)
 
     p = sub.add_parser(
         "trace",

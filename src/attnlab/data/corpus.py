@@ -145,6 +145,29 @@ def open_corpus(spec: str | Path, encoding: str = "utf-8") -> Corpus:
     return Corpus(name or "data", files, encoding)
 
 
+def corpus_name(spec: str | Path) -> str:
+    """The name ``open_corpus(spec)`` gives its corpus, found without reading anything."""
+    spec_s = str(spec)
+    path = Path(spec_s).expanduser()
+    if not path.exists() and spec_s in BUILTIN:
+        return spec_s
+    if path.is_dir():
+        return path.resolve().name or "data"
+    return path.stem or "data"
+
+
+def fingerprint(files: list[Path]) -> str:
+    """SHA-256 over the bytes of ``files`` in order: a changed corpus is noticed on --resume."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
 def load_text(spec: str | Path, encoding: str = "utf-8") -> str:
     """The whole text of a file, a directory of ``.txt`` files, or a built-in corpus."""
     return open_corpus(spec, encoding).read()

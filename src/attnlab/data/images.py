@@ -179,12 +179,22 @@ class RandomImageBatches:
     """Endless batches (images (B, C, H, W), labels (B,)) drawn at random from a split.
 
     Batch k is a function of (seed, k) alone, so ``state_dict`` is just k: a resumed run
-    continues with exactly the batches it would have seen.
+    continues with exactly the batches it would have seen. Each draw picks the global batch of
+    ``batch_size * world_size`` images; this process keeps its ``rank``'s slice of it.
     """
 
-    def __init__(self, images: Tensor, labels: Tensor, batch_size: int, seed: int = 0):
+    def __init__(
+        self,
+        images: Tensor,
+        labels: Tensor,
+        batch_size: int,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ):
         self.images, self.labels = images, labels
-        self.batch_size = min(batch_size, len(labels))
+        self.batch_size = min(batch_size, len(labels) // world_size)
+        self.rank, self.world_size = rank, world_size
         self.seed, self.k = seed, 0
 
     def __iter__(self):
@@ -192,7 +202,9 @@ class RandomImageBatches:
 
     def __next__(self) -> tuple[Tensor, Tensor]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.k)
-        idx = torch.randperm(len(self.labels), generator=g)[: self.batch_size]
+        B = self.batch_size
+        idx = torch.randperm(len(self.labels), generator=g)[: B * self.world_size]
+        idx = idx[self.rank * B : (self.rank + 1) * B]
         self.k += 1
         return self.images[idx], self.labels[idx]
 

@@ -1,0 +1,195 @@
+"""Text classification: a BERT-style encoder reads a text and names its class.
+
+    data    a ``label<TAB>text`` file; examples are shuffled with the seed and the last
+            ``val_fraction`` held out (at least one)
+    batch   ids (B, T) framed [CLS] text [SEP], attention_mask (B, T), class ids (B,)
+    loss    cross-entropy of the class logits, from the [CLS] state through the pooler
+    figures val loss, accuracy on the whole held-out split
+    example a held-out text, the class the model gives it, and its true class
+
+``--task classify`` on images (``--data digits``, a ``DIR/<label>/*.png`` folder, or
+``--arch vit``) is the vision task (``attnlab.tasks.vision``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnlab import data
+from attnlab.config import ConfigError
+from attnlab.data.batches import RandomBatches, pad_batch
+from attnlab.models.encoder import Encoder
+from attnlab.tasks.base import Task, task_class
+from attnlab.tasks.mlm import EncoderOptions, check_fingerprint
+from attnlab.tokenizers import build_tokenizer, special_id
+from attnlab.training.metrics import Metric
+
+VAL_BATCH = 64
+
+
+def read_labelled(path: str | Path, encoding: str = "utf-8"):
+    """(labels, texts, corpus) from ``label<TAB>text`` lines; blank lines are skipped."""
+    if Path(path).is_dir():
+        raise data.DataError(f"{path}: is a directory; expected one label<TAB>text file")
+    corpus = data.open_corpus(path, encoding)  # missing, binary, undecodable, empty: DataError
+    labels, texts = [], []
+    for n, line in enumerate(corpus.read().splitlines(), 1):
+        if not line.strip():
+            continue
+        label, tab, text = line.partition("\t")
+        if not tab or not label.strip() or not text.strip():
+            raise data.DataError(f"{path}:{n}: expected 'label<TAB>text'")
+        labels.append(label.strip())
+        texts.append(text)
+    if len(set(labels)) < 2:
+        raise data.DataError(
+            f"{path}: classification needs at least two labels, found {len(set(labels))}"
+        )
+    return labels, texts, corpus
+
+
+class TextClassifier(Task):
+    name = "classify"
+    label = "--task classify"
+    Options = EncoderOptions
+    unit = "examples"
+    loss_unit = "nats / example"
+    metrics = (Metric("val_accuracy", "accuracy", "%", higher_is_better=True),)
+    best = "val_accuracy"
+    train_defaults = {"max_iters": 500, "batch_size": 32}
+
+    def __init__(self, options: EncoderOptions, seed: int = 1337):
+        super().__init__(options, seed)
+        self.classes: list[str] = []
+        self.sha256 = None
+
+    @classmethod
+    def redirect(cls, given: dict) -> type[Task]:
+        from attnlab.data.images import is_image_data
+
+        arch = given.get("arch")
+        if (
+            arch == "vit"
+            or given.get("model_type") == "vit"
+            or is_image_data(given.get("data", ""))
+        ):
+            return task_class("vision")
+        if arch not in (None, "transformer"):
+            raise ConfigError(f"--arch {arch} is not a text classifier (use transformer)")
+        return cls
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def prepare(self, run_dir):
+        o = self.options
+        labels, texts, corpus = read_labelled(o.data, o.encoding)
+        self.tokenizer = build_tokenizer(o.tokenizer, texts, o.vocab_size, encoder=True)
+        self.sha256 = data.fingerprint(corpus.files)
+        self._split(labels, texts)
+
+    def reload(self, run_dir, tokenizer, cfg):
+        labels, texts, corpus = read_labelled(cfg.get("data_path") or self.options.data,
+                                              self.options.encoding)  # fmt: skip
+        check_fingerprint(corpus, cfg)
+        self.tokenizer, self.sha256 = tokenizer, cfg.get("data_sha256")
+        self._split(labels, texts)
+
+    def _split(self, labels: list[str], texts: list[str]) -> None:
+        self.classes = sorted(set(labels))
+        self.y = torch.tensor([self.classes.index(lab) for lab in labels])
+        self.texts = texts
+        limit = self.options.model_config(8).block_size
+        sep = special_id(self.tokenizer, "[SEP]")
+        self.seqs = [s if len(s) <= limit else s[: limit - 1] + [sep]
+                     for s in (self.tokenizer.encode(t) for t in texts)]  # fmt: skip
+        g = torch.Generator().manual_seed(self.seed)
+        order = torch.randperm(len(self.seqs), generator=g).tolist()
+        n_val = min(len(self.seqs) - 1, max(1, round(len(self.seqs) * self.options.val_fraction)))
+        self.val_idx, self.train_idx = order[:n_val], order[n_val:]
+
+    def examples(self, idx: list[int]):
+        """(ids (B, T), attention_mask (B, T), y (B,)) of the examples ``idx``."""
+        ids, mask = pad_batch([self.seqs[i] for i in idx], special_id(self.tokenizer, "[PAD]"))
+        return ids, mask, self.y[idx]
+
+    def model_config(self):
+        return self.options.model_config(self.tokenizer.vocab_size, pooler=True,
+                                         num_labels=len(self.classes))  # fmt: skip
+
+    def build_model(self) -> Encoder:
+        return Encoder(self.model_config())
+
+    # -- training ------------------------------------------------------------------------------
+
+    def train_batches(self, batch_size, seed, rank=0, world_size=1):
+        def make(n: int, g: torch.Generator):
+            pick = torch.randint(len(self.train_idx), (n,), generator=g).tolist()
+            return self.examples([self.train_idx[i] for i in pick])
+
+        return RandomBatches(make, batch_size, seed, rank, world_size)
+
+    def val_batches(self, batch_size, eval_iters):
+        v = self.val_idx
+        return [self.examples(v[lo : lo + VAL_BATCH]) for lo in range(0, len(v), VAL_BATCH)]
+
+    def loss(self, model, batch):
+        ids, mask, target = batch
+        return F.cross_entropy(model(ids, mask, head="classify").float(), target)  # (B, classes)
+
+    def evaluate(self, model, val_loss):
+        right = 0
+        device = next(model.parameters()).device
+        for ids, mask, target in self.val_batches(VAL_BATCH, 1):
+            pred = model(ids.to(device), mask.to(device), head="classify").argmax(-1).cpu()
+            right += int((pred == target).sum())
+        n = len(self.val_idx)
+        return {"val_accuracy": right / n, "val_correct": right, "val_examples": n}
+
+    def example(self, model):
+        i = self.val_idx[0]
+        pred = self.predict(model, [self.texts[i]], top_k=1)[0]["classes"][0]
+        text = self.texts[i] if len(self.texts[i]) <= 60 else self.texts[i][:57] + "..."
+        return f"{text!r} -> {pred['label']} ({pred['p']:.2f}; true {self.classes[int(self.y[i])]})"
+
+    # -- the run directory ---------------------------------------------------------------------
+
+    @property
+    def title(self) -> str:
+        return f"text classification: {Path(str(self.options.data)).name}"
+
+    def run_config(self):
+        return {**super().run_config(), "labels": self.classes, "data": str(self.options.data),
+                "data_path": str(Path(self.options.data).resolve()),
+                "data_sha256": self.sha256}  # fmt: skip
+
+    def describe(self, model):
+        n = sum(p.numel() for p in model.parameters())
+        return (
+            f"classify: {len(self.classes)} classes, {len(self.train_idx)} training and "
+            f"{len(self.val_idx)} held-out examples, {n:,} parameters"
+        )
+
+    def summary(self, result, final):
+        ev = result.last_eval
+        if "val_accuracy" not in ev:
+            return f"trained {result.step} steps"
+        return (
+            f"held-out accuracy {ev['val_accuracy']:.4f} ({ev['val_correct']}/{ev['val_examples']})"
+        )
+
+    def predict(self, model, inputs, top_k=5):
+        """Each text's ``top_k`` classes with probabilities."""
+        device = next(model.parameters()).device
+        classes = self.classes or [str(i) for i in range(model.config.num_labels)]
+        out = []
+        for text in inputs:
+            ids = self.tokenizer.encode(text)[: model.config.block_size]
+            with torch.no_grad():
+                logits = model(torch.tensor([ids], device=device), head="classify")[0]
+            top = torch.topk(torch.softmax(logits.float(), -1), min(top_k, len(classes)))
+            out.append({"input": text, "classes": [{"label": classes[i], "p": p}
+                        for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
+        return out

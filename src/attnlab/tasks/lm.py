@@ -1,0 +1,242 @@
+"""Language modelling: a GPT learns to predict the next token of a text.
+
+data    a text file, a directory of .txt files or the built-in ``shakespeare``; tokenized once
+        into the run's ``tokens.bin`` (memory-mapped), the last ``val_fraction`` held out
+batch   random windows x = t[i : i+T], y = t[i+1 : i+T+1]          (B, T) each
+loss    mean cross-entropy of model(x) (B, T, V) against y, in nats per token
+figures val loss, perplexity exp(loss), bits per character loss / ln 2 / (chars per token)
+example a short sample continuing the start of the held-out text
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab import data
+from attnlab.config import BaseConfig, ConfigError
+from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+from attnlab.tasks.base import Task
+from attnlab.tokenizers import Tokenizer, build_tokenizer
+from attnlab.training.metrics import Metric
+
+MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
+
+
+def next_token_loss(model: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
+    """Mean cross-entropy of model(x) (B, T, V) against y (B, T); y = -1 is ignored."""
+    x, y = batch
+    logits = model(x)  # (B, T, V)
+    return F.cross_entropy(
+        logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=-1
+    )
+
+
+def bits_per_char(loss_nats_per_token: float, chars_per_token: float) -> float:
+    """Nats per token -> bits per character: loss / ln 2 / (characters per token)."""
+    return loss_nats_per_token / math.log(2) / chars_per_token
+
+
+@dataclasses.dataclass
+class LMOptions(BaseConfig):
+    data: str = ""
+    encoding: str = "utf-8"
+    tokenizer: str = "char"  # char, word or bpe
+    vocab_size: int = 512  # bpe
+    min_freq: int = 1  # word: rarer words become <unk>
+    val_fraction: float = 0.1
+    preset: str = "baby"  # sizes: baby, small, gpt2 (attnlab.models.gpt.PRESETS)
+    n_layer: int | None = None  # None: the preset's
+    n_head: int | None = None
+    d_model: int | None = None
+    block_size: int | None = None
+    dropout: float | None = None  # None: 0
+    pos: str | None = None  # learned (GPT-2), sinusoidal, rotary
+    norm: str | None = None  # pre (GPT-2) or post
+
+    def validate(self) -> None:
+        self._one_of("tokenizer", ("char", "word", "bpe"))
+        self._positive("vocab_size", "min_freq")
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+        self.model_config(vocab_size=1)  # sizes, d_model % n_head, ...
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The preset, then every size given."""
+        if self.preset not in PRESETS:
+            raise ConfigError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
+        fields = {"dropout": 0.0, **PRESETS[self.preset]}
+        fields.update({k: getattr(self, k) for k in MODEL_OPTIONS if getattr(self, k) is not None})
+        if self.norm is not None:
+            self._one_of("norm", ("pre", "post"))
+            fields["norm_first"] = self.norm == "pre"
+        return GPTConfig(vocab_size=vocab_size, **fields)
+
+
+class LanguageModel(Task):
+    name = "lm"
+    label = "--task lm"
+    Options = LMOptions
+    unit = "tokens"
+    loss_unit = "nats / token"
+    metrics = (Metric("val_ppl", "perplexity"), Metric("val_bpc", "bits/char", "bits/char"))
+    best = "val_loss"
+    data_files = (data.tokens.TOKEN_FILE, data.tokens.TOKEN_META)
+
+    def __init__(self, options: LMOptions, seed: int = 1337):
+        super().__init__(options, seed)
+        self.train_tokens = self.val_tokens = None
+        self.info: data.TokenFileInfo | None = None
+
+    @classmethod
+    def redirect(cls, given: dict) -> type[Task]:
+        if given.get("arch") == "vit":
+            raise ConfigError("--arch vit trains an image classifier: use --task classify")
+        return cls
+
+    @classmethod
+    def default_out(cls, options) -> Path:
+        return Path("runs") / data.corpus_name(options.data)
+
+    @classmethod
+    def from_tokens(cls, train, val, tokenizer: Tokenizer | None = None,
+                    chars_per_token: float = 1.0, seed: int = 1337, **options) -> LanguageModel:  # fmt: skip
+        """A task over token arrays already in hand (notebooks, tests)."""
+        task = cls(LMOptions(data="<tokens>", **options), seed)
+        task.tokenizer = tokenizer
+        task.train_tokens, task.val_tokens = np.asarray(train), np.asarray(val)
+        n = len(task.train_tokens) + len(task.val_tokens)
+        task.info = data.TokenFileInfo(n, round(n * chars_per_token), str(task.train_tokens.dtype))
+        return task
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def prepare(self, run_dir: Path | None) -> None:
+        o = self.options
+        corpus = data.open_corpus(o.data, o.encoding)
+        self.log(f"building the {o.tokenizer} tokenizer on {corpus.name} ...")
+        self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)
+        if run_dir is None:
+            text = corpus.read()
+            tokens = np.asarray(self.tokenizer.encode(text), dtype=data.token_dtype(self.tokenizer.vocab_size))  # fmt: skip
+            info = data.TokenFileInfo(len(tokens), len(text), tokens.dtype.name, str(o.data))
+        else:
+            path = Path(run_dir) / data.tokens.TOKEN_FILE
+            data.encode_to_file(corpus, self.tokenizer, path, source=str(o.data))
+            tokens, info = data.read_token_file(path)
+        self._split(tokens, info)
+
+    def reload(self, run_dir: Path, tokenizer, cfg: dict) -> None:
+        self.tokenizer = tokenizer
+        self._split(*data.read_token_file(Path(run_dir) / data.tokens.TOKEN_FILE))
+
+    def _split(self, tokens, info) -> None:
+        block = self.options.model_config(1).block_size
+        try:
+            self.train_tokens, self.val_tokens = data.split_tokens(
+                tokens, self.options.val_fraction, block
+            )
+        except data.DataError as e:
+            raise data.DataError(f"{self.options.data}: {e}") from None  # too short
+        self.info = info
+
+    def model_config(self) -> GPTConfig:
+        return self.options.model_config(self.tokenizer.vocab_size)
+
+    def build_model(self) -> GPT:
+        return GPT(self.model_config())
+
+    # -- training ------------------------------------------------------------------------------
+
+    @property
+    def block_size(self) -> int:
+        return self.options.model_config(1).block_size
+
+    def train_batches(self, batch_size, seed, rank=0, world_size=1):
+        return data.RandomWindows(self.train_tokens, self.block_size, batch_size, seed=seed,
+                                  rank=rank, world_size=world_size)  # fmt: skip
+
+    def val_batches(self, batch_size, eval_iters):
+        return data.fixed_batches(self.val_tokens, self.block_size, batch_size, eval_iters, 0)
+
+    def train_eval_batches(self, batch_size, eval_iters):
+        return data.fixed_batches(self.train_tokens, self.block_size, batch_size, eval_iters, 1)
+
+    def loss(self, model, batch):
+        return next_token_loss(model, batch)
+
+    def count(self, batch) -> int:
+        return int(batch[0].numel())
+
+    def evaluate(self, model, val_loss):
+        return {
+            "val_ppl": math.exp(min(val_loss, 700.0)),
+            "val_bpc": bits_per_char(val_loss, self.info.chars_per_token),
+        }
+
+    def example(self, model) -> str | None:
+        """Sampled (temperature 0.8, a fixed seed) after the start of the held-out text."""
+        from attnlab.generation import SamplingConfig, generate
+
+        if self.tokenizer is None:
+            return None
+        prompt = self.tokenizer.decode(self.val_tokens[: min(16, self.block_size // 2)].tolist())
+        cfg = SamplingConfig(max_new_tokens=min(48, self.block_size), temperature=0.8, seed=0)
+        text = generate(model, self.tokenizer, prompt, cfg)[0].text
+        return f"sample: {prompt[-24:]!r} -> {text!r}"
+
+    # -- the run directory ---------------------------------------------------------------------
+
+    @property
+    def title(self) -> str:
+        return f"language model: {self.options.data} ({self.options.tokenizer} tokens)"
+
+    def run_config(self) -> dict:
+        o, info = self.options, self.info
+        return {
+            **super().run_config(),
+            "data": str(o.data),
+            "encoding": o.encoding,
+            "tokenizer": o.tokenizer,
+            "val_fraction": o.val_fraction,
+            "chars_per_token": info.chars_per_token if info else None,
+            "n_tokens": info.n_tokens if info else None,
+        }
+
+    def describe(self, model) -> str:
+        n = sum(p.numel() for p in model.parameters())
+        return (
+            f"{self.info.n_tokens:,} tokens ({len(self.train_tokens):,} train, "
+            f"{len(self.val_tokens):,} val), vocab {self.tokenizer.vocab_size}, "
+            f"{n / 1e6:.2f}M parameters"
+        )
+
+    def summary(self, result, final) -> str:
+        if result.val_loss is None:
+            return f"trained {result.step} steps: no validation split"
+        bpc = bits_per_char(result.val_loss, self.info.chars_per_token)
+        best = result.best["value"] if result.best else None
+        return (
+            f"trained {result.step} steps: val loss {result.val_loss:.4f} ({bpc:.3f} bits/char); "
+            f"best {best}"
+        )
+
+    def predict(self, model, inputs, top_k=5):
+        """The ``top_k`` most probable next tokens after each text, with probabilities."""
+        out = []
+        device = next(model.parameters()).device
+        for text in inputs:
+            ids = self.tokenizer.encode(text)[-model.config.block_size :]
+            with torch.no_grad():
+                logits = model(torch.tensor([ids], device=device))[0, -1]  # (V,)
+            top = torch.topk(torch.softmax(logits.float(), -1), min(top_k, logits.numel()))
+            out.append({"input": text, "next": [
+                {"token": self.tokenizer.decode([i]), "p": p}
+                for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
+        return out

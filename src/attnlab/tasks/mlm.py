@@ -1,0 +1,246 @@
+"""Masked language modelling: a BERT-style encoder learns to fill in hidden tokens.
+
+    data    the lines of a text file (or of every .txt file in a directory); the token stream
+            (each line's ids, concatenated) is cut into windows of block_size - 2, framed as
+            [CLS] window [SEP]; the last ``val_fraction`` of the stream is held out
+    batch   BERT's masking: 15% of the tokens are chosen; of those 80% become [MASK], 10% a
+            random token, 10% stay. inputs (B, T), labels (B, T) (-100 where not chosen)
+    loss    mean cross-entropy at the chosen positions, in nats per masked token
+    figures val loss, masked accuracy (argmax right at the chosen positions)
+    example a few held-out masked tokens and what the model puts there
+
+``EncoderOptions`` (the data, tokenizer and encoder sizes) is shared with text classification.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnlab import data
+from attnlab.config import BaseConfig, ConfigError
+from attnlab.data.batches import RandomBatches
+from attnlab.models.encoder import (
+    ENCODER_PRESETS,
+    IGNORE_INDEX,
+    Encoder,
+    EncoderConfig,
+    mask_tokens,
+)
+from attnlab.tasks.base import Task
+from attnlab.tokenizers import ENCODER_SPECIALS, build_tokenizer, special_id
+from attnlab.training.metrics import Metric
+
+MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
+
+
+@dataclasses.dataclass
+class EncoderOptions(BaseConfig):
+    data: str = ""
+    encoding: str = "utf-8"
+    tokenizer: str = "char"  # char, word, bpe or wordpiece, with [CLS] [SEP] [MASK] ...
+    vocab_size: int = 512  # bpe, wordpiece
+    val_fraction: float = 0.1
+    preset: str = "baby"  # sizes: attnlab.models.encoder.ENCODER_PRESETS
+    n_layer: int | None = None  # None: the preset's
+    n_head: int | None = None
+    d_model: int | None = None
+    block_size: int | None = None
+    dropout: float | None = None  # None: the config's (0.1)
+    pos: str | None = None  # learned or sinusoidal
+    norm: str | None = None  # post (BERT) or pre
+
+    def validate(self) -> None:
+        self._one_of("tokenizer", ("char", "word", "bpe", "wordpiece"))
+        self._positive("vocab_size")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"val_fraction must be between 0 and 1, got {self.val_fraction}")
+        if self.pos == "rotary":
+            raise ConfigError("--pos rotary is not available for the encoder (learned or sinusoidal)")  # fmt: skip
+        self.model_config(vocab_size=len(ENCODER_SPECIALS) + 1)
+
+    def model_config(self, vocab_size: int, **heads) -> EncoderConfig:
+        if self.preset not in ENCODER_PRESETS:
+            raise ConfigError(
+                f"--preset {self.preset!r} is not an encoder preset; "
+                f"choose {', '.join(ENCODER_PRESETS)}"
+            )
+        fields = dict(ENCODER_PRESETS[self.preset])
+        fields.update({k: getattr(self, k) for k in MODEL_OPTIONS if getattr(self, k) is not None})
+        if self.norm is not None:
+            self._one_of("norm", ("pre", "post"))
+            fields["norm_first"] = self.norm == "pre"
+        return EncoderConfig(vocab_size=vocab_size, pad_id=0, **fields, **heads)
+
+
+def read_texts(path: str | Path, encoding: str = "utf-8") -> tuple[list[str], data.Corpus]:
+    """The non-blank lines of a text file, or of every .txt file in a directory (sorted)."""
+    corpus = data.open_corpus(path, encoding)  # missing, binary, undecodable, empty: DataError
+    lines = [ln for ln in corpus.read().splitlines() if ln.strip()]
+    if not lines:
+        raise data.DataError(f"{path}: no text")
+    return lines, corpus
+
+
+def check_fingerprint(corpus: data.Corpus, cfg: dict) -> None:
+    """The data of a resumed run must be the bytes it was trained on."""
+    if cfg.get("data_sha256") and data.fingerprint(corpus.files) != cfg["data_sha256"]:
+        raise data.DataError(
+            f"{', '.join(map(str, corpus.files[:2]))}: changed since the run began (SHA-256 "
+            "differs), so --resume cannot continue exactly; start a new run"
+        )
+
+
+class MaskedLM(Task):
+    name = "mlm"
+    label = "--task mlm"
+    Options = EncoderOptions
+    unit = "tokens"
+    loss_unit = "nats / masked token"
+    metrics = (Metric("val_masked_accuracy", "masked accuracy", "%", higher_is_better=True),)
+    best = "val_loss"
+
+    def __init__(self, options: EncoderOptions, seed: int = 1337):
+        super().__init__(options, seed)
+        self.train_ids = self.val_ids = None
+        self.sha256 = None
+        self._val: list = []  # the validation batches the Trainer asked for
+
+    # -- data ----------------------------------------------------------------------------------
+
+    def prepare(self, run_dir):
+        o = self.options
+        texts, corpus = read_texts(o.data, o.encoding)
+        self.tokenizer = build_tokenizer(o.tokenizer, texts, o.vocab_size, encoder=True)
+        self._split(texts)
+        self.sha256 = data.fingerprint(corpus.files)
+
+    def reload(self, run_dir, tokenizer, cfg):
+        texts, corpus = read_texts(cfg.get("data_path") or self.options.data, self.options.encoding)
+        check_fingerprint(corpus, cfg)
+        self.tokenizer, self.sha256 = tokenizer, cfg.get("data_sha256")
+        self._split(texts)
+
+    @property
+    def window(self) -> int:
+        return self.options.model_config(len(ENCODER_SPECIALS) + 1).block_size - 2
+
+    def _split(self, texts: list[str]) -> None:
+        tok = self.tokenizer
+        seqs = tok.encode_batch([t + "\n" for t in texts], add_special_tokens=False)
+        ids = torch.tensor([i for s in seqs for i in s], dtype=torch.long)
+        w = self.window
+        n_val = max(w + 1, int(len(ids) * self.options.val_fraction))
+        if len(ids) < n_val + w + 1:
+            raise data.DataError(
+                f"{self.options.data}: the text is only {len(ids)} tokens; masked-LM with "
+                f"block_size {w + 2} needs at least {n_val + w + 1}"
+            )
+        self.train_ids, self.val_ids = ids[:-n_val], ids[-n_val:]
+
+    def _maker(self, source: torch.Tensor):
+        """make(n, generator) -> (inputs (n, T), labels (n, T)): n framed windows, masked."""
+        tok, w = self.tokenizer, self.window
+        cls_id, sep_id = special_id(tok, "[CLS]"), special_id(tok, "[SEP]")
+        mask_id, pad_id = special_id(tok, "[MASK]"), special_id(tok, "[PAD]")
+        specials = sorted(set(tok.special_tokens.values()) | {pad_id})
+        vocab = tok.vocab_size
+
+        def make(n: int, g: torch.Generator):
+            starts = torch.randint(len(source) - w, (n,), generator=g)
+            body = torch.stack([source[s : s + w] for s in starts.tolist()])  # (n, w)
+            framed = torch.cat([torch.full((n, 1), cls_id), body, torch.full((n, 1), sep_id)], 1)
+            return mask_tokens(framed, mask_id, vocab, specials, generator=g)
+
+        return make
+
+    def model_config(self):
+        return self.options.model_config(self.tokenizer.vocab_size, mlm_head=True)
+
+    def build_model(self) -> Encoder:
+        return Encoder(self.model_config())
+
+    # -- training ------------------------------------------------------------------------------
+
+    def train_batches(self, batch_size, seed, rank=0, world_size=1):
+        return RandomBatches(self._maker(self.train_ids), batch_size, seed, rank, world_size)
+
+    def val_batches(self, batch_size, eval_iters):
+        source = RandomBatches(self._maker(self.val_ids), batch_size, self.seed + 1)
+        self._val = [next(source) for _ in range(eval_iters)]  # the same ones every time
+        return self._val
+
+    def loss(self, model, batch):
+        inputs, labels = batch
+        logits = model(inputs, head="mlm")  # (B, T, vocab)
+        if not bool((labels != IGNORE_INDEX).any()):
+            return logits.sum() * 0.0  # nothing chosen in this batch: a zero with a gradient
+        flat = logits.reshape(-1, logits.size(-1)).float()
+        return F.cross_entropy(flat, labels.reshape(-1), ignore_index=IGNORE_INDEX)
+
+    def count(self, batch) -> int:
+        return int(batch[0].numel())
+
+    def evaluate(self, model, val_loss):
+        right = total = 0
+        device = next(model.parameters()).device
+        for inputs, labels in self._val:
+            logits = model(inputs.to(device), head="mlm")  # (B, T, vocab)
+            sel = labels.to(device) != IGNORE_INDEX
+            right += int((logits.argmax(-1)[sel] == labels.to(device)[sel]).sum())
+            total += int(sel.sum())
+        return {"val_masked_accuracy": right / max(1, total)}
+
+    def example(self, model):
+        inputs, labels = self._val[0]
+        device = next(model.parameters()).device
+        pred = model(inputs[:1].to(device), head="mlm")[0].argmax(-1).cpu()  # (T,)
+        where = (labels[0] != IGNORE_INDEX).nonzero().flatten().tolist()[:6]
+        dec = self.tokenizer.decode
+        pairs = [f"{dec([int(labels[0, t])])!r}->{dec([int(pred[t])])!r}" for t in where]
+        return "masked (true->predicted): " + ", ".join(pairs) if pairs else None
+
+    # -- the run directory ---------------------------------------------------------------------
+
+    @property
+    def title(self) -> str:
+        return f"masked LM: {Path(str(self.options.data)).name} ({self.options.tokenizer})"
+
+    def run_config(self):
+        return {**super().run_config(), "data": str(self.options.data),
+                "data_path": str(Path(self.options.data).resolve()),
+                "data_sha256": self.sha256}  # fmt: skip
+
+    def describe(self, model):
+        n = sum(p.numel() for p in model.parameters())
+        return (
+            f"masked-LM: {n:,} parameters, {self.tokenizer.vocab_size} tokens "
+            f"({self.options.tokenizer}), {len(self.train_ids):,} train and "
+            f"{len(self.val_ids):,} held-out tokens"
+        )
+
+    def summary(self, result, final):
+        acc = result.last_eval.get("val_masked_accuracy")
+        acc_text = f"  val_masked_accuracy {acc:.4f}" if acc is not None else ""
+        loss = result.val_loss
+        return f"val loss {loss:.4f}{acc_text}" if loss is not None else "no evaluation"
+
+    def predict(self, model, inputs, top_k=5):
+        """Each [MASK] of each text with its ``top_k`` fillers and their probabilities."""
+        mask_id = special_id(self.tokenizer, "[MASK]")
+        device = next(model.parameters()).device
+        out = []
+        for text in inputs:
+            ids = self.tokenizer.encode(text)
+            with torch.no_grad():
+                logits = model(torch.tensor([ids], device=device), head="mlm")[0]  # (T, V)
+            fills = []
+            for t in [i for i, x in enumerate(ids) if x == mask_id]:
+                top = torch.topk(torch.softmax(logits[t].float(), -1), top_k)
+                fills.append([{"token": self.tokenizer.decode([i]), "p": p}
+                              for p, i in zip(top.values.tolist(), top.indices.tolist())])  # fmt: skip
+            out.append({"input": text, "masks": fills})
+        return out

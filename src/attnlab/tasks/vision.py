@@ -1,0 +1,196 @@
+"""Image classification: a vision transformer (ViT) names the class of an image.
+
+    data    the built-in ``digits`` (8x8, 10 classes) or a ``DIR/<label>/*.png`` folder, split
+            with the seed into train / val / test (the test images are never trained on)
+    batch   images (B, C, H, W) in [0, 1], class ids (B,)
+    loss    cross-entropy of the class logits read from [CLS], in nats per image
+    figures val loss, val accuracy; at the end, accuracy on the test split (in config.json)
+    example a held-out image's predicted class and its true class
+
+Reached as ``attnlab train --task classify`` on image data, or with ``--arch vit``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from attnlab.config import BaseConfig, ConfigError
+from attnlab.data import images as im
+from attnlab.models.vit import ViT, ViTConfig
+from attnlab.tasks.base import Task
+from attnlab.training.metrics import Metric
+
+MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "patch_size", "dropout")
+
+
+@dataclasses.dataclass
+class VisionOptions(BaseConfig):
+    data: str = "digits"
+    arch: str = "vit"
+    val_fraction: float = 0.1  # and 20% of the images for the test split
+    n_layer: int = 2
+    n_head: int = 4
+    d_model: int = 64
+    patch_size: int = 2  # side of a square patch, in pixels
+    dropout: float = 0.0
+    norm: str | None = None  # pre (ViT) or post
+
+    def validate(self) -> None:
+        if self.arch not in ("vit", "transformer"):
+            raise ConfigError(f"--arch {self.arch} cannot classify images; use --arch vit")
+        if not 0.0 < self.val_fraction < 0.5:
+            raise ConfigError(f"val_fraction must be between 0 and 0.5, got {self.val_fraction}")
+        if self.norm is not None:
+            self._one_of("norm", ("pre", "post"))
+        self.model_config(self.patch_size, 1, 2)  # sizes, before the images are read
+
+    def model_config(self, image_size: int, channels: int, n_classes: int) -> ViTConfig:
+        sizes = {k: getattr(self, k) for k in MODEL_OPTIONS}
+        return ViTConfig(image_size=image_size, channels=channels, n_classes=n_classes,
+                         norm_first=self.norm != "post", **sizes)  # fmt: skip
+
+
+class ImageClassifier(Task):
+    name = "vision"
+    label = "--arch vit"
+    hint = "(size it with --n-layer, --n-head, --d-model and --patch-size)"
+    Options = VisionOptions
+    unit = "images"
+    loss_unit = "nats / image"
+    metrics = (Metric("val_accuracy", "accuracy", "%", higher_is_better=True),)
+    best = "val_accuracy"
+    train_defaults = {"max_iters": 600, "batch_size": 64, "lr": 2e-3}
+
+    def __init__(self, options: VisionOptions, seed: int = 1337):
+        super().__init__(options, seed)
+        self.images: im.ImageSet | None = None
+
+    @classmethod
+    def default_out(cls, options) -> Path:
+        return Path("runs") / Path(str(options.data)).name
+
+    # -- data ----------------------------------------------------------------------------------
+
+    @property
+    def source(self) -> str:
+        d = str(self.options.data)
+        return d if d == im.DIGITS else str(Path(d).resolve())
+
+    def prepare(self, run_dir):
+        self._load()
+        x = self.images
+        self.tokenizer = im.ImageTokenizer(self.source, x.classes, x.image_size, x.channels,
+                                           self.seed, self.options.val_fraction)  # fmt: skip
+
+    def reload(self, run_dir, tokenizer, cfg):
+        self._load()
+        self.tokenizer = tokenizer
+
+    def _load(self) -> None:
+        self.images = x = im.load_images(str(self.options.data))
+        self.train_idx, self.val_idx, self.test_idx = im.split(len(x), self.options.val_fraction,
+                                                               self.seed)  # fmt: skip
+        try:
+            self.model_config()
+        except ConfigError as e:
+            raise ConfigError(f"{self.options.data}: {e}") from None
+
+    def model_config(self) -> ViTConfig:
+        x = self.images
+        return self.options.model_config(x.image_size, x.channels, len(x.classes))
+
+    def build_model(self) -> ViT:
+        return ViT(self.model_config())
+
+    # -- training ------------------------------------------------------------------------------
+
+    def train_batches(self, batch_size, seed, rank=0, world_size=1):
+        X, Y = self.images.images, self.images.labels
+        i = self.train_idx
+        return im.RandomImageBatches(X[i], Y[i], batch_size, seed, rank, world_size)
+
+    def val_batches(self, batch_size, eval_iters):
+        X, Y = self.images.images, self.images.labels
+        return im.fixed_batches(X[self.val_idx], Y[self.val_idx], 256)
+
+    def loss(self, model, batch):
+        x, y = batch
+        return F.cross_entropy(model(x).float(), y)  # (B, n_classes) logits
+
+    def accuracy(self, model, idx) -> tuple[int, int]:
+        X, Y = self.images.images, self.images.labels
+        device = next(model.parameters()).device
+        right = sum(
+            int((model(x.to(device)).argmax(-1) == y.to(device)).sum())
+            for x, y in im.fixed_batches(X[idx], Y[idx], 256)
+        )
+        return right, len(idx)
+
+    def evaluate(self, model, val_loss):
+        right, n = self.accuracy(model, self.val_idx)
+        return {"val_accuracy": right / n}
+
+    def example(self, model):
+        i = int(self.val_idx[0])
+        x = self.images.images[i : i + 1].to(next(model.parameters()).device)
+        probs = torch.softmax(model(x).float(), -1)[0]  # (n_classes,)
+        k = int(probs.argmax())
+        truth = self.images.classes[int(self.images.labels[i])]
+        return f"a held-out image -> {self.images.classes[k]} ({float(probs[k]):.2f}; true {truth})"
+
+    # -- the run directory ---------------------------------------------------------------------
+
+    @property
+    def title(self) -> str:
+        return f"vision transformer: {Path(str(self.options.data)).name}"
+
+    def run_config(self):
+        # "classify", as typed (and as older ViT runs say); model_type "vit" makes it this task
+        return {**super().run_config(), "task": "classify", "arch": "vit", "data": self.source,
+                "labels": self.images.classes if self.images else None,
+                "val_fraction": self.options.val_fraction, "test_fraction": im.TEST_FRACTION,
+                "n_train": len(self.train_idx), "n_val": len(self.val_idx),
+                "n_test": len(self.test_idx)}  # fmt: skip
+
+    def describe(self, model):
+        x, c = self.images, self.model_config()
+        return (
+            f"vit: {len(x)} images {c.image_size}x{c.image_size}x{c.channels}, "
+            f"{len(x.classes)} classes ({len(self.train_idx)} train, {len(self.val_idx)} val, "
+            f"{len(self.test_idx)} test); {c.n_patches} patches of {c.patch_size}x{c.patch_size}, "
+            f"{c.n_layer} layers, {c.n_head} heads, d_model {c.d_model}, "
+            f"{sum(p.numel() for p in model.parameters()):,} parameters"
+        )
+
+    def finish(self, model):
+        """Accuracy on the test split, which training never saw."""
+        was = model.training
+        model.eval()
+        with torch.no_grad():
+            right, n = self.accuracy(model, self.test_idx)
+        model.train(was)
+        return {"test_accuracy": right / n, "test_correct": right}
+
+    def summary(self, result, final):
+        if "test_accuracy" not in final:
+            return f"trained {result.step} steps"
+        n = len(self.test_idx)
+        return f"held-out test accuracy {final['test_accuracy']:.4f} ({final['test_correct']}/{n})"
+
+    def predict(self, model, inputs, top_k=3):
+        """Each image's (a file, or ``test:N``) ``top_k`` classes with probabilities."""
+        classes = self.tokenizer.classes
+        device = next(model.parameters()).device
+        out = []
+        for text in inputs:
+            image, truth = self.tokenizer.read(text)
+            with torch.no_grad():
+                probs = torch.softmax(model(image[None].to(device)).float(), dim=-1)[0]
+            top = torch.topk(probs, min(top_k, len(probs)))
+            out.append({"input": text, "truth": truth, "classes": [{"label": classes[i], "p": p}
+                        for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
+        return out

@@ -1,0 +1,81 @@
+"""TrainConfig: how a model is trained, in one self-validating dataclass that a checkpoint stores.
+
+Three settings follow ``max_iters`` when they are not given, so that a short run is still warmed
+up, evaluated and decayed in proportion (a 40-step run is not all warmup):
+    warmup_iters    = min(100, max_iters // 10)
+    eval_interval   = min(250, max(1, max_iters // 8))      (about 8 evaluations per run)
+    lr_decay_iters  = max_iters
+They are fixed when the config is made, so ``--resume`` with more ``--max-iters`` keeps the
+schedule the run started with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from attnlab.config import BaseConfig, ConfigError
+
+SCHEDULES = ("cosine", "noam", "constant")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def default_warmup(max_iters: int) -> int:
+    return max(0, min(100, max_iters // 10))
+
+
+def default_eval_interval(max_iters: int) -> int:
+    return min(250, max(1, max_iters // 8))
+
+
+@dataclasses.dataclass
+class TrainConfig(BaseConfig):
+    max_iters: int = 2000
+    batch_size: int = 12  # per process, per micro-step
+    grad_accum: int = 1  # micro-steps per optimizer update
+    lr: float = 1e-3  # peak learning rate
+    min_lr: float = 1e-4  # cosine: the floor it decays to
+    schedule: str = "cosine"  # cosine | noam | constant (see attnlab.training.optim.lr_at)
+    warmup_iters: int | None = None  # None: min(100, max_iters // 10)
+    lr_decay_iters: int | None = None  # None: max_iters
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 = no clipping
+    eval_interval: int | None = None  # None: min(250, max(1, max_iters // 8))
+    eval_iters: int = 20  # batches of a task's validation set that are sampled, where it samples
+    log_interval: int = 10
+    checkpoint_seconds: float = 30.0  # also checkpoint when this long has passed (0: evals only)
+    seed: int = 1337
+    device: str = "auto"
+    dtype: str = "auto"  # autocast: auto, float32, bfloat16, float16
+    compile: bool = False
+    compile_backend: str = "inductor"  # torch.compile backend ("aot_eager" compiles in seconds)
+
+    def __post_init__(self):
+        n = self.max_iters if isinstance(self.max_iters, int) else 0
+        if self.warmup_iters is None:
+            self.warmup_iters = default_warmup(n)
+        if self.eval_interval is None:
+            self.eval_interval = default_eval_interval(n)
+        if self.lr_decay_iters is None:
+            self.lr_decay_iters = max(n, 1)
+        super().__post_init__()
+
+    def validate(self) -> None:
+        self._positive("max_iters", "batch_size", "grad_accum", "lr", "eval_interval")
+        self._positive("eval_iters", "log_interval", "lr_decay_iters")
+        if not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"min_lr must be in [0, lr = {self.lr}], got {self.min_lr}")
+        if self.warmup_iters < 0:
+            raise ConfigError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
+        self._one_of("schedule", SCHEDULES)
+        if self.schedule == "noam" and self.warmup_iters < 1:
+            raise ConfigError("schedule noam needs warmup_iters >= 1")
+        for name in ("weight_decay", "grad_clip", "checkpoint_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        self._fraction("beta1", "beta2")
+        if self.dtype not in DTYPES:
+            raise ConfigError(
+                f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"
+            )

@@ -1,0 +1,501 @@
+"""The Trainer: the one training loop, for every task.
+
+    trainer = Trainer(model, task, TrainConfig(...), out_dir="runs/x")
+    result = trainer.fit()          # or fit(resume=True) to continue from out_dir
+
+The task (see ``attnlab.tasks.base.Task``) says what is trained; the Trainer only calls it:
+    task.train_batches(batch_size, seed, rank, world_size)  an endless, resumable batch source
+    task.val_batches(batch_size, eval_iters)                fixed held-out batches
+    task.train_eval_batches(batch_size, eval_iters)         fixed training batches (or [])
+    task.loss(model, batch) -> scalar                       calls model(...), so that the DDP
+                                                            and torch.compile wrappers see it
+    task.count(batch) -> int                                throughput, in task.unit
+    task.evaluate(model, val_loss) -> dict                  the task's own figures
+    task.example(model) -> str | None                       shown at each evaluation
+    task.metrics, task.best, task.loss_unit, task.title     its words, and what "best" means
+    task.tokenizer, task.run_config()                       what goes into the run directory
+
+Per step: the learning rate of the schedule (``attnlab.training.optim``); ``grad_accum``
+micro-batches; optional bf16/fp16 autocast; gradient clipping; AdamW. Every ``eval_interval``
+steps (and at step 0 and the last step): an evaluation, best/ if it is the best so far, and a
+checkpoint; also a checkpoint whenever ``checkpoint_seconds`` have passed since the last, so a
+run killed early still leaves one. A checkpoint is written whole or not at all
+(``attnlab.checkpoint.write_checkpoint``); rank 0 alone writes.
+
+SIGINT (Ctrl-C) and SIGTERM finish the step in progress, save it, and return with
+``interrupted`` set to the signal's name; the same signal again stops at once. A NaN loss or
+gradient stops with a TrainingError; the last good checkpoint stays.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnlab import checkpoint as ckpt
+from attnlab.runtime import resolve_device, resolve_dtype
+from attnlab.training.config import TrainConfig
+from attnlab.training.distributed import DistInfo, all_sum
+from attnlab.training.faults import Faults
+from attnlab.training.metrics import Metric, val_loss_metric
+from attnlab.training.optim import (
+    check_optimizer_tensors,
+    load_optimizer,
+    lr_at,
+    make_optimizer,
+    optimizer_tensors,
+)
+from attnlab.training.plots import plot_metrics
+from attnlab.training.progress import Progress, eval_line, log_line
+from attnlab.training.state import check_rng_state, rng_state, set_rng_state
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class TrainingError(RuntimeError):
+    """Training had to stop (NaN loss, a failed write); the message says why and what to do."""
+
+
+@dataclasses.dataclass
+class TrainResult:
+    step: int  # the last step trained (and saved, when there is a run directory)
+    train_loss: float | None
+    val_loss: float | None
+    best: dict | None  # {"metric", "value", "val_loss", "step"} of the best evaluation
+    interrupted: str | None = None  # "SIGINT" or "SIGTERM" when a signal stopped the run
+    out_dir: Path | None = None
+    history: list[dict] = dataclasses.field(default_factory=list)
+    last_eval: dict = dataclasses.field(default_factory=dict)
+
+
+class Trainer:
+    """Train ``model`` on ``task`` with ``config``; ``out_dir=None`` writes nothing (notebooks,
+    tests)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task,
+        config: TrainConfig,
+        out_dir: str | Path | None = None,
+        *,
+        dist_info: DistInfo | None = None,
+        quiet: bool = False,
+        log: Callable[[str], None] | None = None,
+    ):
+        self.config = c = config
+        self.task = task
+        self.device = resolve_device(c.device)
+        self.amp_dtype = resolve_dtype(c.dtype, self.device)
+        self.dist = dist_info or DistInfo()
+        self.raw_model = model.to(self.device)
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.quiet = quiet
+        self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.train_batches = task.train_batches(c.batch_size, c.seed, self.dist.rank,
+                                                self.dist.world_size)  # fmt: skip
+        self.val_batches = task.val_batches(c.batch_size, c.eval_iters)
+        self.train_eval_batches = task.train_eval_batches(c.batch_size, c.eval_iters)
+        self.metrics: tuple[Metric, ...] = (val_loss_metric(task.loss_unit), *task.metrics)
+        self.best_metric = next(m for m in self.metrics if m.name == task.best)
+        self.optimizer = make_optimizer(self.raw_model, c)
+        # listed once: model.parameters() walks every submodule (~0.6 ms a step for the baby GPT)
+        self._params = [p for p in self.raw_model.parameters() if p.requires_grad]
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        self.step = 0
+        self.best: dict | None = None
+        self.last_saved_step: int | None = None
+        self.history: list[dict] = []
+        self._faults = Faults()
+        self._n_saves = 0
+        self._last_save_at, self._last_save_cost = time.monotonic(), 0.0
+        self._stop: str | None = None  # the signal that asked to stop (this process)
+        self._stop_all: str | None = None  # ... as agreed by every process
+        self._counted = 0  # items (task.unit) trained since the last log line
+        self._resumed: bool | None = None  # None: load_checkpoint not called yet
+        self.model = self._wrap(self.raw_model)
+
+    # -- set-up --------------------------------------------------------------------------------
+
+    @property
+    def writes(self) -> bool:
+        return self.out_dir is not None and self.dist.is_main
+
+    def _wrap(self, model: nn.Module) -> nn.Module:
+        if self.dist.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.dist.local_rank] if self.device.type == "cuda" else None
+            model = DDP(model, device_ids=ids)
+        if self.config.compile:
+            model = torch.compile(model, backend=self.config.compile_backend)
+        return model
+
+    def _autocast(self):
+        if self.amp_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def _to_device(self, batch):
+        non_blocking = self.device.type == "cuda"
+        if torch.is_tensor(batch):
+            return batch.to(self.device, non_blocking=non_blocking)
+        return type(batch)(self._to_device(b) for b in batch)
+
+    def _open_run(self, resume: bool) -> bool:
+        """Load the checkpoint (resume) or refuse to replace one; write config.json and the
+        tokenizer, in the run directory and best/. True if training continues a checkpoint."""
+        if self.out_dir is None:
+            return False
+        resumed = self.load_checkpoint() if resume else False
+        if not resume and ckpt.read_trainer_state(self.out_dir) is not None:
+            raise ckpt.RunError(
+                f"{self.out_dir} already holds a training run; continue it with resume "
+                "(--resume), or choose another directory"
+            )
+        if self.dist.is_main:
+            ckpt.check_writable(self.out_dir)
+            extra = {**self.task.run_config(), "train_config": self.config.to_dict()}
+            tokenizer = getattr(self.task, "tokenizer", None)
+            ckpt.write_run_files(self.out_dir, self.raw_model, tokenizer, extra)
+            if resumed:
+                self.history = ckpt.truncate_metrics(self.out_dir, self.step)
+            else:
+                ckpt.clear_metrics(self.out_dir)
+        return resumed
+
+    # -- checkpoints ---------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> None:
+        """Write model, optimizer and trainer state of this step as one checkpoint."""
+        if not self.writes:
+            return
+        t0 = time.monotonic()
+        self._n_saves += 1
+        opt_tensors, opt_meta = optimizer_tensors(self.optimizer)
+        data = self.train_batches
+        state = {
+            "step": self.step,
+            "train_config": self.config.to_dict(),
+            "optimizer": opt_meta,
+            "rng": rng_state(),
+            "data": data.state_dict() if hasattr(data, "state_dict") else None,
+            "best": self.best,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "world_size": self.dist.world_size,
+        }
+        model_tensors = ckpt.state_dict_for_saving(self.raw_model)
+        try:
+            ckpt.write_checkpoint(self.out_dir, model_tensors, opt_tensors, state,
+                                  fault=self._faults.checkpoint_hook(self._n_saves))  # fmt: skip
+        except OSError as e:
+            raise TrainingError(
+                f"could not write the checkpoint of step {self.step} in {self.out_dir}: "
+                f"{e.strerror or e}; {self._kept()}"
+            ) from None
+        self.last_saved_step = self.step
+        self._last_save_at = time.monotonic()
+        self._last_save_cost = self._last_save_at - t0
+
+    def _kept(self) -> str:
+        if self.last_saved_step is not None and self.writes:
+            return f"the last good checkpoint (step {self.last_saved_step}) is kept"
+        return "no checkpoint had been written yet"
+
+    def _checkpoint_due(self) -> bool:
+        """Time-based: ``checkpoint_seconds`` since the last save (and at least ten times what
+        the last save took, so that a big model does not spend its time saving)."""
+        every = self.config.checkpoint_seconds
+        since = time.monotonic() - self._last_save_at
+        return self.writes and every > 0 and since >= max(every, 10 * self._last_save_cost)
+
+    def save_best(self) -> None:
+        if not self.writes:
+            return
+        try:
+            ckpt.write_best(self.out_dir, ckpt.state_dict_for_saving(self.raw_model), self.best)
+        except OSError as e:
+            raise TrainingError(
+                f"could not write the best model of step {self.step}: {e.strerror or e}"
+            ) from None
+
+    def load_checkpoint(self) -> bool:
+        """Restore model, optimizer, RNG and data position from ``out_dir``. False if none.
+
+        Everything is read and checked before the run directory is written to; a checkpoint
+        that cannot be continued from (corrupt, truncated, from another model or optimizer) is
+        a ``RunError`` naming the file. Loading twice is a no-op (the CLI loads it early, so
+        that a bad checkpoint is reported before anything else is printed).
+        """
+        if self._resumed is not None:
+            return self._resumed
+        d = self.out_dir
+        if self.dist.is_main:
+            ckpt.recover_checkpoint(d)
+        if self.dist.enabled:
+            import torch.distributed as dist
+
+            dist.barrier()
+        found = ckpt.read_checkpoint(d)
+        if found is None:
+            self._resumed = False
+            return False
+        state, tensors, opt_tensors = found
+        ckpt.check_state_dict(self.raw_model, tensors, str(d / ckpt.MODEL_FILE))
+        check_optimizer_tensors(self.optimizer, opt_tensors, str(d / ckpt.OPTIMIZER_FILE))
+        self.raw_model.load_state_dict(tensors, strict=False)
+        state_path = d / ckpt.STATE_FILE
+        try:  # the model and optimizer are fresh: a failure here loses nothing
+            opt_tensors = {k: v.to(self.device) for k, v in opt_tensors.items()}
+            load_optimizer(self.optimizer, opt_tensors, state["optimizer"])
+            check_rng_state(state["rng"])
+            data = state.get("data")
+            if data is not None and hasattr(self.train_batches, "load_state_dict"):
+                self.train_batches.load_state_dict(data)
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            best = _read_best(state)
+            set_rng_state(state["rng"])
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
+            what = f"missing {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:200]
+            raise ckpt.RunError(
+                f"{state_path}: cannot continue from this checkpoint ({what})"
+            ) from None
+        self.step = self.last_saved_step = state["step"]
+        self.best = best
+        if self.dist.is_main:  # said even with quiet: which step a run continues from matters
+            self._log(f"resumed from the checkpoint of step {self.step} in {d}")
+        self._resumed = True
+        return True
+
+    # -- evaluation ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _eval_mode(self, model: nn.Module):
+        was = model.training
+        model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            model.train(was)
+
+    def mean_loss(self, batches: list) -> float:
+        total = 0.0
+        with self._eval_mode(self.model):
+            for batch in batches:
+                with self._autocast():
+                    total += float(self.task.loss(self.model, self._to_device(batch)))
+        return total / max(len(batches), 1)
+
+    def evaluate(self) -> dict:
+        """Mean loss on the fixed validation (and training) batches, and the task's figures."""
+        out: dict[str, float] = {}
+        if self.train_eval_batches:
+            out["train_loss"] = self.mean_loss(self.train_eval_batches)
+        if self.val_batches:
+            out["val_loss"] = self.mean_loss(self.val_batches)
+            with self._eval_mode(self.raw_model):
+                out.update(self.task.evaluate(self.raw_model, out["val_loss"]))
+        return out
+
+    def _evaluate_and_save(self, progress: Progress) -> dict:
+        with progress.evaluating(self.step, first=not self.history):
+            ev = self.evaluate()
+        row = {"step": self.step, **ev, "lr": lr_at(self.step, self.config)}
+        self._write_metrics(row)
+        progress.note(eval_line(row, self.metrics))
+        if progress.enabled:
+            with self._eval_mode(self.raw_model):
+                example = self.task.example(self.raw_model)
+            if example:
+                progress.note(f"      {example}")
+        value = ev.get(self.best_metric.name)
+        if value is not None and self.step > 0 and self._improves(value, ev.get("val_loss")):
+            self.best = {"metric": self.best_metric.name, "value": value,
+                         "val_loss": ev.get("val_loss"), "step": self.step}  # fmt: skip
+            self.save_best()
+        if self.step != self.last_saved_step:
+            self.save_checkpoint()
+        return ev
+
+    def _improves(self, value: float, val_loss: float | None) -> bool:
+        """Better by the task's best metric; on a tie (e.g. 100% exact match), by val loss."""
+        if self.best is None:
+            return True
+        m, best = self.best_metric, self.best["value"]
+        if value == best and val_loss is not None and self.best.get("val_loss") is not None:
+            return val_loss < self.best["val_loss"]
+        return m.better(value, best)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def train_step(self) -> float:
+        """One optimizer update over ``grad_accum`` micro-batches; returns the mean loss."""
+        c = self.config
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr_at(self.step, c)
+        total = torch.zeros((), device=self.device)
+        for micro in range(c.grad_accum):
+            batch = self._to_device(next(self.train_batches))
+            last = micro == c.grad_accum - 1
+            sync = contextlib.nullcontext() if (last or not self.dist.enabled) else self._no_sync()
+            with sync:
+                with self._autocast():
+                    loss = self.task.loss(self.model, batch) / c.grad_accum
+                if self._faults.at("nan-at", self.step):
+                    loss = loss * float("nan")
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total += loss.detach()
+            self._counted += self.task.count(batch) * self.dist.world_size
+        value = self._agree(float(total))
+        if not math.isfinite(value):
+            self._nan(value, "loss")
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        if c.grad_clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self._params, c.grad_clip, foreach=True)
+            if self.scaler is None and not math.isfinite(float(norm)):
+                self._nan(float(norm), "gradient norm")
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return value
+
+    def _agree(self, loss: float) -> float:
+        """The mean loss over every process, and whether any of them was asked to stop."""
+        if not self.dist.enabled:
+            self._stop_all = self._stop
+            return loss
+        total, stops = all_sum([loss, float(self._stop is not None)], self.dist, self.device)
+        if stops > 0:
+            self._stop_all = self._stop or "SIGINT"
+        return total / self.dist.world_size
+
+    def _no_sync(self):
+        inner = getattr(self.model, "_orig_mod", self.model)
+        return inner.no_sync()
+
+    def _nan(self, value: float, what: str) -> None:
+        kept = f"{self._kept()} in {self.out_dir}" if self.writes else "nothing was written"
+        dtype_hint = "" if self.amp_dtype == torch.float32 else f", or --dtype float32 (now {self.amp_dtype})"  # fmt: skip
+        raise TrainingError(
+            f"the {what} became {value} at step {self.step + 1}: training stopped; {kept}. "
+            f"Try a lower --lr (now {self.config.lr:g}){dtype_hint}, or more --warmup-iters"
+        )
+
+    def _write_metrics(self, row: dict) -> None:
+        self.history.append(row)
+        if self.writes:
+            ckpt.append_metrics(self.out_dir, row)
+
+    def _log_row(self, window: list[float], seconds: float, progress: Progress) -> None:
+        unit = self.task.unit
+        rate = self._counted / seconds if seconds > 0 else None
+        row = {"step": self.step, "train_loss": sum(window) / len(window),
+               "lr": lr_at(self.step - 1, self.config), f"{unit}_per_s": rate,
+               "ms_per_iter": 1000 * seconds / len(window)}  # fmt: skip
+        self._write_metrics(row)
+        progress.rate(rate)
+        if not progress.live:
+            progress.note(log_line(row, self.config.max_iters, unit))
+        self._counted = 0
+
+    def fit(self, resume: bool = False) -> TrainResult:
+        """Train to ``max_iters``: evaluate, keep the best, checkpoint; stop on a signal."""
+        c = self.config
+        resumed = self._open_run(resume)
+        start = self.step
+        progress = Progress(c.max_iters, start, self.task.unit,
+                            enabled=self.dist.is_main and not self.quiet, log=self._log)  # fmt: skip
+        last_train, window, t_window = None, [], time.perf_counter()
+        try:
+            with self._signals(), progress:
+                while True:
+                    if self._stop_all:
+                        if self.last_saved_step != self.step:
+                            self.save_checkpoint()
+                        break
+                    at_eval = self.step % c.eval_interval == 0 or self.step >= c.max_iters
+                    if at_eval and not (resumed and self.step == start):
+                        self._evaluate_and_save(progress)
+                    if self.step >= c.max_iters:
+                        break
+                    last_train = self.train_step()
+                    self.step += 1
+                    window.append(last_train)
+                    progress.advance(self.step, last_train)
+                    self._faults.after_step(self.step)
+                    if self.step % c.log_interval == 0 or self.step == c.max_iters:
+                        self._log_row(window, time.perf_counter() - t_window, progress)
+                        window, t_window = [], time.perf_counter()
+                    if self._checkpoint_due():
+                        self.save_checkpoint()
+        finally:
+            self._plot()
+        if self._stop_all and self.writes:
+            self._log(f"saved the checkpoint of step {self.step} in {self.out_dir}")
+        last_eval = next((r for r in reversed(self.history) if "val_loss" in r), {})
+        return TrainResult(self.step, last_train, last_eval.get("val_loss"), self.best,
+                           self._stop_all, self.out_dir, self.history, last_eval)  # fmt: skip
+
+    def _plot(self) -> None:
+        if not (self.writes and self.history):
+            return
+        headline = None if self.best_metric.name == "val_loss" else self.best_metric
+        with contextlib.suppress(Exception):  # a plot must never hide the real outcome
+            plot_metrics(self.out_dir / ckpt.METRICS_FILE, self.out_dir / ckpt.CURVE_FILE,
+                         self.task.loss_unit, headline, getattr(self.task, "title", ""))  # fmt: skip
+
+    @contextlib.contextmanager
+    def _signals(self):
+        """SIGINT and SIGTERM ask the loop to save and stop (in the main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in SIGNALS}
+        for s in SIGNALS:
+            signal.signal(s, self._on_signal)
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self._stop:  # the second time: stop now (atomic writes keep the directory whole)
+            raise KeyboardInterrupt
+        self._stop = signal.Signals(signum).name
+        if not self.dist.enabled:  # several processes agree at the next step (see _agree)
+            self._stop_all = self._stop
+        again = "Ctrl-C" if signum == signal.SIGINT else "the signal"
+        if self.dist.is_main:
+            self._log(f"\n{self._stop}: finishing this step, then saving a checkpoint "
+                      f"({again} again to quit now)")  # fmt: skip
+
+
+def _read_best(state: dict) -> dict | None:
+    """The best evaluation so far, from a trainer state (older ones: best_val_loss/best_step)."""
+    best: Any = state.get("best")
+    if best is None and state.get("best_val_loss") is not None:
+        best = {"metric": "val_loss", "value": state["best_val_loss"],
+                "val_loss": state["best_val_loss"], "step": state.get("best_step")}  # fmt: skip
+    if best is None:
+        return None
+    if not isinstance(best, dict) or not isinstance(best.get("value"), (int, float)):
+        raise ValueError("best must hold a metric value")
+    return best

@@ -1,0 +1,104 @@
+"""Progress on stderr, in the task's words: a rich bar (step, loss, throughput, ETA) on a
+terminal, plain lines otherwise (CI logs, pipes). Throughput is counted in the task's unit:
+tokens/s for language models, pairs/s, images/s or examples/s for the others."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable
+
+from attnlab.training.metrics import Metric
+
+
+def eval_line(row: dict, metrics: tuple[Metric, ...]) -> str:
+    """``eval  step 250  train loss 1.8822  val loss 1.8912  perplexity 6.62 ...``"""
+    parts = [f"step {row['step']}"]
+    if row.get("train_loss") is not None:
+        parts.append(f"train loss {row['train_loss']:.4f}")
+    for m in metrics:
+        if row.get(m.name) is not None:
+            parts.append(f"{m.label} {m.format(row[m.name])}")
+    return "eval  " + "  ".join(parts)
+
+
+def log_line(row: dict, max_iters: int, unit: str) -> str:
+    rate = row.get(f"{unit}_per_s") or 0
+    return (
+        f"step {row['step']}/{max_iters}  loss {row['train_loss']:.4f}  lr {row['lr']:.2e}  "
+        f"{rate:,.0f} {unit}/s  {row.get('ms_per_iter', 0):.1f} ms/iter"
+    )
+
+
+class Progress:
+    def __init__(
+        self, total: int, start: int, unit: str, enabled: bool, log: Callable[[str], None]
+    ):
+        self.enabled, self.log, self.unit = enabled, log, unit
+        self.bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+
+            self.bar = Progress(
+                TextColumn("step"),
+                MofNCompleteColumn(),
+                BarColumn(),
+                TextColumn("loss {task.fields[loss]}"),
+                TextColumn("{task.fields[rate]} " + unit + "/s"),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
+            self.task = self.bar.add_task("train", total=total, completed=start, loss="-", rate="-")
+
+    @property
+    def live(self) -> bool:
+        return self.bar is not None
+
+    def __enter__(self):
+        if self.bar is not None:
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def advance(self, step: int, loss: float) -> None:
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, loss=f"{loss:.4f}")
+
+    def rate(self, per_s: float | None) -> None:
+        if self.bar is not None and per_s:
+            self.bar.update(self.task, rate=f"{per_s:,.0f}")
+
+    @contextlib.contextmanager
+    def evaluating(self, step: int, first: bool):
+        """Around an evaluation: the first one is announced (it can take seconds before any
+        step is shown); on a terminal every one shows a spinner while it runs."""
+        if not self.enabled:
+            yield
+            return
+        if self.bar is not None:
+            with self.bar.console.status(f"evaluating at step {step} ..."):
+                yield
+            return
+        if first:
+            self.log(f"evaluating at step {step} ...")
+        yield
+
+    def note(self, line: str) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.console.print(line, highlight=False, markup=False)
+        else:
+            self.log(line)

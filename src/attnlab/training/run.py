@@ -1,0 +1,233 @@
+"""Train a task into a run directory: what ``attnlab train`` does, as two library calls.
+
+    p = plan({"task": "seq2seq", "data": "dates", "arch": "lstm-attention"})  # checks options
+    outcome = train(p)            # prepares the data, trains, writes p.out; see TrainOutcome
+
+``plan`` checks every option and reads or writes nothing. An option that is not given takes
+the task's default (``Task.option_defaults``). An option the task has no use for is refused.
+
+``train`` then:
+  - a new run: refuses a directory that already holds a run; prepares the data and the
+    tokenizer (bad data leaves nothing behind); builds the model from the seed;
+  - ``resume``: rebuilds the task from the run's config.json (its options, its tokenizer, its
+    data) and refuses any typed option that would change the run, except those in RESUMABLE;
+  - trains with the Trainer, and records the final figures in config.json.
+Under ``torchrun`` every process calls both; rank 0 alone prepares the data and writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from attnlab import checkpoint as ckpt
+from attnlab.config import BaseConfig, ConfigError
+from attnlab.runtime import resolve_device, set_cpu_threads
+from attnlab.tasks.base import Task, task_class, task_for_run
+from attnlab.training.config import TrainConfig
+from attnlab.training.distributed import barrier, init_distributed, shutdown
+from attnlab.training.loop import Trainer, TrainResult
+
+RUN_OPTIONS = {"task", "out", "resume", "quiet"}
+# Options that may change when a run is resumed; every other one comes from the run.
+RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
+             "device", "dtype", "compile", "compile_backend"}  # fmt: skip
+IGNORED_ON_RESUME = {"data", "encoding"}  # the run's own data is read again
+# option names that are ordinary words in messages: not rewritten as --flags
+WORDS = {"data", "encoding", "device", "seed", "compile", "arch", "task", "out"}
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def as_flags(message: str, names) -> str:
+    """'lr must be positive' -> '--lr must be positive': the option as the user typed it."""
+    for name in sorted(set(names) - WORDS, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}\b", flag(name), message)
+    return message
+
+
+def option_names(cls: type[Task]) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls.Options) + dataclasses.fields(TrainConfig)}
+
+
+@dataclasses.dataclass
+class TrainPlan:
+    task: type[Task]
+    options: BaseConfig
+    config: TrainConfig
+    given: dict
+    out: Path
+    resume: bool = False
+    quiet: bool = False
+
+
+@dataclasses.dataclass
+class TrainOutcome:
+    result: TrainResult
+    task: Task
+    final: dict  # figures measured after training (e.g. test accuracy)
+    summary: str  # the result line for stdout
+    out: Path
+    main: bool = True  # rank 0 (the one process that reports)
+
+
+def plan(given: dict) -> TrainPlan:
+    """Check the options of a training run (names as in ``attnlab train --help``, None = not
+    given); raises ConfigError naming the option as typed. Reads and writes nothing."""
+    given = {k: v for k, v in given.items() if v is not None and v is not False}
+    if given.get("resume") and "task" not in given and given.get("out"):
+        cls = task_for_run(ckpt.read_run_config(given["out"]))  # the run says what it is
+    else:
+        cls = task_class(given.get("task") or "lm").redirect(given)
+    opt_fields = {f.name for f in dataclasses.fields(cls.Options)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    names = option_names(cls)
+    for key in given:
+        if key not in names | RUN_OPTIONS:
+            hint = getattr(cls, "hint", "")
+            raise ConfigError(f"{flag(key)} does not apply to {cls.label}" + (f" {hint}" if hint else ""))  # fmt: skip
+    try:
+        options = cls.Options(**{k: v for k, v in given.items() if k in opt_fields})
+        values = {
+            **cls.defaults_for(given),
+            **{k: v for k, v in given.items() if k in train_fields},
+        }
+        config = TrainConfig(**values)
+        resolve_device(config.device)  # --device cuda without a GPU: said before any work
+    except ConfigError as e:
+        raise ConfigError(as_flags(str(e), names)) from None
+    out = Path(given["out"]) if given.get("out") else cls.default_out(options)
+    return TrainPlan(cls, options, config, given, out, bool(given.get("resume")),
+                     bool(given.get("quiet")))  # fmt: skip
+
+
+def train(p: TrainPlan, log: Callable[[str], None] | None = None) -> TrainOutcome:
+    """Prepare (or reopen), train and record the run ``p`` describes."""
+    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    device = resolve_device(p.config.device)
+    dist = init_distributed(device)
+    try:
+        return _train(p, dist, device, log)
+    except ConfigError as e:  # found in the data (an image size, ...): name the option typed
+        raise ConfigError(as_flags(str(e), option_names(p.task))) from None
+    finally:
+        shutdown(dist)
+
+
+def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
+    """The body of ``train``, in the process group ``dist``."""
+    if p.resume:
+        task, config, model = _reopen(p, log)
+    else:
+        task, config = p.task(p.options, seed=p.config.seed), p.config
+        if not p.quiet and dist.is_main:
+            task.log = log
+        model = _prepare(task, p.out) if dist.is_main else None
+        barrier(dist)
+        if model is None:  # the other processes read what rank 0 prepared
+            task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
+            model = _build(task, config)
+    set_cpu_threads(device, quiet=p.quiet or not dist.is_main)
+    trainer = Trainer(model, task, config, p.out, dist_info=dist, quiet=p.quiet, log=log)
+    if p.resume:  # a checkpoint that cannot be continued: one line, before anything else
+        trainer.load_checkpoint()
+        if task.model_config().to_dict() != model.config.to_dict():
+            raise ckpt.RunError(
+                f"{p.out / 'config.json'}: its model config is not the one the run's task "
+                "options and tokenizer give; it was edited, so it cannot be resumed"
+            )
+    if dist.is_main and not p.quiet:
+        log(f"{task.describe(model)}; run directory {p.out}")
+    result = trainer.fit(resume=p.resume)
+    final: dict = {}
+    if not result.interrupted and dist.is_main:
+        final = task.finish(trainer.raw_model)
+        metrics = {k: v for k, v in result.last_eval.items() if k != "lr"}
+        extra = {**task.run_config(), "train_config": config.to_dict(),
+                 "metrics": metrics, **final}  # fmt: skip
+        ckpt.write_run_config(p.out, trainer.raw_model, extra)  # the final figures too
+    summary = task.summary(result, final)
+    return TrainOutcome(result, task, final, summary, p.out, dist.is_main)
+
+
+def _build(task: Task, config: TrainConfig):
+    torch.manual_seed(config.seed)
+    return task.build_model()
+
+
+def _prepare(task: Task, out: Path):
+    """A new run's directory, data, tokenizer and model; bad input leaves nothing behind."""
+    ckpt.check_new_run(out)
+    created = ckpt.create_run_dir(out)
+    try:
+        task.prepare(out)
+        ckpt.write_tokenizer(out, task.tokenizer)
+        torch.manual_seed(task.seed)
+        return task.build_model()
+    except BaseException:
+        ckpt.remove_partial_run(out, created, task.data_files)
+        raise
+
+
+def _reopen(p: TrainPlan, log) -> tuple[Task, TrainConfig, torch.nn.Module]:
+    """The task and train config of the run in ``p.out`` (with the changes --resume allows),
+    and the model its config.json describes (whose checkpoint is then checked against it)."""
+    out = p.out
+    cfg = ckpt.read_run_config(out)
+    cls = task_for_run(cfg)
+    if "task" in p.given and cls is not p.task:
+        raise ckpt.RunError(
+            f"{out}: a {cfg.get('task', 'lm')} run ({cfg.get('model_type')}), not --task "
+            f"{p.given['task']}; resume it without --task"
+        )
+    saved = cfg.get("task_options")
+    if not isinstance(saved, dict):
+        raise ckpt.RunError(
+            f"{out}: config.json does not record the task's options (an older attnlab wrote "
+            "it), so it cannot be resumed; start a new run"
+        )
+    state = ckpt.read_trainer_state(out)
+    saved_train = (state or {}).get("train_config") or cfg.get("train_config") or {}
+    model_cfg = cfg.get("config") or {}
+    for name in sorted(set(p.given) - RUN_OPTIONS - RESUMABLE - IGNORED_ON_RESUME):
+        was = [d[name] for d in (saved_train, saved, model_cfg) if name in d]
+        if was and p.given[name] not in was:
+            raise ConfigError(
+                f"{flag(name)} cannot change on --resume (the run was trained with {was[0]}); "
+                "start a new run with another --out instead"
+            )
+    try:
+        options = cls.Options.from_dict(saved)
+        changes = {k: v for k, v in p.given.items() if k in RESUMABLE}
+        config = TrainConfig.from_dict({**saved_train, **changes})
+    except (ConfigError, TypeError) as e:
+        raise ckpt.RunError(
+            f"{out / 'config.json'}: cannot resume with these settings ({e})"
+        ) from None
+    task = cls(options, seed=config.seed)
+    task.reload(out, ckpt.read_tokenizer_files(out), cfg)
+    if state is None:
+        log(f"{out}: no checkpoint written yet, starting from step 0 with the run's settings")
+    return task, config, _model_of(cfg, out / "config.json", config.seed)
+
+
+def _model_of(cfg: dict, source: Path, seed: int) -> torch.nn.Module:
+    """The model a run's config.json describes, built to be trained (a RunError if it names an
+    unknown model type or an invalid config)."""
+    try:
+        cls = ckpt.model_class(cfg.get("model_type", ""))
+    except ckpt.RunError as e:
+        raise ckpt.RunError(f"{source}: {e}") from None
+    try:
+        config = cls.config_class.from_dict(cfg.get("config", {}))
+    except (ConfigError, TypeError) as e:
+        raise ckpt.RunError(f"{source}: invalid {cls.__name__} config ({e})") from None
+    torch.manual_seed(seed)
+    return cls(config)
