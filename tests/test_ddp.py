@@ -80,3 +80,29 @@ def test_ddp_averaged_gradients_equal_one_process_on_both_halves_for_every_task(
 
 def test_single_process_is_not_distributed():
     assert init_distributed() == DistInfo() and not DistInfo().enabled
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", ["lm", "transformer"])
+def test_torchrun_trains_a_run_that_rank_0_alone_writes(task_id, tmp_path):
+    """Two processes through torchrun: rank 0 prepares the data (the LM's tokens.bin) and
+    writes the run; rank 1 reads what rank 0 prepared; the run loads and its steps are all
+    there."""
+    import subprocess
+    import sys
+
+    from attnlab.checkpoint import load_run, read_trainer_state
+    from conftest import SRC
+    from task_helpers import train_args
+
+    d = write_task_data(tmp_path)
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(_free_port()), "-m", "attnlab",
+           *train_args(task_id, d, out, "--max-iters", "4", "--eval-interval", "2")]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("best/ holds the best model") == 1  # rank 0 reports, rank 1 not
+    assert read_trainer_state(out)["world_size"] == 2 and read_trainer_state(out)["step"] == 4
+    load_run(out)

@@ -111,6 +111,15 @@ class _Decoder(nn.Module):
         self.hook_hidden, self.hook_logits = Hook(), Hook()
 
 
+def _lstm(lstm: nn.LSTM, x: Tensor, state: tuple[Tensor, Tensor]):
+    """``lstm(x, state)``; under CPU autocast in float32, because oneDNN has no bfloat16 kernel
+    for an unpacked LSTM ("could not create a primitive descriptor", torch 2.13)."""
+    if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+        with torch.autocast("cpu", enabled=False):
+            return lstm(x.float(), tuple(s.float() for s in state))
+    return lstm(x, state)
+
+
 class RNNSeq2Seq(DecoderProbes, nn.Module):
     """LSTM encoder-decoder; ``config.attention`` picks none, dot, general or additive."""
 
@@ -140,7 +149,7 @@ class RNNSeq2Seq(DecoderProbes, nn.Module):
         """tgt (B, T) from <bos> -> logits (B, T, V); advances state's (h, c) past ``tgt``."""
         d = self.decoder
         x = d.drop(d.tok_embed(tgt))  # (B, T, E)
-        out, (state["h"], state["c"]) = d.lstm(x, (state["h"], state["c"]))  # (B, T, C)
+        out, (state["h"], state["c"]) = _lstm(d.lstm, x, (state["h"], state["c"]))  # (B, T, C)
         if self.config.attention != "none":
             context = d.attn(out, state["enc"], state["src_mask"])  # (B, T, C)
             out = torch.tanh(d.combine(torch.cat([context, out], dim=-1)))  # (B, T, C)
