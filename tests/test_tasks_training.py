@@ -260,3 +260,33 @@ def test_kill_9_while_installing_a_checkpoint_leaves_a_run_that_loads_and_resume
     assert r.returncode == 0, r.stderr
     assert "resumed from the checkpoint of step 4" in r.stderr
     assert train_losses(run) == train_losses(tmp_path / "whole")
+
+
+PROBES = {"lm": "First", "mlm": "Spe[MASK]k.", "classify": "the day was good indeed",
+          "transformer": "abcd", "lstm-attention": "abcd", "vit": "test:0"}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", IDS)
+def test_a_run_rebuilds_its_task_which_scores_and_predicts_as_in_training(task_id, whole):
+    from attnlab.tasks import open_task
+
+    run = whole(task_id)
+    cfg = json.loads((run / "config.json").read_text())
+    model, _ = load_run(run)
+    task = open_task(run, with_data=True)  # the held-out split of training, rebuilt
+    task.val_batches(4, 2)
+    with torch.no_grad():
+        figures = task.evaluate(model, cfg["metrics"]["val_loss"])
+    assert figures and all(figures[k] == pytest.approx(cfg["metrics"][k]) for k in figures)
+    (pred,) = open_task(run).predict(model, [PROBES[task_id]], top_k=2)  # no data needed
+    assert pred["input"] == PROBES[task_id]
+    if task_id in ("classify", "vit"):
+        assert {c["label"] for c in pred["classes"]} <= set(cfg["labels"])
+        assert len(pred["classes"]) == 2 and 0 < sum(c["p"] for c in pred["classes"]) <= 1 + 1e-6
+    elif task_id == "lm":
+        assert len(pred["next"]) == 2 and pred["next"][0]["p"] >= pred["next"][1]["p"]
+    elif task_id == "mlm":
+        assert len(pred["masks"]) == 1 and len(pred["masks"][0]) == 2
+    else:
+        assert set(pred["output"]) <= set("abcde")

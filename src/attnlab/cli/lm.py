@@ -27,10 +27,6 @@ def _as_options(message: str, names) -> str:
     return message
 
 
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def _set_cpu_threads(device: torch.device, quiet: bool = True) -> None:
     from attnlab.runtime import set_cpu_threads
 

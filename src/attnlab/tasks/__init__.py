@@ -8,6 +8,6 @@ seq2seq   an encoder-decoder (Transformer, LSTM +/- attention) (pairs; exact mat
 vision    a ViT names the class of an image                    (images; accuracy)
 """
 
-from attnlab.tasks.base import TASKS, Task, task_class, task_for_run
+from attnlab.tasks.base import TASKS, Task, open_task, task_class, task_for_run
 
-__all__ = ["TASKS", "Task", "task_class", "task_for_run"]
+__all__ = ["TASKS", "Task", "open_task", "task_class", "task_for_run"]

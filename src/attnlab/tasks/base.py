@@ -49,6 +49,34 @@ def task_class(name: str) -> type[Task]:
     return getattr(importlib.import_module(module), cls)
 
 
+def open_task(run_dir: str | Path, with_data: bool = False) -> Task:
+    """The task of a run directory, rebuilt from its config.json and its tokenizer: what
+    ``predict`` needs; ``with_data`` also reads its data again (its held-out splits), as
+    ``eval`` and ``--resume`` do. Runs written before tasks recorded their options get the
+    task's defaults."""
+    from attnlab import checkpoint as ckpt
+
+    cfg = ckpt.read_run_config(run_dir)
+    cls = task_for_run(cfg)
+    saved = cfg.get("task_options")
+    if not isinstance(saved, dict):
+        data = cfg.get("data")
+        saved = {"data": data} if isinstance(data, str) else {}
+    try:
+        options = cls.Options.from_dict(saved)
+    except (ConfigError, TypeError) as e:
+        raise ckpt.RunError(f"{Path(run_dir) / 'config.json'}: task options ({e})") from None
+    seed = (cfg.get("train_config") or {}).get("seed", 1337)
+    task = cls(options, seed=seed)
+    tokenizer = ckpt.read_tokenizer_files(run_dir)
+    if with_data:
+        task.reload(Path(run_dir), tokenizer, cfg)
+    else:
+        task.tokenizer = tokenizer
+        task.restore(cfg)
+    return task
+
+
 def task_for_run(cfg: dict) -> type[Task]:
     """The task class of a run, from its config.json (a ViT run says ``classify``)."""
     name = cfg.get("task") or "lm"
@@ -126,6 +154,10 @@ class Task:
     def build_model(self) -> nn.Module:
         """That model, freshly initialised (seed torch first)."""
         raise NotImplementedError
+
+    def restore(self, cfg: dict) -> None:
+        """What a run's config.json says that prediction needs without the data (the class
+        names of a classifier)."""
 
     # -- what the Trainer calls ----------------------------------------------------------------
 

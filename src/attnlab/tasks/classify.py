@@ -97,6 +97,9 @@ class TextClassifier(Task):
         self.tokenizer, self.sha256 = tokenizer, cfg.get("data_sha256")
         self._split(labels, texts)
 
+    def restore(self, cfg: dict) -> None:
+        self.classes = list(cfg.get("labels") or [])
+
     def _split(self, labels: list[str], texts: list[str]) -> None:
         self.classes = sorted(set(labels))
         self.y = torch.tensor([self.classes.index(lab) for lab in labels])

@@ -221,11 +221,8 @@ class LanguageModel(Task):
         if result.val_loss is None:
             return f"trained {result.step} steps: no validation split"
         bpc = bits_per_char(result.val_loss, self.info.chars_per_token)
-        best = result.best["value"] if result.best else None
-        return (
-            f"trained {result.step} steps: val loss {result.val_loss:.4f} ({bpc:.3f} bits/char); "
-            f"best {best}"
-        )
+        best = f"; best {result.best['value']:.4f}" if result.best else ""
+        return f"trained {result.step} steps: val loss {result.val_loss:.4f} ({bpc:.3f} bits/char){best}"
 
     def predict(self, model, inputs, top_k=5):
         """The ``top_k`` most probable next tokens after each text, with probabilities."""

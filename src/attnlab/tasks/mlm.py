@@ -195,6 +195,8 @@ class MaskedLM(Task):
         return {"val_masked_accuracy": right / max(1, total)}
 
     def example(self, model):
+        if not self._val:
+            return None
         inputs, labels = self._val[0]
         device = next(model.parameters()).device
         pred = model(inputs[:1].to(device), head="mlm")[0].argmax(-1).cpu()  # (T,)
