@@ -290,3 +290,17 @@ def test_a_run_rebuilds_its_task_which_scores_and_predicts_as_in_training(task_i
         assert len(pred["masks"]) == 1 and len(pred["masks"][0]) == 2
     else:
         assert set(pred["output"]) <= set("abcde")
+
+
+def test_progress_announces_the_step_0_evaluation_and_speaks_the_tasks_words(
+    data_dir, tmp_path, capsys
+):
+    args = train_args("vit", data_dir, tmp_path / "r", "--max-iters", "2", "--eval-interval", "2")
+    args.remove("--quiet")
+    assert main(args) == 0
+    err = capsys.readouterr().err.splitlines()
+    first = err.index("evaluating at step 0 ...")
+    assert err[first + 1].startswith("eval  step 0  val loss ") and "accuracy" in err[first + 1]
+    assert "held-out image ->" in err[first + 2]  # the example of the evaluation
+    assert any(line.startswith("step 2/2  loss ") and "images/s" in line for line in err)
+    assert not any("tok/s" in line or "tokens/s" in line or "perplexity" in line for line in err)

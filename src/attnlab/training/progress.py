@@ -47,7 +47,7 @@ class Progress:
             )
 
             self.bar = Progress(
-                TextColumn("step"),
+                TextColumn("{task.fields[what]}"),
                 MofNCompleteColumn(),
                 BarColumn(),
                 TextColumn("loss {task.fields[loss]}"),
@@ -57,7 +57,9 @@ class Progress:
                 console=Console(stderr=True),
                 transient=False,
             )
-            self.task = self.bar.add_task("train", total=total, completed=start, loss="-", rate="-")
+            self.task = self.bar.add_task(
+                "train", total=total, completed=start, loss="-", rate="-", what="step"
+            )
 
     @property
     def live(self) -> bool:
@@ -83,13 +85,16 @@ class Progress:
     @contextlib.contextmanager
     def evaluating(self, step: int, first: bool):
         """Around an evaluation: the first one is announced (it can take seconds before any
-        step is shown); on a terminal every one shows a spinner while it runs."""
+        step is shown); on a terminal the bar says so while each one runs."""
         if not self.enabled:
             yield
             return
         if self.bar is not None:
-            with self.bar.console.status(f"evaluating at step {step} ..."):
+            self.bar.update(self.task, what=f"evaluating at step {step} ...")
+            try:
                 yield
+            finally:
+                self.bar.update(self.task, what="step")
             return
         if first:
             self.log(f"evaluating at step {step} ...")
