@@ -269,8 +269,10 @@ class MultiHeadAttention(nn.Module):
         self.dropout = dropout
         self.rotary = rotary
         self.use_fused = True  # set False to force the reference path (conformance checks)
-        for name in ("q", "k", "v", "scores", "weights", "z", "out"):
+        for name in ("q", "k", "v", "weights", "z", "out"):
             setattr(self, f"hook_{name}", Hook())
+        # the softmax has already read the scores when they are recorded: not an edit point
+        self.hook_scores = Hook(read_only=True)
 
     def _heads(self, x: Tensor, d: int) -> Tensor:
         B, L, _ = x.shape
@@ -311,6 +313,8 @@ class MultiHeadAttention(nn.Module):
             z, weights, scores = reference_attention(q, k, v, _as_bool_mask(mask), None, p)
             self.hook_scores(scores)
             weights = self.hook_weights(weights)
+            if self.hook_weights.edit is not None:  # edited weights must reach the output
+                z = weights @ v  # (B, H, T, d_v)
         else:
             z = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, dropout_p=p)
             weights = None

@@ -9,8 +9,9 @@ A hook can also edit the tensor (``edit=`` in ``record``), for ablation and patc
         logits = model(ids)
     cache["blocks.0.attn.weights"]      # (B, H, T, S)
 
-Hooks are attached only inside the ``with`` block and always removed after it. The cache holds
-names and tensors (detached), never the model.
+Hooks are attached only inside the ``with`` block and always removed after it; ``record``
+blocks nest (an inner one records and edits on top of the outer one's edits and restores them
+when it ends). The cache holds names and tensors (detached), never the model.
 """
 
 from __future__ import annotations
@@ -22,10 +23,16 @@ from torch import Tensor, nn
 
 
 class Hook(nn.Module):
-    """Identity point that records (and optionally edits) the tensor passing through it."""
+    """Identity point that records (and optionally edits) the tensor passing through it.
 
-    def __init__(self):
+    ``read_only`` marks a point whose returned value the model does not use (it records a
+    tensor after what depends on it was computed): ``record`` refuses an edit there, because it
+    could never take effect.
+    """
+
+    def __init__(self, read_only: bool = False):
         super().__init__()
+        self.read_only = read_only
         self.name: str | None = None
         self.store: dict | None = None
         self.edit: Callable[[Tensor, str], Tensor] | None = None
@@ -86,25 +93,37 @@ def record(
 ):
     """Record activations of ``model`` (all, or only ``names``) inside the ``with`` block.
 
+    ``edit`` maps hook names to functions ``f(tensor, name) -> tensor`` whose result replaces
+    the activation. An unknown name, in ``names`` or ``edit``, is a KeyError, and so is an edit
+    of a read-only point: an edit never silently does nothing.
+
     Recording attention weights makes attention take the step-by-step reference path, so the
     outputs are the same as without recording (to float rounding).
     """
     cache = ActivationCache()
     points = hook_points(model)
     wanted = set(points) if names is None else set(names)
-    unknown = wanted - set(points)
+    edit = edit or {}
+    unknown = (wanted | set(edit)) - set(points)
     if unknown:
         raise KeyError(f"no hook named {sorted(unknown)[0]!r}; known: {', '.join(sorted(points))}")
-    edit = edit or {}
+    fixed = sorted(n for n in edit if points[n].read_only)
+    if fixed:
+        raise KeyError(f"{fixed[0]!r} is recorded only: the model does not read it back, so an "
+                       "edit there could not take effect")  # fmt: skip
+    before = {name: (hook.store, hook.edit) for name, hook in points.items()}
     try:
         for name, hook in points.items():
             hook.name = name
             if name in wanted:
                 hook.store = cache
-            if name in edit:
-                hook.edit = edit[name]
+            if name in edit:  # inside an enclosing edit of the same point, apply both in turn
+                hook.edit = _then(hook.edit, edit[name]) if hook.edit else edit[name]
         yield cache
-    finally:
-        for hook in points.values():
-            hook.store = None
-            hook.edit = None
+    finally:  # what an enclosing ``record`` had set up is restored, not cleared
+        for name, hook in points.items():
+            hook.store, hook.edit = before[name]
+
+
+def _then(first: Callable, second: Callable) -> Callable:
+    return lambda x, name: second(first(x, name), name)

@@ -14,8 +14,10 @@ The score uses the current decoder state h_t (Luong's order); the decoder is fed
 previous target token (teacher forcing in training), so a whole target runs in one LSTM call.
 
 Recorded (``attnlab.hooks``): ``decoder.attn.scores`` and ``decoder.attn.weights``, shaped
-(B, 1, T, S) like a one-head attention layer; ``encoder.out`` (B, S, C); ``decoder.hidden``
-(B, T, C); ``decoder.logits``. Token ids 0, 1, 2 are <pad>, <bos>, <eos>.
+(B, 1, T, S) like a one-head attention layer; ``decoder.attn.z`` (B, 1, T, C), the context
+vectors c_t (a head's output, as in multi-head attention); ``encoder.embed`` (B, S, E) the
+source token embeddings; ``encoder.out`` (B, S, C); ``decoder.hidden`` (B, T, C);
+``decoder.logits``. Token ids 0, 1, 2 are <pad>, <bos>, <eos>.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class SourceAttention(nn.Module):
             self.w_q = nn.Linear(d, d, bias=False)
             self.w_k = nn.Linear(d, d, bias=True)
             self.v = nn.Linear(d, 1, bias=False)
-        self.hook_scores, self.hook_weights = Hook(), Hook()
+        self.hook_scores, self.hook_weights, self.hook_z = Hook(), Hook(), Hook()
 
     def forward(self, h: Tensor, enc: Tensor, mask: Tensor) -> Tensor:
         """h (B, T, C), enc (B, S, C), mask (B, 1, 1, S) True = token -> context (B, T, C)."""
@@ -84,7 +86,8 @@ class SourceAttention(nn.Module):
         scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)  # no weight on padding
         weights = torch.softmax(scores, dim=-1).masked_fill(~mask, 0.0)  # (B, 1, T, S)
         weights = self.hook_weights(weights)
-        return (weights @ enc[:, None]).squeeze(1)  # (B, T, C) context vectors
+        z = self.hook_z(weights @ enc[:, None])  # (B, 1, T, C): the context vectors, one head
+        return z.squeeze(1)  # (B, T, C)
 
 
 class _Encoder(nn.Module):
@@ -94,7 +97,7 @@ class _Encoder(nn.Module):
         drop = c.dropout if c.n_layer > 1 else 0.0
         self.lstm = nn.LSTM(c.d_embed, c.d_hidden, c.n_layer, batch_first=True, dropout=drop)
         self.drop = nn.Dropout(c.dropout)
-        self.hook_out = Hook()
+        self.hook_embed, self.hook_out = Hook(), Hook()
 
 
 class _Decoder(nn.Module):
@@ -138,7 +141,7 @@ class RNNSeq2Seq(DecoderProbes, nn.Module):
     def encode(self, src: Tensor) -> dict:
         """src (B, S) -> encoder outputs (B, S, C), source mask (B, 1, 1, S) and final (h, c)."""
         lengths = (src != PAD).sum(1).clamp(min=1).cpu()
-        x = self.encoder.drop(self.encoder.tok_embed(src))  # (B, S, E)
+        x = self.encoder.drop(self.encoder.hook_embed(self.encoder.tok_embed(src)))  # (B, S, E)
         packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
         out, (h, c) = self.encoder.lstm(packed)  # h, c: (L, B, C) at each row's last token
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))

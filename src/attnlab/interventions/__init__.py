@@ -1,0 +1,1 @@
+"""Interventions: test what attention does, not only show it."""
