@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision")
+AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision", "intervene")
 
 
 class UsageError(ValueError):
@@ -32,6 +32,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
         errors.append(DataError)
     except ImportError:
         pass
+    from attnlab.interventions.subjects import InterventionError
+
+    errors.append(InterventionError)
     return tuple(errors)
 
 

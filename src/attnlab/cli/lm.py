@@ -7,6 +7,7 @@ Every verb is a thin layer over the library: ``attnlab.data`` (corpus, token win
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import sys
 
@@ -159,6 +160,8 @@ def eval_(args: argparse.Namespace) -> int:
     from attnlab.checkpoint import read_run_config
 
     model_type = read_run_config(args.run).get("model_type")
+    if args.ablate and model_type != "gpt":  # issue 11 brings eval (and --ablate) to every kind
+        raise UsageError(f"{args.run}: eval --ablate scores GPT runs so far, not {model_type!r}")
     if model_type in ("seq2seq", "rnn"):
         from attnlab.cli.seq2seq import evaluate
 
@@ -177,7 +180,8 @@ def eval_(args: argparse.Namespace) -> int:
     corpus = data.open_corpus(args.data, args.encoding)
     model, tokenizer = _load_gpt(args.run, args.device)
     try:
-        r = evaluate_text(model, tokenizer, corpus, args.batch_size, args.max_tokens)
+        with _ablation(model, args):  # --ablate: score with those heads knocked out
+            r = evaluate_text(model, tokenizer, corpus, args.batch_size, args.max_tokens)
     except data.DataError as e:
         raise data.DataError(f"{args.data}: {e}") from None  # e.g. shorter than one window
     print(f"loss         {r['loss']:.4f}  nats/token")
@@ -185,6 +189,20 @@ def eval_(args: argparse.Namespace) -> int:
     print(f"bits/char    {r['bits_per_char']:.4f}  ({r['chars_per_token']:.3f} chars/token)")
     print(f"tokens       {r['tokens']:,} evaluated of {r['corpus_tokens']:,}")
     return 0
+
+
+@contextlib.contextmanager
+def _ablation(model, args):
+    """``--ablate L.H[,...] --mode M``: the library's ``ablate`` context, or no edit at all."""
+    from attnlab.interventions import ablate
+
+    if not args.ablate:
+        yield
+        return
+    with ablate(model, heads=args.ablate, mode=args.mode) as log:  # checks the heads first
+        yield
+    print(f"ablated heads {args.ablate} ({args.mode}): {log.changed:,} values changed",
+          file=sys.stderr)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,3 +263,5 @@ def register(sub) -> None:
     a("--alpha", type=float, default=0.6, help="seq2seq: length penalty exponent")
     a("--limit", type=int, default=0, help="seq2seq: evaluate only the first N pairs")
     a("--json", action="store_true", help="seq2seq: print one JSON object")
+    a("--ablate", metavar="L.H[,L.H...]", help="score with these heads ablated")
+    a("--mode", choices=("zero", "mean", "resample"), default="zero", help="--ablate: how")

@@ -1,0 +1,311 @@
+"""Intervention verbs: ablate, patch, lens, attribute, heads.
+
+Each verb parses its arguments, loads the run, calls one function of ``attnlab.interventions``
+and prints the result (a table, or ``--json``); ``--png FILE`` also draws it. Bad input (a
+head or layer that does not exist, an edit that never fires, inputs that do not line up) is
+one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+from attnlab.cli import UsageError
+
+
+def _user_errors(fn):
+    """The interventions' and inspection tools' bad-input errors as usage errors (exit 2)."""
+
+    @functools.wraps(fn)
+    def wrapper(args):
+        from attnlab.inspect.recording import InspectError
+        from attnlab.interventions import InterventionError
+
+        try:
+            return fn(args)
+        except (InterventionError, InspectError) as e:
+            raise UsageError(str(e)) from None
+
+    return wrapper
+
+
+def _png(path: str | None) -> Path | None:
+    """--png checked before any work: a .png name in an existing directory."""
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() != ".png":
+        raise UsageError(f"--png {path}: expected a .png file name")
+    if not p.parent.is_dir():
+        raise UsageError(f"--png {path}: directory {p.parent} does not exist")
+    if p.is_dir():
+        raise UsageError(f"--png {path}: is a directory")
+    return p
+
+
+def _ints(text: str | None, option: str) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected integers separated by commas") from None
+
+
+def _subject(args):
+    from attnlab.interventions import load_subject
+
+    return load_subject(args.run)
+
+
+def _show(result, args) -> int:
+    """Write --png (before printing, so a failed write prints only its error), then print."""
+    from attnlab.inspect.display import console
+
+    png = getattr(args, "_png", None)
+    if png is not None:
+        result.save_png(png)
+    if args.json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        console().print(result)
+    if png is not None:
+        print(f"wrote {png} ({png.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
+    return 0
+
+
+@_user_errors
+def cmd_ablate(args) -> int:
+    from attnlab.interventions import ablation
+
+    args._png = _png(args.png)
+    chosen = [x for x in (args.head, args.site, args.context or None) if x]
+    if len(chosen) != 1:
+        raise UsageError("say what to ablate: --head L.H[,L.H...], --site HOOK_NAME or --context")
+    positions, neurons = _ints(args.positions, "--positions"), _ints(args.neurons, "--neurons")
+    if neurons is not None and args.site is None:
+        raise UsageError("--neurons picks units of one activation: give it with --site")
+    s = _subject(args)
+    heads = args.head
+    if args.context:
+        if s.kind != "rnn":
+            raise UsageError("--context ablates an LSTM decoder's context vector; this run is "
+                             f"a {s.kind} model: use --head")  # fmt: skip
+        heads = "context"
+    elif heads and s.kind == "rnn":
+        raise UsageError("an LSTM has no heads: its attention is one context vector, ablate it "
+                         "with --context")  # fmt: skip
+    result = ablation(s, args.text, heads=heads, site=args.site, positions=positions,
+                      neurons=neurons, mode=args.mode, reference_text=args.reference,
+                      top=args.top, position=args.position)  # fmt: skip
+    return _show(result, args)
+
+
+@_user_errors
+def cmd_patch(args) -> int:
+    from attnlab.interventions import patch
+
+    args._png = _png(args.png)
+    s = _subject(args)
+    result = patch(s, args.clean, args.corrupt, args.target, foil=args.foil, by=args.by,
+                   position=args.position)  # fmt: skip
+    return _show(result, args)
+
+
+@_user_errors
+def cmd_lens(args) -> int:
+    from attnlab.interventions import TunedLens, fit_tuned_lens, logit_lens
+    from attnlab.interventions.lens import describe_fit
+
+    args._png = _png(args.png)
+    if args.train_tuned:
+        if args.data is None:
+            raise UsageError("--train-tuned needs --data FILE (the text to fit the probes on)")
+        if args.max_tokens < 2:
+            raise UsageError(f"--max-tokens must be at least 2, got {args.max_tokens}")
+        if args.ridge < 0:
+            raise UsageError(f"--ridge must be >= 0, got {args.ridge}")
+    elif args.text is None:
+        raise UsageError("give TEXT to read with the lens (or --train-tuned --data FILE)")
+    elif args.data is not None:
+        raise UsageError("--data is for --train-tuned")
+    s = _subject(args)
+    tuned = None
+    if args.train_tuned:
+        tuned = fit_tuned_lens(s, args.data, args.max_tokens, args.ridge, quiet=args.quiet)
+        files = tuned.save(args.run)
+        print("held-out mean KL(final || lens), nats:\n" + describe_fit(tuned), file=sys.stderr)
+        for f in files:
+            print(f"wrote {f}", file=sys.stderr)
+        if args.text is None:
+            if args.json:
+                sys.stdout.write(__import__("json").dumps(tuned.meta, indent=2) + "\n")
+            else:
+                print(describe_fit(tuned))
+            return 0
+    elif args.tuned:
+        tuned = TunedLens.load(args.run, s)
+    return _show(logit_lens(s, args.text, tuned), args)
+
+
+@_user_errors
+def cmd_attribute(args) -> int:
+    from attnlab.interventions import attention_paths, direct_logit_attribution, input_attribution
+
+    args._png = _png(args.png)
+    if args.method in ("dla", "ig", "grad") and args.target is None:
+        raise UsageError(f"--method {args.method} attributes a token's logit: give --target TOKEN")
+    if args.method in ("rollout", "flow") and (args.target or args.foil):
+        raise UsageError(f"--method {args.method} follows attention only: it takes no --target "
+                         "(pick the output with --position)")  # fmt: skip
+    s = _subject(args)
+    if args.method == "dla":
+        result = direct_logit_attribution(s, args.text, args.target, args.foil, args.position)
+    elif args.method in ("rollout", "flow"):
+        result = attention_paths(s, args.text, args.method, args.position, args.stack,
+                                 args.residual)  # fmt: skip
+    else:
+        result = input_attribution(s, args.text, args.target, args.foil, args.method,
+                                   args.steps, args.position, args.rule)  # fmt: skip
+    return _show(result, args)
+
+
+@_user_errors
+def cmd_heads(args) -> int:
+    from attnlab.interventions import corpus_loss, head_importance, text_loss
+
+    args._png = _png(args.png)
+    if not args.importance:
+        raise UsageError("say what to compute about the heads: --importance")
+    given = [x for x in (args.text, args.data, args.inputs) if x is not None]
+    if len(given) != 1:
+        raise UsageError("--importance measures the loss on TEXT, on --data FILE (a GPT: windows "
+                         "of a corpus) or on --inputs FILE (one input per line): give one")  # fmt: skip
+    s = _subject(args)
+    if args.data is not None:
+        evaluate = corpus_loss(s, args.data, args.windows)
+        source = f"{args.windows} windows of {args.data}"
+    else:
+        if args.inputs is not None:
+            lines = [
+                ln.strip() for ln in Path(args.inputs).read_text(encoding="utf-8").splitlines()
+            ]
+            texts = [ln for ln in lines if ln]
+            if not texts:
+                raise UsageError(f"--inputs {args.inputs}: no inputs (one per line)")
+            source = f"{len(texts)} inputs of {args.inputs}"
+        else:
+            texts, source = [args.text], repr(args.text)
+        evaluate = text_loss(s, texts)
+    result = head_importance(s, evaluate, args.mode, source, prune=not args.no_prune,
+                             quiet=args.quiet)  # fmt: skip
+    return _show(result, args)
+
+
+def register(sub) -> None:
+    """Add the intervention verbs to the `attnlab` sub-parsers."""
+
+    def common(p, text: bool = True) -> None:
+        p.add_argument("run", help="run directory (trained or imported)")
+        if text:
+            p.add_argument("text", help="the input: text, or for a ViT an image file or test:N")
+        p.add_argument("--png", metavar="FILE", help="also draw the result into a PNG")
+        p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    def position(p) -> None:
+        p.add_argument("--position", type=int, default=None,
+                       help="output position the metric reads (default: the last; a masked "
+                       "LM: the first [MASK]; an encoder-decoder: where the output is TARGET)")  # fmt: skip
+
+    p = sub.add_parser("ablate", help="knock out heads (or any activation): loss change",
+                       description="Ablate heads, an LSTM's context vector, or any named "
+                       "activation (--site), and print the change in the loss and in the top "
+                       "predictions. The result says how many values the ablation changed.")  # fmt: skip
+    common(p)
+    p.add_argument("--head", metavar="L.H[,L.H...]",
+                   help="heads: 1.2 (one stack); encoder.0.1, decoder.1.0, cross.1.3")  # fmt: skip
+    p.add_argument("--site", metavar="HOOK", help="any hook name, e.g. blocks.0.mlp.hidden")
+    p.add_argument("--context", action="store_true", help="an LSTM decoder's context vector")
+    p.add_argument("--positions", metavar="P,...", help="ablate only these positions")
+    p.add_argument("--neurons", metavar="N,...", help="with --site: only these units")
+    p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero")
+    p.add_argument("--reference", metavar="TEXT",
+                   help="mean/resample: the input to take values from")  # fmt: skip
+    p.add_argument("--top", type=int, default=5, help="top predictions to show (default 5)")
+    position(p)
+    p.set_defaults(func=cmd_ablate)
+
+    p = sub.add_parser("patch", help="activation patching from a clean into a corrupt input",
+                       description="Copy one activation at a time from the clean run into the "
+                       "corrupt one; recovered = (patched - corrupt) / (clean - corrupt) of the "
+                       "logit of TARGET (minus FOIL's). Attribution patching (the gradient "
+                       "approximation) is reported beside it, with its error.")  # fmt: skip
+    common(p, text=False)
+    p.add_argument("--clean", required=True, metavar="TEXT")
+    p.add_argument("--corrupt", required=True, metavar="TEXT")
+    p.add_argument("--target", required=True, metavar="TOKEN")
+    p.add_argument("--foil", metavar="TOKEN", help="metric = logit(TARGET) - logit(FOIL)")
+    p.add_argument("--by", choices=("position", "head"), default="position",
+                   help="layer x position (the residual stream) or layer x head")  # fmt: skip
+    position(p)
+    p.set_defaults(func=cmd_patch)
+
+    p = sub.add_parser("lens", help="the logit lens (or tuned lens) at every layer",
+                       description="Read every residual stream point with the model's own "
+                       "head: the top token per layer x position and the KL divergence to the "
+                       "final distribution. --train-tuned --data FILE fits the tuned lens (one "
+                       "affine probe per layer, in closed form) and saves it in the run.")  # fmt: skip
+    p.add_argument("run", help="run directory")
+    p.add_argument("text", nargs="?", help="the input to read")
+    p.add_argument("--tuned", action="store_true", help="use the run's tuned lens")
+    p.add_argument("--train-tuned", action="store_true", help="fit the tuned lens and save it")
+    p.add_argument("--data", metavar="FILE", help="--train-tuned: text to fit on")
+    p.add_argument("--max-tokens", type=int, default=32768, help="--train-tuned: tokens used")
+    p.add_argument("--ridge", type=float, default=1e-3, help="--train-tuned: ridge strength")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--png", metavar="FILE", help="draw the KL heatmap with the top tokens")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_lens)
+
+    p = sub.add_parser("attribute", help="attribute an output: dla, rollout, flow, ig, grad",
+                       description="dla: split TARGET's logit into embeddings, heads, MLPs and "
+                       "biases (LayerNorm scales frozen). rollout/flow: attention paths with the "
+                       "residual term (Abnar & Zuidema 2020). ig/grad: integrated gradients or "
+                       "input x gradient on the input embeddings, with IG's completeness "
+                       "error.")  # fmt: skip
+    common(p)
+    p.add_argument("--method", required=True, choices=("dla", "rollout", "flow", "ig", "grad"))
+    p.add_argument("--target", metavar="TOKEN", help="dla, ig, grad: the token whose logit")
+    p.add_argument("--foil", metavar="TOKEN", help="attribute logit(TARGET) - logit(FOIL)")
+    p.add_argument("--steps", type=int, default=64, help="ig: integration steps (default 64)")
+    p.add_argument("--rule", choices=("gauss-legendre", "riemann"), default="gauss-legendre",
+                   help="ig: quadrature rule")  # fmt: skip
+    p.add_argument("--stack", choices=("encoder", "decoder"), default=None,
+                   help="rollout/flow of an encoder-decoder: which self-attention (default decoder)")  # fmt: skip
+    p.add_argument("--residual", type=float, default=0.5,
+                   help="rollout/flow: weight of the identity in A' = (1 - r) A + r I")  # fmt: skip
+    position(p)
+    p.set_defaults(func=cmd_attribute)
+
+    p = sub.add_parser("heads", help="facts about every head: --importance",
+                       description="--importance: the loss change when each head is ablated "
+                       "(a table and a heatmap), then pruning by that ranking with the loss "
+                       "after each removal (a curve).")  # fmt: skip
+    p.add_argument("run", help="run directory")
+    p.add_argument("text", nargs="?", help="measure on this input")
+    mode = p.add_argument_group("what to compute")
+    mode.add_argument("--importance", action="store_true",
+                      help="loss change per ablated head, and the pruning curve")  # fmt: skip
+    p.add_argument("--data", metavar="FILE", help="a GPT: measure on windows of this corpus")
+    p.add_argument("--inputs", metavar="FILE", help="measure on these inputs, one per line")
+    p.add_argument("--windows", type=int, default=16, help="--data: windows (default 16)")
+    p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
+                   help="how a head is ablated")  # fmt: skip
+    p.add_argument("--no-prune", action="store_true", help="skip the pruning curve")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--png", metavar="FILE", help="heatmap and pruning curve")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_heads)
