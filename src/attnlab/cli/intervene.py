@@ -8,7 +8,6 @@ one line on stderr and exit code 2.
 
 from __future__ import annotations
 
-import argparse
 import functools
 import sys
 from pathlib import Path
