@@ -68,31 +68,39 @@ def baby():
 
 
 def test_an_edit_of_an_unknown_hook_is_refused_by_the_hooks_themselves(gpt):
-    with pytest.raises(KeyError, match="no hook named 'blocks.9.attn.z'"):
-        with hooks.record(gpt.model, names=[], edit={"blocks.9.attn.z": lambda x, n: x}):
-            pass
+    with (
+        pytest.raises(KeyError, match="no hook named 'blocks.9.attn.z'"),
+        hooks.record(gpt.model, names=[], edit={"blocks.9.attn.z": lambda x, n: x}),
+    ):
+        pass
 
 
 def test_an_edit_of_the_read_only_scores_is_refused(gpt):
-    with pytest.raises(InterventionError, match="recorded only"):
-        with edited(gpt.model, {"blocks.0.attn.scores": lambda x, n: x * 0}):
-            pass
+    with (
+        pytest.raises(InterventionError, match="recorded only"),
+        edited(gpt.model, {"blocks.0.attn.scores": lambda x, n: x * 0}),
+    ):
+        pass
 
 
 def test_an_edit_that_never_fires_is_an_error():
     tok = char_tokenizer()
     model = tiny_gpt(tok, pos="rotary").eval()  # rotary positions: the `pos` hook never runs
     ids = torch.tensor([tok.encode(SENTENCE)])
-    with pytest.raises(InterventionError, match="never fired"):
-        with edited(model, {"pos": lambda x, n: x * 0}):
-            model(ids)
+    with (
+        pytest.raises(InterventionError, match="never fired"),
+        edited(model, {"pos": lambda x, n: x * 0}),
+    ):
+        model(ids)
 
 
 def test_an_edit_returning_another_shape_is_an_error(gpt):
     p = gpt.prepare(SENTENCE)
-    with pytest.raises(InterventionError, match=r"returned \(1, 20\)"):
-        with edited(gpt.model, {"blocks.0.mlp_out": lambda x, n: x[..., 0]}):
-            gpt.logits(p)
+    with (
+        pytest.raises(InterventionError, match=r"returned \(1, 20\)"),
+        edited(gpt.model, {"blocks.0.mlp_out": lambda x, n: x[..., 0]}),
+    ):
+        gpt.logits(p)
 
 
 def test_editing_attention_weights_reaches_the_output(gpt):
@@ -131,7 +139,7 @@ def test_zero_ablating_a_head_equals_zeroing_its_output_projection_columns(gpt, 
         ablated = gpt.logits(p)
     d = gpt.model.config.d_model // gpt.model.config.n_head
     T = len(p.tokens)
-    assert log.changed == int((log.seen["blocks.%d.attn.z" % layer] / 2))  # one head of two
+    assert log.changed == int(log.seen[f"blocks.{layer}.attn.z"] / 2)  # one head of two
     assert log.seen[f"blocks.{layer}.attn.z"] == 2 * T * d
     proj = gpt.model.blocks[layer].attn.out_proj
     saved = proj.weight.detach().clone()
@@ -155,9 +163,11 @@ def test_mean_ablation_replaces_a_head_by_its_mean_over_positions(gpt):
     p = gpt.prepare(SENTENCE)
     with hooks.record(gpt.model, names=["blocks.0.attn.z"]) as clean:
         gpt.logits(p)
-    with ablate(gpt.model, heads=[(0, 1)], mode="mean"):
-        with hooks.record(gpt.model, names=["blocks.0.attn.z"]) as abl:
-            gpt.logits(p)
+    with (
+        ablate(gpt.model, heads=[(0, 1)], mode="mean"),
+        hooks.record(gpt.model, names=["blocks.0.attn.z"]) as abl,
+    ):
+        gpt.logits(p)
     z, za = clean["blocks.0.attn.z"], abl["blocks.0.attn.z"]
     torch.testing.assert_close(za[:, 1], z[:, 1].mean(dim=1, keepdim=True).expand_as(z[:, 1]))
     assert torch.equal(za[:, 0], z[:, 0])
@@ -165,9 +175,11 @@ def test_mean_ablation_replaces_a_head_by_its_mean_over_positions(gpt):
 
 def test_resample_ablation_of_one_input_needs_a_reference(gpt):
     p = gpt.prepare(SENTENCE)
-    with pytest.raises(InterventionError, match="reference"):
-        with ablate(gpt.model, heads=[(0, 1)], mode="resample"):
-            gpt.logits(p)
+    with (
+        pytest.raises(InterventionError, match="reference"),
+        ablate(gpt.model, heads=[(0, 1)], mode="resample"),
+    ):
+        gpt.logits(p)
     r = ablation(
         gpt, SENTENCE, heads="0.1", mode="resample", reference_text="You like to eat pears"
     )
@@ -178,9 +190,11 @@ def test_ablating_positions_and_neurons_changes_only_those(gpt):
     p = gpt.prepare(SENTENCE)
     with edited(gpt.model, {}, ["blocks.0.mlp.hidden"]) as (clean, _):
         gpt.logits(p)
-    with ablate(gpt.model, site="blocks.0.mlp.hidden", positions=[2, 5], neurons=[0, 3]) as log:
-        with hooks.record(gpt.model, names=["blocks.0.mlp.hidden"]) as cache:
-            gpt.logits(p)
+    with (
+        ablate(gpt.model, site="blocks.0.mlp.hidden", positions=[2, 5], neurons=[0, 3]) as log,
+        hooks.record(gpt.model, names=["blocks.0.mlp.hidden"]) as cache,
+    ):
+        gpt.logits(p)
     a, b = clean["blocks.0.mlp.hidden"][0], cache["blocks.0.mlp.hidden"][0]  # (T, d_ff)
     diff = (a != b).nonzero().tolist()
     assert {tuple(x) for x in diff} <= {(2, 0), (2, 3), (5, 0), (5, 3)}
@@ -191,9 +205,8 @@ def test_ablating_positions_and_neurons_changes_only_those(gpt):
                                          ("x", "expected LAYER.HEAD"),
                                          ("decoder.0.1", "no decoder heads")])  # fmt: skip
 def test_a_head_that_does_not_exist_is_a_clear_error(gpt, spec, needle):
-    with pytest.raises(InterventionError, match=needle):
-        with ablate(gpt.model, heads=spec):
-            pass
+    with pytest.raises(InterventionError, match=needle), ablate(gpt.model, heads=spec):
+        pass
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,164 @@
+"""The intervention verbs end to end: ablate, patch, lens, attribute, heads, eval --ablate.
+
+Most calls run ``attnlab`` in this process (fast); the bad-input ones also run through the real
+entry point in a subprocess, to see exactly one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from intervene_helpers import rnn_run, seq2seq_run
+from look_helpers import CORPUS, make_run, run_main
+
+CLEAN, CORRUPT = "I like to eat apples", "I like to eat pears."
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    path, _, _ = make_run(tmp_path_factory.mktemp("cli") / "run")
+    return path
+
+
+def ok(capsys, *args) -> str:
+    code, out, err = run_main(capsys, *args)
+    assert code == 0, err
+    return out
+
+
+def one_line_error(capsys, *args) -> str:
+    code, out, err = run_main(capsys, *args)
+    assert code == 2, (code, out, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnlab: error: "), err
+    assert out == ""
+    return lines[0]
+
+
+def test_ablate_prints_the_loss_change_and_what_changed(capsys, run, tmp_path):
+    d = json.loads(ok(capsys, "ablate", run, CLEAN, "--head", "0.1,1.0", "--json"))
+    assert d["loss_change"] == pytest.approx(d["ablated_loss"] - d["clean_loss"])
+    assert d["values_changed"] > 0 and set(d["edits"]) == {"blocks.0.attn.z", "blocks.1.attn.z"}
+    png = tmp_path / "ablate.png"
+    out = ok(capsys, "ablate", run, CLEAN, "--head", "1.1", "--mode", "mean", "--png", png)
+    assert "values changed" in out and png.stat().st_size > 1000
+
+
+def test_patch_json_has_the_results_list(capsys, run):
+    d = json.loads(ok(capsys, "patch", run, "--clean", CLEAN, "--corrupt", CORRUPT,
+                      "--target", "s", "--foil", ".", "--json"))  # fmt: skip
+    rows = d["results"]
+    assert len(rows) == 3 * len(CLEAN)  # (2 layers + the final residual) x positions
+    assert all({"layer", "position", "recovered"} <= set(r) for r in rows)
+    last = [r for r in rows if r["layer"] == 2 and r["position"] == len(CLEAN) - 1]
+    assert last[0]["recovered"] == pytest.approx(1.0)
+    d = json.loads(ok(capsys, "patch", run, "--clean", CLEAN, "--corrupt", CORRUPT,
+                      "--target", "s", "--by", "head", "--json"))  # fmt: skip
+    assert [(r["layer"], r["head"]) for r in d["results"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_attribute_dla_json_sums_to_the_logit(capsys, run):
+    d = json.loads(ok(capsys, "attribute", run, CLEAN, "--target", "s", "--method", "dla",
+                      "--json"))  # fmt: skip
+    assert {"target", "logit", "components"} <= set(d)
+    assert all(set(c) == {"name", "value"} for c in d["components"])
+    assert abs(sum(c["value"] for c in d["components"]) - d["logit"]) <= 1e-5
+    out = ok(capsys, "attribute", run, CLEAN, "--target", "s", "--method", "dla")
+    assert "frozen: the final LayerNorm's scale" in out
+
+
+def test_attribute_ig_prints_its_completeness_error(capsys, run, tmp_path):
+    out = ok(capsys, "attribute", run, CLEAN, "--target", "s", "--method", "ig",
+             "--png", tmp_path / "ig.png")  # fmt: skip
+    assert "completeness error" in out and (tmp_path / "ig.png").is_file()
+
+
+@pytest.mark.parametrize("method", ["rollout", "flow", "grad"])
+def test_attribute_other_methods(capsys, run, method):
+    extra = ["--target", "s"] if method == "grad" else []
+    d = json.loads(ok(capsys, "attribute", run, CLEAN, "--method", method, *extra, "--json"))
+    assert d["method"] == method
+
+
+def test_lens_and_the_tuned_lens(capsys, run, tmp_path):
+    d = json.loads(ok(capsys, "lens", run, CLEAN, "--json"))
+    assert d["last_vs_model"] <= 1e-6 and d["points"][0] == "embed"
+    one_line_error(capsys, "lens", run, CLEAN, "--tuned")  # none fitted yet
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 20)
+    ok(capsys, "lens", run, "--train-tuned", "--data", corpus, "--max-tokens", "1500", "--quiet")
+    assert (run / "tuned_lens.safetensors").is_file() and (run / "tuned_lens.json").is_file()
+    d = json.loads(ok(capsys, "lens", run, CLEAN, "--tuned", "--json", "--png", tmp_path / "l.png"))
+    assert d["lens"] == "tuned" and (tmp_path / "l.png").is_file()
+
+
+def test_heads_importance_table_heatmap_and_curve(capsys, run, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 20)
+    d = json.loads(ok(capsys, "heads", run, "--importance", "--data", corpus, "--windows", "4",
+                      "--quiet", "--json", "--png", tmp_path / "h.png"))  # fmt: skip
+    assert len(d["heads"]) == 4 and len(d["pruning"]) == 5
+    assert (tmp_path / "h.png").stat().st_size > 1000
+    one_line_error(capsys, "heads", run, "--data", corpus)  # no mode chosen
+
+
+def test_eval_with_ablated_heads(capsys, run, tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text(CORPUS * 20)
+    plain = ok(capsys, "eval", run, "--data", corpus, "--device", "cpu")
+    code, ablated, err = run_main(capsys, "eval", run, "--data", corpus, "--device", "cpu",
+                                  "--ablate", "0.0,1.1")  # fmt: skip
+    assert code == 0 and "values changed" in err
+    loss = lambda text: float(text.split()[1])  # noqa: E731
+    assert loss(ablated) != loss(plain)
+    assert "no head 7" in one_line_error(capsys, "eval", run, "--data", corpus, "--ablate", "1.7")
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["ablate", "{run}", CLEAN, "--head", "5.0"], "no layer 5"),
+    (["ablate", "{run}", CLEAN, "--head", "0.9"], "no head 9"),
+    (["ablate", "{run}", CLEAN, "--site", "blocks.0.attn.scores"], "recorded only"),
+    (["ablate", "{run}", CLEAN, "--site", "nothing.here"], "no hook named"),
+    (["ablate", "{run}", CLEAN, "--context"], "LSTM"),
+    (["patch", "{run}", "--clean", CLEAN, "--corrupt", "short", "--target", "s"], "same length"),
+    (["patch", "{run}", "--clean", CLEAN, "--corrupt", CORRUPT, "--target", "ss"], "2 tokens"),
+    (["attribute", "{run}", CLEAN, "--method", "dla"], "--target"),
+    (["attribute", "{run}", CLEAN, "--method", "dla", "--target", "s", "--png", "x.txt"], ".png"),
+    (["lens", "{run}"], "TEXT"),
+])  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(capsys, run, args, needle):
+    assert needle in one_line_error(capsys, *[a.format(run=run) for a in args])
+
+
+@pytest.mark.slow  # two interpreter start-ups
+def test_an_edit_on_a_hook_that_never_fires_exits_2_through_the_real_entry_point(cli, tmp_path):
+    path, _, _ = make_run(tmp_path / "rotary", steps=2, pos="rotary")
+    r = cli("ablate", path, CLEAN, "--site", "pos")  # rotary positions never pass `pos`
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()] and "never fired" in r.stderr
+    r = cli("ablate", path, CLEAN, "--head", "3.0")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no layer 3" in r.stderr
+
+
+def test_an_lstm_run_ablates_its_context_and_refuses_other_verbs_in_one_line(capsys, tmp_path):
+    run = rnn_run(tmp_path / "rnn")
+    d = json.loads(ok(capsys, "ablate", run, "abc def", "--context", "--json"))
+    assert d["edits"]["decoder.attn.z"]["changed"] > 0
+    assert "--context" in one_line_error(capsys, "ablate", run, "abc", "--head", "0.0")
+    assert "residual stream" in one_line_error(capsys, "lens", run, "abc")
+    assert "one cross-attention" in one_line_error(capsys, "attribute", run, "abc", "--method",
+                                                   "flow")  # fmt: skip
+    assert "context" in one_line_error(capsys, "heads", run, "abc", "--importance")
+
+
+def test_an_encoder_decoder_run_patches_and_attributes(capsys, tmp_path):
+    run = seq2seq_run(tmp_path / "s2s")
+    d = json.loads(ok(capsys, "attribute", run, "abc def", "--target", "m", "--method", "dla",
+                      "--position", "2", "--json"))  # fmt: skip
+    assert abs(sum(c["value"] for c in d["components"]) - d["logit"]) <= 1e-5
+    d = json.loads(ok(capsys, "patch", run, "--clean", "abc def", "--corrupt", "abd def",
+                      "--target", "m", "--by", "head", "--json"))  # fmt: skip
+    assert {r.get("stack") for r in d["results"]} == {"encoder", "decoder"}
+    assert "eval --ablate scores GPT runs" in one_line_error(capsys, "eval", run, "--ablate", "0.0")
