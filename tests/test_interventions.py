@@ -230,6 +230,24 @@ def test_patching_layer_zero_where_clean_and_corrupt_agree_recovers_zero(gpt):
     same = [i for i, (a, b) in enumerate(zip(CLEAN, CORRUPT)) if a == b]
     rows = [x for x in r.rows if x.site.layer == 0 and x.index in same]
     assert len(rows) == len(same) and all(x.recovered == 0.0 for x in rows)
+    # the same patch done by hand, through the hooks, leaves the corrupt metric unchanged
+    from attnlab.interventions.patching import metric_fn
+
+    m = metric_fn(gpt.token_id("s"), None, len(CLEAN) - 1)
+    clean, corrupt = gpt.prepare(CLEAN), gpt.prepare(CORRUPT)
+    with edited(gpt.model, {}, ["blocks.0.resid_pre"]) as (cache, _):
+        gpt.logits(clean)
+    a = cache["blocks.0.resid_pre"]
+
+    def put(x, n):
+        y = x.clone()
+        y[:, same] = a[:, same]
+        return y
+
+    with torch.no_grad():
+        with edited(gpt.model, {"blocks.0.resid_pre": put}) as (_, log):
+            patched = float(m(gpt.logits(corrupt))[0])
+        assert log.changed == 0 and patched == float(m(gpt.logits(corrupt))[0])
     assert any(x.recovered != 0 for x in r.rows if x.site.layer == 0 and x.index not in same)
 
 

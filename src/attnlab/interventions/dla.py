@@ -91,12 +91,13 @@ class DLAResult(Result):
                  [f"H{h}" for h in range(m.shape[1])], f"{g} heads: direct effect")  # fmt: skip
         ax = axes[0][-1]
         ax.barh(range(len(others)), [v for _, v in others],
-                color=["#d62728" if v < 0 else "#1f77b4" for _, v in others])  # fmt: skip
+                color=["#d62728" if v > 0 else "#1f77b4" for _, v in others])  # fmt: skip
         ax.set_yticks(range(len(others)), [n for n, _ in others], fontsize=6)
         ax.invert_yaxis()
         ax.set_title("embeddings, MLPs, biases", fontsize=9)
-        fig.suptitle(f"DLA of logit({self.target!r}) at {show_token(self.token)!r}: "
-                     f"{self.logit:.3f}", fontsize=9)  # fmt: skip
+        what = f"logit({self.target!r})" + (f" - logit({self.foil!r})" if self.foil else "")
+        fig.suptitle(f"DLA of {what} at {show_token(self.token)!r}@{self.position}: "
+                     f"{self.logit:.3f} (red raises it)", fontsize=9)  # fmt: skip
         fig.tight_layout()
         return fig
 

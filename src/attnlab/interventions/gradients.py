@@ -105,7 +105,7 @@ class GradResult(Result):
         else:
             fig, ax = new_figure(figsize=(max(5.0, 0.25 * len(self.tokens) + 2), 3.0))
             ax.bar(range(len(self.values)), self.values,
-                   color=["#d62728" if v < 0 else "#1f77b4" for v in self.values])  # fmt: skip
+                   color=["#d62728" if v > 0 else "#1f77b4" for v in self.values])  # fmt: skip
             if len(self.tokens) <= 64:
                 ax.set_xticks(range(len(self.tokens)), [show_token(t) for t in self.tokens],
                               fontsize=7)  # fmt: skip

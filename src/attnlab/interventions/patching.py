@@ -173,8 +173,9 @@ def metric_fn(target: int, foil: int | None, position: int):
     return m
 
 
-def _patch_rows(clean: torch.Tensor, n: int, by: str, per_head: bool):
-    """Edit for a batch of n corrupted rows: row r takes the clean value at index r."""
+def _patch_rows(clean: torch.Tensor, index: list[int], by: str, per_head: bool):
+    """Edit for a batch of corrupted rows: row k takes the clean value at ``index[k]`` (a
+    position, or with ``by="head"`` a head)."""
 
     def edit(x: torch.Tensor, name: str) -> torch.Tensor:
         if x.shape[1:] != clean.shape[1:]:
@@ -182,16 +183,17 @@ def _patch_rows(clean: torch.Tensor, n: int, by: str, per_head: bool):
                                     f"{tuple(x.shape)}: the inputs do not line up")  # fmt: skip
         y = x.clone()
         src = clean[0].to(x.dtype)
-        for r in range(n):
-            if by == "head":
-                y[r, r] = src[r]
-            elif per_head:
-                y[r, :, r] = src[:, r]
+        for k, i in enumerate(index):
+            if per_head and by == "position":
+                y[k, :, i] = src[:, i]  # every head's output at position i
             else:
-                y[r, r] = src[r]
+                y[k, i] = src[i]  # position i of (B, T, C), or head i of (B, H, T, D)
         return y
 
     return edit
+
+
+CHUNK = 64  # patched copies per forward pass
 
 
 def patch(
@@ -239,21 +241,23 @@ def patch(
         diff = (a_clean - a_corrupt).double()  # (1, T, C) or (1, H, T, D)
         g = torch.zeros_like(diff) if g is None else g.double()
         if by == "head":
-            n = a_clean.size(1)
-            approx = (diff * g)[0].sum(dim=(1, 2))  # (H,)
+            approx, moved = (diff * g)[0].sum(dim=(1, 2)), diff[0].abs().sum(dim=(1, 2))  # (H,)
         elif s.per_head:
-            n = a_clean.size(2)
-            approx = (diff * g)[0].sum(dim=(0, 2))  # (T,)
+            approx, moved = (diff * g)[0].sum(dim=(0, 2)), diff[0].abs().sum(dim=(0, 2))  # (T,)
         else:
-            n = a_clean.size(1)
-            approx = (diff * g)[0].sum(dim=-1)  # (T,)
-        with (
-            torch.no_grad(),
-            edited(subject.model, {s.name: _patch_rows(a_clean, n, by, s.per_head)}),
-        ):
-            patched = m(subject.logits(corrupt, batch=n))  # (n,)
-        rec = (patched - m_corrupt) / span
-        rows += [PatchRow(s, i, float(rec[i]), float(approx[i] / span)) for i in range(n)]
+            approx, moved = (diff * g)[0].sum(dim=-1), diff[0].abs().sum(dim=-1)  # (T,)
+        rec = torch.zeros(len(moved), dtype=torch.float64)
+        # where clean and corrupt agree the patch changes nothing: exactly 0, no forward pass
+        todo = moved.nonzero().flatten().tolist()
+        for c in range(0, len(todo), CHUNK):
+            index = todo[c : c + CHUNK]
+            with (
+                torch.no_grad(),
+                edited(subject.model, {s.name: _patch_rows(a_clean, index, by, s.per_head)}),
+            ):
+                patched = m(subject.logits(corrupt, batch=len(index)))  # (n,)
+            rec[index] = ((patched - m_corrupt) / span).cpu()
+        rows += [PatchRow(s, i, float(rec[i]), float(approx[i] / span)) for i in range(len(rec))]
     tokens = {st: (clean.input_tokens if st == subject.input_stack and subject.input_stack
                    else clean.tokens) for st in {s.stack for s in site_list}}  # fmt: skip
     notes = list(subject.notes)
