@@ -110,7 +110,8 @@ def cmd_patch(args) -> int:
     args._png = _png(args.png)
     s = _subject(args)
     result = patch(s, args.clean, args.corrupt, args.target, foil=args.foil, by=args.by,
-                   position=args.position)  # fmt: skip
+                   position=args.position, reverse=args.reverse,
+                   positions=_ints(args.positions, "--positions"))  # fmt: skip
     return _show(result, args)
 
 
@@ -249,6 +250,11 @@ def register(sub) -> None:
     p.add_argument("--foil", metavar="TOKEN", help="metric = logit(TARGET) - logit(FOIL)")
     p.add_argument("--by", choices=("position", "head"), default="position",
                    help="layer x position (the residual stream) or layer x head")  # fmt: skip
+    p.add_argument("--reverse", action="store_true",
+                   help="patch the corrupt run's activations into the clean run (noising)")  # fmt: skip
+    p.add_argument("--positions", metavar="P,...",
+                   help="--by position: patch only these positions (exact patching runs one "
+                   "forward pass per layer x position)")  # fmt: skip
     position(p)
     p.set_defaults(func=cmd_patch)
 

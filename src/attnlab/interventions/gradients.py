@@ -130,7 +130,7 @@ def baseline_for(subject: Subject, x: torch.Tensor) -> torch.Tensor:
     its ``encoder.embed`` includes), or a black image for a ViT."""
     if subject.kind == "seq2seq":
         enc = subject.model.encoder
-        return enc.drop(enc.pos_embed(x.size(1), 0))[None].expand_as(x).to(x)  # (1, S, C)
+        return enc.pos_embed(x.size(1), 0)[None].expand_as(x).to(x)  # (1, S, C) positions
     return torch.zeros_like(x)
 
 
@@ -171,13 +171,13 @@ def input_attribution(
     m = metric_fn(t, f, pos)
     site = SITES[subject.kind]
     with torch.no_grad(), edited(subject.model, {}, [site]) as (cache, _):
-        f_x = float(m(subject.logits(p))[0])
+        f_x = float(m(subject.logits_at(p, pos))[0])
     x = cache[site].double()  # (1, T, C)
     b = baseline_for(subject, x).double()
     with torch.no_grad(), edited(subject.model, _replace(site, b)):
-        f_b = float(m(subject.logits(p))[0])
+        f_b = float(m(subject.logits_at(p, pos))[0])
     if method == "grad":
-        G = _gradient(subject, p, m, site, x)
+        G = _gradient(subject, p, m, pos, site, x)
         values, n_steps = ((x - b) * G)[0].sum(-1), 0
     else:
         alphas, weights = _nodes(steps, rule)
@@ -186,7 +186,7 @@ def input_attribution(
             a = alphas[s : s + CHUNK].to(x)[:, None, None]  # (k, 1, 1)
             path = b + a * (x - b)  # (k, T, C) points on the straight line from b to x
             w = weights[s : s + CHUNK].to(x)
-            G += _gradient(subject, p, m, site, path, w).sum(0, keepdim=True)
+            G += _gradient(subject, p, m, pos, site, path, w).sum(0, keepdim=True)
         values, n_steps = ((x - b) * G)[0].sum(-1), steps
     notes = list(subject.notes)
     image, grid = None, 0
@@ -203,12 +203,12 @@ def input_attribution(
                       rule if method == "ig" else "", image, grid, notes)  # fmt: skip
 
 
-def _gradient(subject: Subject, p: Prepared, m, site: str, points: torch.Tensor,
+def _gradient(subject: Subject, p: Prepared, m, pos: int, site: str, points: torch.Tensor,
               weights: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """d(sum_k w_k f(points_k)) / d points: the gradient of the metric at each path point."""
     leaf = points.detach().clone().to(next(subject.model.parameters()).dtype).requires_grad_()
     with torch.enable_grad(), edited(subject.model, {site: lambda x, name: leaf}):
-        out = m(subject.logits(p, batch=leaf.size(0)))  # (k,)
+        out = m(subject.logits_at(p, pos, batch=leaf.size(0)))  # (k,)
         total = (out * weights).sum() if weights is not None else out.sum()
         (g,) = torch.autograd.grad(total, leaf)
     return g.double()

@@ -18,7 +18,6 @@ and saved in the run directory as tuned_lens.safetensors + tuned_lens.json.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -300,7 +299,3 @@ def describe_fit(lens: TunedLens) -> str:
     for label, kl in lens.meta.get("heldout_kl", {}).items():
         rows.append(f"{label:>10}  {kl['logit']:14.4f}  {kl['tuned']:14.4f}")
     return "\n".join(rows)
-
-
-def meta_json(lens: TunedLens) -> str:
-    return json.dumps(lens.meta, indent=2)

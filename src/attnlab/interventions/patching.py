@@ -67,6 +67,8 @@ class PatchResult(Result):
     rows: list[PatchRow]
     tokens: dict[str, list[str]]  # per stack: the tokens (clean) at its positions
     notes: list[str] = field(default_factory=list)
+    values_changed: int = 0  # over every patched run
+    reverse: bool = False  # True: corrupt activations patched into the clean run
 
     @property
     def approx_error(self) -> dict:
@@ -99,11 +101,15 @@ class PatchResult(Result):
         from rich.console import Group
         from rich.text import Text
 
-        parts = [Text(f"patching clean {self.clean_text!r} into corrupt {self.corrupt_text!r}",
-                      style="bold"),
+        src, dst = (("corrupt", self.corrupt_text), ("clean", self.clean_text))[
+            :: 1 if self.reverse else -1
+        ]
+        parts = [Text(f"patching {src[0]} {src[1]!r} into {dst[0]} {dst[1]!r}", style="bold"),
                  Text(f"metric {self.metric} at position {self.position}: clean {self.clean:.4f}, "
-                      f"corrupt {self.corrupt:.4f}; recovered = (patched - corrupt) / "
-                      "(clean - corrupt)\n")]  # fmt: skip
+                      f"corrupt {self.corrupt:.4f}; " + ("recovered = (patched - clean) / "
+                      "(corrupt - clean), the share of the corruption the patch carries"
+                      if self.reverse else "recovered = (patched - corrupt) / (clean - corrupt)")
+                      + f"; {self.values_changed:,} values patched in all\n")]  # fmt: skip
         for title, rows, cols, exact, approx in self.grids():
             parts.append(matrix_table(exact, rows, cols, f"{title}: recovered (exact)",
                                       col_tokens=False))  # fmt: skip
@@ -121,6 +127,8 @@ class PatchResult(Result):
             "metric": self.metric, "position": self.position, "clean_metric": self.clean,
             "corrupt_metric": self.corrupt, "results": [r.to_dict(self.by) for r in self.rows],
             "attribution_error": self.approx_error, "tokens": self.tokens, "notes": self.notes,
+            "direction": "corrupt->clean" if self.reverse else "clean->corrupt",
+            "values_changed": self.values_changed,
         }  # fmt: skip
 
     def figure(self):
@@ -166,8 +174,8 @@ def sites(subject: Subject, by: str) -> list[Site]:
 
 
 def metric_fn(target: int, foil: int | None, position: int):
-    def m(logits: torch.Tensor) -> torch.Tensor:  # (B, T, V) -> (B,)
-        x = logits[:, position].double()
+    def m(logits: torch.Tensor) -> torch.Tensor:  # (B, T, V), or (B, V) at the position -> (B,)
+        x = (logits[:, position] if logits.dim() == 3 else logits).double()
         return x[:, target] - (x[:, foil] if foil is not None else 0.0)
 
     return m
@@ -204,12 +212,20 @@ def patch(
     foil: str | None = None,
     by: str = "position",
     position: int | None = None,
+    reverse: bool = False,
+    positions: list[int] | None = None,
 ) -> PatchResult:
-    """Exact activation patching, with attribution patching beside it (see module doc)."""
+    """Exact activation patching, with attribution patching beside it (see module doc).
+    ``reverse`` patches the corrupt run's activations into the clean run instead (noising):
+    recovered is then the share of the corruption one activation carries. ``positions``
+    restricts patching by position to those positions (exact patching costs one forward pass
+    per layer x position where the two runs differ)."""
     t = subject.token_id(target)
     f = subject.token_id(foil) if foil is not None else None
     clean = subject.prepare(clean_text)
     corrupt = subject.prepare(corrupt_text, decoder_like=clean)
+    if reverse:  # the run patched is the clean one; the source of the patches the corrupt one
+        clean, corrupt = corrupt, clean
     if [a.shape for a in clean.args] != [a.shape for a in corrupt.args]:
         raise InterventionError(
             f"clean has {len(clean.input_tokens)} tokens and corrupt {len(corrupt.input_tokens)}: "
@@ -220,7 +236,7 @@ def patch(
     site_list = sites(subject, by)
     names = [s.name for s in site_list]
     with torch.no_grad(), edited(subject.model, {}, names) as (cc, _):
-        m_clean = float(m(subject.logits(clean))[0])
+        m_clean = float(m(subject.logits_at(clean, pos))[0])
     grabbed: dict[str, torch.Tensor] = {}
 
     def grab(x, name):
@@ -228,14 +244,14 @@ def patch(
         return x
 
     with torch.enable_grad(), edited(subject.model, {n: grab for n in names}) as (_, _log):
-        m_corrupt_t = m(subject.logits(corrupt))[0]
+        m_corrupt_t = m(subject.logits_at(corrupt, pos))[0]
         grads = torch.autograd.grad(m_corrupt_t, [grabbed[n] for n in names], allow_unused=True)
     m_corrupt = float(m_corrupt_t.detach())
     span = m_clean - m_corrupt
     if abs(span) < 1e-9:
         raise InterventionError(f"clean and corrupt give the same {_metric_name(subject, t, f)} "
                                 f"({m_clean:.4f}) at position {pos}: nothing to recover")  # fmt: skip
-    rows = []
+    rows, changed = [], 0
     for s, g in zip(site_list, grads):
         a_clean, a_corrupt = cc[s.name], grabbed[s.name].detach()
         diff = (a_clean - a_corrupt).double()  # (1, T, C) or (1, H, T, D)
@@ -248,16 +264,28 @@ def patch(
             approx, moved = (diff * g)[0].sum(dim=-1), diff[0].abs().sum(dim=-1)  # (T,)
         rec = torch.zeros(len(moved), dtype=torch.float64)
         # where clean and corrupt agree the patch changes nothing: exactly 0, no forward pass
-        todo = moved.nonzero().flatten().tolist()
+        keep = range(len(moved))
+        if positions is not None and by == "position":
+            keep = [i % len(moved) for i in positions if -len(moved) <= i < len(moved)]
+            if not keep:
+                raise InterventionError(f"--positions {positions}: {s.name} has positions "
+                                        f"0..{len(moved) - 1}")  # fmt: skip
+        todo = [i for i in keep if moved[i] > 0]
         for c in range(0, len(todo), CHUNK):
             index = todo[c : c + CHUNK]
             with (
                 torch.no_grad(),
-                edited(subject.model, {s.name: _patch_rows(a_clean, index, by, s.per_head)}),
+                edited(subject.model, {s.name: _patch_rows(a_clean, index, by, s.per_head)}) as (
+                    _,
+                    log,
+                ),
             ):
-                patched = m(subject.logits(corrupt, batch=len(index)))  # (n,)
+                patched = m(subject.logits_at(corrupt, pos, batch=len(index)))  # (n,)
+            changed += log.changed
             rec[index] = ((patched - m_corrupt) / span).cpu()
-        rows += [PatchRow(s, i, float(rec[i]), float(approx[i] / span)) for i in range(len(rec))]
+        rows += [PatchRow(s, i, float(rec[i]), float(approx[i] / span)) for i in keep]
+    if reverse:  # report in the user's terms: the clean input and its metric are the clean ones
+        clean, m_clean, m_corrupt = corrupt, m_corrupt, m_clean
     tokens = {st: (clean.input_tokens if st == subject.input_stack and subject.input_stack
                    else clean.tokens) for st in {s.stack for s in site_list}}  # fmt: skip
     notes = list(subject.notes)
@@ -265,7 +293,7 @@ def patch(
         notes.append(f"the decoder reads <bos> + the clean translation "
                      f"{clean.extra['translation']!r} in both runs")  # fmt: skip
     return PatchResult(by, _metric_name(subject, t, f), clean_text, corrupt_text, pos, m_clean,
-                       m_corrupt, rows, tokens, notes)  # fmt: skip
+                       m_corrupt, rows, tokens, notes, changed, reverse)  # fmt: skip
 
 
 def _metric_name(subject: Subject, t: int, f: int | None) -> str:

@@ -164,8 +164,6 @@ class Subject:
                     out.append(Point(stack, i + 1, f"{root}.{i}.resid_cross", f"{i}.cross"))
             label = f"{i}.mlp" if sublayers else (f"{i + 1}" if i + 1 < L else "final")
             out.append(Point(stack, i + 1, f"{root}.{i}.resid_post", label))
-        if not sublayers:  # block i's input is block i-1's output: one point, named for its layer
-            out = [Point(stack, p.layer, p.name, "embed" if p.layer == 0 else p.label) for p in out]
         return out
 
     def head_groups(self) -> list[HeadGroup]:
@@ -381,6 +379,17 @@ class Subject:
 
     def logits(self, p: Prepared, batch: int = 1) -> Tensor:
         return self.forward(*p.batch(batch))
+
+    def logits_at(self, p: Prepared, position: int, batch: int = 1) -> Tensor:
+        """Logits (B, V) at one output position only: the same numbers as
+        ``logits(p)[:, position]``, without reading out every other position (a 30k-token
+        vocabulary costs as much as the model itself)."""
+        m, args = self.model, p.batch(batch)
+        if self.kind == "mlm":
+            return m.mlm(m(args[0])[:, position])
+        if self.kind == "encoder":
+            return self.readout(m(args[0])[:, position : position + 1])[:, 0]
+        return self.forward(*args)[:, position]
 
     def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
         """What the model's head makes of a residual stream ``h`` (B, T, C): the logit lens.
