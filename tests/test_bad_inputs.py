@@ -243,6 +243,9 @@ TEXT_VERBS = {
     "similarity": [],
     "influence": ["--csv", "table.csv"],
     "explore": ["--html", "page.html"],
+    "ablate": ["--head", "0.0", "--png", "ablate.png"],
+    "lens": [],
+    "attribute": ["--method", "rollout"],
 }
 
 
@@ -267,6 +270,11 @@ RUN_VERBS = {
     "check": ["check", "{run}"],
     "embed": ["embed", "{run}", "All"],
     "export-hf": ["export-hf", "{run}", "hf"],
+    "ablate": ["ablate", "{run}", "All", "--head", "0.0"],
+    "patch": ["patch", "{run}", "--clean", "All", "--corrupt", "Alk", "--target", "l"],
+    "lens": ["lens", "{run}", "All"],
+    "attribute": ["attribute", "{run}", "All", "--method", "dla", "--target", "l"],
+    "heads": ["heads", "{run}", "All", "--importance"],
     "resume": ["train", "--data", "corpus.txt", "--out", "{run}", "--resume", "--max-iters", "3"],
 }
 
