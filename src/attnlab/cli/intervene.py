@@ -176,6 +176,7 @@ def cmd_attribute(args) -> int:
 @_user_errors
 def cmd_heads(args) -> int:
     from attnlab.interventions import corpus_loss, head_importance, text_loss
+    from attnlab.interventions.importance import inputs_loss
 
     args._png = _png(args.png)
     if not args.importance:
@@ -188,18 +189,11 @@ def cmd_heads(args) -> int:
     if args.data is not None:
         evaluate = corpus_loss(s, args.data, args.windows)
         source = f"{args.windows} windows of {args.data}"
+    elif args.inputs is not None:
+        evaluate, n = inputs_loss(s, args.inputs)
+        source = f"{n} inputs of {args.inputs}"
     else:
-        if args.inputs is not None:
-            lines = [
-                ln.strip() for ln in Path(args.inputs).read_text(encoding="utf-8").splitlines()
-            ]
-            texts = [ln for ln in lines if ln]
-            if not texts:
-                raise UsageError(f"--inputs {args.inputs}: no inputs (one per line)")
-            source = f"{len(texts)} inputs of {args.inputs}"
-        else:
-            texts, source = [args.text], repr(args.text)
-        evaluate = text_loss(s, texts)
+        evaluate, source = text_loss(s, [args.text]), repr(args.text)
     result = head_importance(s, evaluate, args.mode, source, prune=not args.no_prune,
                              quiet=args.quiet)  # fmt: skip
     return _show(result, args)

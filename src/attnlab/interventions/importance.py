@@ -33,6 +33,7 @@ class ImportanceResult(Result):
     heads: list[tuple[str, str, int, int, float]]  # (label, group, layer, head, loss change)
     pruning: list[tuple[int, str, float]]  # (heads removed, the last one removed, loss)
     notes: list[str] = field(default_factory=list)
+    values_changed: int = 0  # by every ablation, over every forward pass
 
     def grids(self) -> dict[str, np.ndarray]:
         out = {}
@@ -59,6 +60,7 @@ class ImportanceResult(Result):
         parts.append(
             Text(f"\npruning least important first (heads removed: {self.metric}): {curve}")
         )
+        parts.append(Text(f"the ablations changed {self.values_changed:,} values", style="dim"))
         parts += [Text(f"note: {n}", style="dim") for n in self.notes]
         return Group(*parts)
 
@@ -68,7 +70,7 @@ class ImportanceResult(Result):
                 "heads": [{"head": lab, "group": g, "layer": ly, "index": h, "loss_change": d}
                           for lab, g, ly, h, d in self.heads],
                 "pruning": [{"removed": n, "head": lab, "loss": v} for n, lab, v in self.pruning],
-                "notes": self.notes}  # fmt: skip
+                "values_changed": self.values_changed, "notes": self.notes}  # fmt: skip
 
     def figure(self):
         grids = self.grids()
@@ -104,6 +106,18 @@ def text_loss(subject: Subject, texts: list[str]) -> Callable[[], float]:
                      / len(prepared))  # fmt: skip
 
     return evaluate
+
+
+def inputs_loss(subject: Subject, path: str) -> tuple[Callable[[], float], int]:
+    """``text_loss`` over the non-blank lines of the file ``path`` (one input per line), and
+    how many there are."""
+    from pathlib import Path
+
+    texts = [ln.strip() for ln in Path(path).read_text(encoding="utf-8").splitlines()]
+    texts = [t for t in texts if t]
+    if not texts:
+        raise InterventionError(f"{path}: no inputs (one per line)")
+    return text_loss(subject, texts), len(texts)
 
 
 def corpus_loss(subject: Subject, data: str, windows: int = 16, encoding: str = "utf-8",
@@ -154,10 +168,11 @@ def head_importance(
                                 "with `attnlab ablate RUN TEXT --context`")  # fmt: skip
     refs = [HeadRef(g, h) for g in groups for h in range(g.n_heads)]
     base = evaluate()
-    rows = []
+    rows, changed = [], 0
     for k, ref in enumerate(refs):
-        with edited(subject.model, head_edits(subject, [ref], mode)):
+        with edited(subject.model, head_edits(subject, [ref], mode)) as (_, log):
             d = evaluate() - base
+        changed += log.changed
         group = "heads" if ref.group.kind == "attn" else f"{ref.group.kind} heads"
         rows.append((ref.label, group, ref.group.layer, ref.head, d))
         if not quiet:
@@ -167,8 +182,9 @@ def head_importance(
         order = sorted(range(len(refs)), key=lambda i: rows[i][4])
         for n in range(1, len(order) + 1):
             removed = [refs[i] for i in order[:n]]
-            with edited(subject.model, head_edits(subject, removed, mode)):
+            with edited(subject.model, head_edits(subject, removed, mode)) as (_, log):
                 curve.append((n, refs[order[n - 1]].label, evaluate()))
+            changed += log.changed
             if not quiet:
                 print(f"pruning: {n}/{len(order)} heads removed", file=sys.stderr)
-    return ImportanceResult("loss", source, mode, base, rows, curve, list(subject.notes))
+    return ImportanceResult("loss", source, mode, base, rows, curve, list(subject.notes), changed)

@@ -286,8 +286,9 @@ def patch(
         rows += [PatchRow(s, i, float(rec[i]), float(approx[i] / span)) for i in keep]
     if reverse:  # report in the user's terms: the clean input and its metric are the clean ones
         clean, m_clean, m_corrupt = corrupt, m_corrupt, m_clean
-    tokens = {st: (clean.input_tokens if st == subject.input_stack and subject.input_stack
-                   else clean.tokens) for st in {s.stack for s in site_list}}  # fmt: skip
+    # the tokens along each stack's positions (a ViT's residual stream runs over its patches)
+    tokens = {st: clean.tokens if st == "decoder" else clean.input_tokens
+              for st in {s.stack for s in site_list}}  # fmt: skip
     notes = list(subject.notes)
     if clean.extra.get("translation") is not None:
         notes.append(f"the decoder reads <bos> + the clean translation "
