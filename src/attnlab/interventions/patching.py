@@ -173,6 +173,13 @@ def sites(subject: Subject, by: str) -> list[Site]:
     return out
 
 
+def _read_where_written(subject: Subject, site: Site) -> bool:
+    """True when nothing after ``site`` mixes positions, so a patch elsewhere than the metric
+    position changes the metric by exactly 0: the final residual of the stack the logits are
+    read from, and an LSTM's context vector (it feeds only its own step's prediction)."""
+    return site.label in ("final", "context") and site.stack == subject.output_stack
+
+
 def metric_fn(target: int, foil: int | None, position: int):
     def m(logits: torch.Tensor) -> torch.Tensor:  # (B, T, V), or (B, V) at the position -> (B,)
         x = (logits[:, position] if logits.dim() == 3 else logits).double()
@@ -271,6 +278,8 @@ def patch(
                 raise InterventionError(f"--positions {positions}: {s.name} has positions "
                                         f"0..{len(moved) - 1}")  # fmt: skip
         todo = [i for i in keep if moved[i] > 0]
+        if by == "position" and _read_where_written(subject, s):
+            todo = [i for i in todo if i == pos]  # the readout is position-wise from here on
         for c in range(0, len(todo), CHUNK):
             index = todo[c : c + CHUNK]
             with (
