@@ -579,3 +579,22 @@ def test_results_render_in_a_notebook(gpt):
         html = r._repr_html_()
         assert html.startswith("<") and len(html) > 200
         assert r.to_json()
+
+
+def test_a_text_classifier_attributes_and_patches_its_class_logit():
+    from attnlab.models.encoder import Encoder, EncoderConfig
+    from attnlab.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.from_text("abcdefghij klmnop")
+    torch.manual_seed(0)
+    cfg = EncoderConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, d_model=16, num_labels=3,
+                        pooler=True, dropout=0.0)  # fmt: skip
+    s = Subject(perturb(Encoder(cfg).eval(), 0.3), tok)
+    r = _dla_sums(s, "abc def", "1")
+    assert any("pooler" in f for f in r.frozen)
+    assert logit_lens(s, "abc def").last_vs_model <= 1e-6
+    pr = patch(s, "abc def", "abd def", "1")
+    final = [x for x in pr.rows if x.site.label == "final" and x.index == 0]
+    assert final[0].recovered == pytest.approx(1.0, abs=1e-6)
+    with pytest.raises(InterventionError, match="not a class"):
+        s.token_id("7")

@@ -246,6 +246,9 @@ class Subject:
             names = list(self.classes or [])
             if token in names:
                 return names.index(token)
+            n = self.model.config.n_classes if self.kind == "vit" else self.model.config.num_labels
+            if not names and token.isdigit() and int(token) < n:
+                return int(token)  # a run that does not name its classes: class ids
             raise InterventionError(f"{token!r} is not a class of this model; classes: "
                                     f"{', '.join(names) or 'unknown'}")  # fmt: skip
         tok = self.output_vocab
