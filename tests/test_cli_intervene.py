@@ -162,3 +162,51 @@ def test_an_encoder_decoder_run_patches_and_attributes(capsys, tmp_path):
                       "--target", "m", "--by", "head", "--json"))  # fmt: skip
     assert {r.get("stack") for r in d["results"]} == {"encoder", "decoder"}
     assert "eval --ablate scores GPT runs" in one_line_error(capsys, "eval", run, "--ablate", "0.0")
+
+
+def test_explore_adds_intervention_tabs(capsys, run, tmp_path):
+    out = tmp_path / "e.html"
+    code, _, err = run_main(capsys, "explore", run, CLEAN, "--html", out, "--interventions")
+    assert code == 0, err
+    page = out.read_text()
+    for tab in (
+        "logit lens",
+        "rollout",
+        "flow",
+        "DLA of",
+        "integrated gradients",
+        "head importance",
+    ):
+        assert f">{tab}" in page
+    assert page.count('class="tabpane"') == 7 and "data:image/png;base64," in page
+    assert "http://" not in page and "https://" not in page  # still self-contained
+    plain = tmp_path / "p.html"
+    assert run_main(capsys, "explore", run, CLEAN, "--html", plain)[0] == 0
+    assert 'id="tabs"' not in plain.read_text()  # no tabs unless asked for
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_intervention_tabs_switch_in_chromium(run, tmp_path):
+    import os
+
+    if not os.path.exists("/usr/bin/chromium"):
+        pytest.skip("no /usr/bin/chromium: the tabs were not tried in a browser")
+    from attnlab.inspect import explore, record
+    from attnlab.interventions import explorer_tabs, load_subject
+    from cdp import Browser
+
+    s = load_subject(run)
+    page = explore(record(s.model, s.tokenizer, CLEAN), s.model,
+                   tabs=explorer_tabs(s, CLEAN)).save(tmp_path / "t.html")  # fmt: skip
+    browser = Browser()
+    try:
+        browser.open(page.as_uri())
+        shown = "Array.from(document.querySelectorAll('.tabpane')).map(p => p.style.display)"
+        assert json.loads(browser.eval(f"JSON.stringify({shown})"))[0] == ""
+        browser.eval("document.querySelectorAll('#tabs button')[1].click()")
+        after = json.loads(browser.eval(f"JSON.stringify({shown})"))
+        assert after[0] == "none" and after[1] == "" and after[2:] == ["none"] * 5
+        assert browser.errors() == []
+    finally:
+        browser.close()

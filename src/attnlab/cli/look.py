@@ -134,19 +134,33 @@ def cmd_explore(args) -> int:
     from attnlab.inspect.explorer import explore
 
     out = _out_path(args.html, ".html", "--html")
-    model, _, rec = _record(args)
+    model, tokenizer, rec = _record(args)
+    tabs = _intervention_tabs(model, tokenizer, args) if args.interventions else None
     page = explore(
         rec,
         model,
         title=f"attnlab explorer: {args.text}",
         max_tokens=args.max_tokens,
         start=args.start,
+        tabs=tabs,
     )
     page.save(out)
     if page.data["note"]:
         print(f"attnlab: note: {page.data['note']}", file=sys.stderr)
     _wrote(out, "explorer page")
     return 0
+
+
+def _intervention_tabs(model, tokenizer, args) -> dict[str, str]:
+    """--interventions: the one-input interventions as extra tabs of the page."""
+    from attnlab.checkpoint import read_run_config
+    from attnlab.interventions import InterventionError, Subject, explorer_tabs
+
+    try:
+        subject = Subject(model, tokenizer, read_run_config(args.run).get("labels"))
+        return explorer_tabs(subject, args.text)
+    except InterventionError as e:
+        raise UsageError(str(e)) from None
 
 
 @_user_errors
@@ -245,6 +259,9 @@ def register(sub) -> None:
         help="tokens per sequence kept in the page (default 128; keeps it small)",
     )
     p.add_argument("--start", type=nonneg, default=0, help="first token of the window kept")
+    p.add_argument("--interventions", action="store_true",
+                   help="add tabs: logit lens, rollout, flow, DLA, integrated gradients, head "
+                   "importance")  # fmt: skip
     p.set_defaults(func=cmd_explore)
 
     p = sub.add_parser(

@@ -132,13 +132,28 @@ def explorer_data(
     }
 
 
-def page(data: dict) -> str:
-    """The HTML document with ``data`` inlined (``</`` escaped so it cannot close the script)."""
+def page(data: dict, tabs: dict[str, str] | None = None) -> str:
+    """The HTML document with ``data`` inlined (``</`` escaped so it cannot close the script).
+
+    ``tabs`` (title -> a self-contained HTML fragment, e.g. a result's ``_repr_html_``) adds a
+    tab per entry beside the attention views, which become the first tab."""
     template = (
         resources.files("attnlab.inspect").joinpath("explorer.html").read_text(encoding="utf-8")
     )
+    nav = panes = ""
+    if tabs:
+        ids = [f"pane-{i}" for i in range(len(tabs))]
+        buttons = ['<button class="on" data-pane="pane-attention">attention</button>'] + [
+            f'<button data-pane="{i}">{html_lib.escape(t)}</button>' for i, t in zip(ids, tabs)
+        ]
+        nav = f'<div id="tabs">{"".join(buttons)}</div>'
+        panes = "".join(f'<div id="{i}" class="tabpane" style="display:none">{body}</div>'
+                        for i, body in zip(ids, tabs.values()))  # fmt: skip
     blob = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
-    return template.replace("__ATTNLAB_DATA__", blob)
+    # the fragments go in first: the data blob may itself contain the placeholder text
+    out = template.replace("<!--ATTNLAB_TABS_NAV-->", nav)
+    out = out.replace("<!--ATTNLAB_TABS_PANES-->", panes)
+    return out.replace("__ATTNLAB_DATA__", blob)
 
 
 def _joined(tokens: list[str]) -> str:
@@ -153,9 +168,11 @@ def explore(
     title: str | None = None,
     max_tokens: int = MAX_TOKENS,
     start: int = 0,
+    tabs: dict[str, str] | None = None,
 ) -> Explorer:
-    """Build the explorer page for ``rec`` (``model`` adds the W_O-weighted influence sources)."""
+    """Build the explorer page for ``rec`` (``model`` adds the W_O-weighted influence sources;
+    ``tabs`` adds tabs of other results, see ``page``)."""
     if title is None:
         title = "attnlab explorer: " + " | ".join(_joined(t) for t in rec.tokens.values())
     data = explorer_data(rec, model, title, max_tokens, start)
-    return Explorer(page(data), data)
+    return Explorer(page(data, tabs), data)

@@ -24,6 +24,7 @@ from attnlab.interventions.importance import (
     text_loss,
 )
 from attnlab.interventions.lens import LensResult, TunedLens, fit_tuned_lens, logit_lens
+from attnlab.interventions.overview import explorer_tabs
 from attnlab.interventions.patching import PatchResult, patch
 from attnlab.interventions.rollout import RolloutResult, attention_paths, flow, rollout
 from attnlab.interventions.subjects import InterventionError, Subject, load_subject
@@ -47,6 +48,7 @@ __all__ = [
     "corpus_loss",
     "direct_logit_attribution",
     "edited",
+    "explorer_tabs",
     "fit_tuned_lens",
     "flow",
     "head_importance",

@@ -88,7 +88,10 @@ class LensResult(Result):
         return save_png(self.figure(), path)
 
     def _repr_html_(self) -> str:
-        return heatmap_html(self.kl, self.points, self.tokens, "KL(final || lens), nats")
+        from attnlab.interventions.figures import figure_html
+
+        return figure_html(self.figure()) + heatmap_html(self.kl, self.points, self.tokens,
+                                                         "KL(final || lens), nats")  # fmt: skip
 
 
 @dataclass
