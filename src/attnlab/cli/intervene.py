@@ -128,6 +128,8 @@ def cmd_lens(args) -> int:
             raise UsageError(f"--max-tokens must be at least 2, got {args.max_tokens}")
         if args.ridge < 0:
             raise UsageError(f"--ridge must be >= 0, got {args.ridge}")
+        if args.png and args.text is None:
+            raise UsageError("--png draws the lens of TEXT: give TEXT too")
     elif args.text is None:
         raise UsageError("give TEXT to read with the lens (or --train-tuned --data FILE)")
     elif args.data is not None:
