@@ -195,9 +195,9 @@ def input_attribution(
         notes.append("attributions of each patch's pixels, baseline a black image")
     elif subject.kind == "seq2seq":
         notes.append("baseline: the source positions without their tokens")
-    from attnlab.interventions.patching import _metric_name
+    from attnlab.interventions.patching import metric_name
 
-    return GradResult(method, text, _metric_name(subject, t, f), pos,
+    return GradResult(method, text, metric_name(subject, t, f), pos,
                       p.input_tokens[1:] if subject.kind == "vit" else p.input_tokens,
                       values.detach().numpy(), f_x, f_b, n_steps,
                       rule if method == "ig" else "", image, grid, notes)  # fmt: skip

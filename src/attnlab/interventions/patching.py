@@ -256,7 +256,7 @@ def patch(
     m_corrupt = float(m_corrupt_t.detach())
     span = m_clean - m_corrupt
     if abs(span) < 1e-9:
-        raise InterventionError(f"clean and corrupt give the same {_metric_name(subject, t, f)} "
+        raise InterventionError(f"clean and corrupt give the same {metric_name(subject, t, f)} "
                                 f"({m_clean:.4f}) at position {pos}: nothing to recover")  # fmt: skip
     rows, changed = [], 0
     for s, g in zip(site_list, grads):
@@ -302,10 +302,11 @@ def patch(
     if clean.extra.get("translation") is not None:
         notes.append(f"the decoder reads <bos> + the clean translation "
                      f"{clean.extra['translation']!r} in both runs")  # fmt: skip
-    return PatchResult(by, _metric_name(subject, t, f), clean_text, corrupt_text, pos, m_clean,
+    return PatchResult(by, metric_name(subject, t, f), clean_text, corrupt_text, pos, m_clean,
                        m_corrupt, rows, tokens, notes, changed, reverse)  # fmt: skip
 
 
-def _metric_name(subject: Subject, t: int, f: int | None) -> str:
+def metric_name(subject: Subject, t: int, f: int | None) -> str:
+    """How results name the metric: logit(t), or logit(t) - logit(f) with a foil."""
     name = f"logit({subject.decode(t)!r})"
     return name if f is None else f"{name} - logit({subject.decode(f)!r})"

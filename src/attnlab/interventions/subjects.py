@@ -312,7 +312,7 @@ class Subject:
         tok = self.tokenizer
         if tok is None or not hasattr(tok, "read"):
             raise InterventionError("this ViT run has no image tokenizer (tokenizer.json)")
-        from attnlab.data.images import DataError
+        from attnlab.data import DataError
 
         try:
             image, label = tok.read(text)  # (C, H, W)
