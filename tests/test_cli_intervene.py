@@ -104,15 +104,19 @@ def test_heads_importance_table_heatmap_and_curve(capsys, run, tmp_path):
     one_line_error(capsys, "heads", run, "--data", corpus)  # no mode chosen
 
 
-def test_eval_with_ablated_heads(capsys, run, tmp_path):
+def test_eval_with_ablated_heads_on_a_text(capsys, run, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS * 20)
     plain = ok(capsys, "eval", run, "--data", corpus, "--device", "cpu")
-    code, ablated, err = run_main(capsys, "eval", run, "--data", corpus, "--device", "cpu",
-                                  "--ablate", "0.0,1.1")  # fmt: skip
-    assert code == 0 and "values changed" in err
-    loss = lambda text: float(text.split()[1])  # noqa: E731
-    assert loss(ablated) != loss(plain)
+    code, out, err = run_main(capsys, "eval", run, "--data", corpus, "--device", "cpu",
+                              "--ablate", "0.0,1.1", "--json")  # fmt: skip
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["heads"] == ["0.0", "1.1"] and d["mode"] == "zero"
+    assert d["intact"]["loss"] == pytest.approx(float(plain.split()[1]), abs=1e-4)  # eval's own
+    assert d["ablated"]["loss"] != d["intact"]["loss"]
+    assert d["change"]["loss"] == pytest.approx(d["ablated"]["loss"] - d["intact"]["loss"])
+    assert set(d["edits"]) == {"blocks.0.attn.z", "blocks.1.attn.z"} and d["values_changed"] > 0
     assert "no head 7" in one_line_error(capsys, "eval", run, "--data", corpus, "--ablate", "1.7")
 
 
@@ -161,7 +165,6 @@ def test_an_encoder_decoder_run_patches_and_attributes(capsys, tmp_path):
     d = json.loads(ok(capsys, "patch", run, "--clean", "abc def", "--corrupt", "abd def",
                       "--target", "m", "--by", "head", "--json"))  # fmt: skip
     assert {r.get("stack") for r in d["results"]} == {"encoder", "decoder"}
-    assert "eval --ablate scores GPT runs" in one_line_error(capsys, "eval", run, "--ablate", "0.0")
 
 
 def test_explore_adds_intervention_tabs(capsys, run, tmp_path):

@@ -184,9 +184,18 @@ def cmd_heads(args) -> int:
     if not args.importance:
         raise UsageError("say what to compute about the heads: --importance")
     given = [x for x in (args.text, args.data, args.inputs) if x is not None]
-    if len(given) != 1:
+    if len(given) > 1:
         raise UsageError("--importance measures the loss on TEXT, on --data FILE (a GPT: windows "
-                         "of a corpus) or on --inputs FILE (one input per line): give one")  # fmt: skip
+                         "of a corpus), on --inputs FILE (one input per line) or, given none, "
+                         "on the run's held-out split: give one at most")  # fmt: skip
+    if not given:  # a trained run: its task's held-out loss, as training measured it
+        from attnlab.interventions import Subject, held_out
+
+        h = held_out(args.run)
+        s = Subject(h.model, h.task.tokenizer)
+        result = head_importance(s, h.loss(), args.mode, h.source, prune=not args.no_prune,
+                                 quiet=args.quiet)  # fmt: skip
+        return _show(result, args)
     s = _subject(args)
     if args.data is not None:
         evaluate = corpus_loss(s, args.data, args.windows)
@@ -294,7 +303,9 @@ def register(sub) -> None:
     p = sub.add_parser("heads", help="facts about every head: --importance",
                        description="--importance: the loss change when each head is ablated "
                        "(a table and a heatmap), then pruning by that ranking with the loss "
-                       "after each removal (a curve).")  # fmt: skip
+                       "after each removal (a curve). The loss is measured on TEXT, --data or "
+                       "--inputs; given none, on the run's held-out split, as training "
+                       "measured it.")  # fmt: skip
     p.add_argument("run", help="run directory")
     p.add_argument("text", nargs="?", help="measure on this input")
     mode = p.add_argument_group("what to compute")

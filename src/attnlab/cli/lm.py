@@ -7,7 +7,6 @@ Every verb is a thin layer over the library: ``attnlab.data`` (corpus, token win
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 
@@ -39,15 +38,21 @@ def _set_cpu_threads(device: torch.device, quiet: bool = True) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _load_gpt(run: str, device_name: str):
-    from attnlab.models.gpt import GPT
+def _device(name: str) -> torch.device:
     from attnlab.runtime import resolve_device
 
     try:
-        device = resolve_device(device_name)
+        device = resolve_device(name)
     except ConfigError as e:
         raise UsageError(str(e)) from None
     _set_cpu_threads(device)
+    return device
+
+
+def _load_gpt(run: str, device_name: str):
+    from attnlab.models.gpt import GPT
+
+    device = _device(device_name)
     model, tokenizer = ckpt.load_run(run, device=device)
     if not isinstance(model, GPT):
         raise UsageError(
@@ -155,13 +160,14 @@ def evaluate_text(
 
 def eval_(args: argparse.Namespace) -> int:
     """``attnlab eval RUN``: a language model is scored on ``--data`` (loss, perplexity, bits
-    per character); an encoder-decoder on its own held-out split (exact match, token accuracy)."""
+    per character); an encoder-decoder on its own held-out split (exact match, token accuracy).
+    ``--ablate L.H[,...]``: the figures intact and with those heads ablated (``_eval_ablated``)."""
     from attnlab import data
     from attnlab.checkpoint import read_run_config
 
     model_type = read_run_config(args.run).get("model_type")
-    if args.ablate and model_type != "gpt":  # issue 11 brings eval (and --ablate) to every kind
-        raise UsageError(f"{args.run}: eval --ablate scores GPT runs so far, not {model_type!r}")
+    if args.ablate:
+        return _eval_ablated(args, model_type)
     if model_type in ("seq2seq", "rnn"):
         from attnlab.cli.seq2seq import evaluate
 
@@ -172,18 +178,10 @@ def eval_(args: argparse.Namespace) -> int:
         )
     if args.data is None:
         raise UsageError("eval of a language model needs --data (the text to score)")
-
-    if args.batch_size <= 0:
-        raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
-    if args.max_tokens is not None and args.max_tokens <= 0:
-        raise UsageError(f"--max-tokens must be positive, got {args.max_tokens}")
+    _check_text_options(args)
     corpus = data.open_corpus(args.data, args.encoding)
     model, tokenizer = _load_gpt(args.run, args.device)
-    try:
-        with _ablation(model, args):  # --ablate: score with those heads knocked out
-            r = evaluate_text(model, tokenizer, corpus, args.batch_size, args.max_tokens)
-    except data.DataError as e:
-        raise data.DataError(f"{args.data}: {e}") from None  # e.g. shorter than one window
+    r = _score_text(model, tokenizer, corpus, args)
     print(f"loss         {r['loss']:.4f}  nats/token")
     print(f"perplexity   {r['perplexity']:.3f}")
     print(f"bits/char    {r['bits_per_char']:.4f}  ({r['chars_per_token']:.3f} chars/token)")
@@ -191,18 +189,59 @@ def eval_(args: argparse.Namespace) -> int:
     return 0
 
 
-@contextlib.contextmanager
-def _ablation(model, args):
-    """``--ablate L.H[,...] --mode M``: the library's ``ablate`` context, or no edit at all."""
-    from attnlab.interventions import ablate
+def _check_text_options(args) -> None:
+    if args.batch_size <= 0:
+        raise UsageError(f"--batch-size must be positive, got {args.batch_size}")
+    if args.max_tokens is not None and args.max_tokens <= 0:
+        raise UsageError(f"--max-tokens must be positive, got {args.max_tokens}")
 
-    if not args.ablate:
-        yield
-        return
-    with ablate(model, heads=args.ablate, mode=args.mode) as log:  # checks the heads first
-        yield
-    print(f"ablated heads {args.ablate} ({args.mode}): {log.changed:,} values changed",
-          file=sys.stderr)  # fmt: skip
+
+def _score_text(model, tokenizer, corpus, args) -> dict:
+    from attnlab import data
+
+    try:
+        return evaluate_text(model, tokenizer, corpus, args.batch_size, args.max_tokens)
+    except data.DataError as e:
+        raise data.DataError(f"{args.data}: {e}") from None  # e.g. shorter than one window
+
+
+SEQ2SEQ_OPTIONS = ("--split", "--beam", "--alpha", "--limit")
+
+
+def _eval_ablated(args, model_type: str | None) -> int:
+    """``eval RUN --ablate L.H[,...] [--mode M]``: the run's figures intact and with those heads
+    ablated. With ``--data`` a GPT is scored on that text; otherwise any trained run is scored
+    on its task's held-out split, as training scored it (``interventions.held_out``)."""
+    from attnlab import data
+    from attnlab.inspect.display import console
+    from attnlab.interventions import ablated_eval, held_out
+
+    if args.data is not None:
+        if model_type != "gpt":
+            raise UsageError(f"--data scores a GPT on a text; this is a {model_type!r} run: "
+                             "without --data it is scored on its own held-out split")  # fmt: skip
+        _check_text_options(args)
+        corpus = data.open_corpus(args.data, args.encoding)
+        model, tokenizer = _load_gpt(args.run, args.device)
+
+        def score() -> dict:
+            r = _score_text(model, tokenizer, corpus, args)
+            return {k: r[k] for k in ("loss", "perplexity", "bits_per_char", "tokens")}
+
+        source = f"{args.data}"
+    else:
+        given = [o for o in SEQ2SEQ_OPTIONS if any(a.split("=")[0] == o for a in args._argv)]
+        if given:
+            raise UsageError(f"{given[0]} does not apply to --ablate: the run is scored on the "
+                             "held-out split it was trained with, as training scored it")  # fmt: skip
+        h = held_out(args.run, _device(args.device))
+        model, score, source = h.model, h.figures, h.source
+    result = ablated_eval(model, score, args.ablate, args.mode, source, quiet=False)
+    if args.json:
+        print(result.to_json())
+    else:
+        console().print(result)
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,6 +301,9 @@ def register(sub) -> None:
     a("--beam", type=int, default=1, help="seq2seq: beam width (1 = greedy)")
     a("--alpha", type=float, default=0.6, help="seq2seq: length penalty exponent")
     a("--limit", type=int, default=0, help="seq2seq: evaluate only the first N pairs")
-    a("--json", action="store_true", help="seq2seq: print one JSON object")
-    a("--ablate", metavar="L.H[,L.H...]", help="score with these heads ablated")
+    a("--json", action="store_true", help="seq2seq and --ablate: print one JSON object")
+    a("--ablate", metavar="L.H[,L.H...]",
+      help="the figures intact and with these heads ablated (1.2; decoder.0.1, cross.1.0, "
+      "encoder.0.3 in an encoder-decoder; context for an LSTM); without --data, on the run's "
+      "held-out split, for every task")  # fmt: skip
     a("--mode", choices=("zero", "mean", "resample"), default="zero", help="--ablate: how")

@@ -11,11 +11,21 @@ an edit changed. Each function returns a result that prints in the terminal, con
     patch(s, clean="The bank of the river", corrupt="The bank of the money", target="river")
     with ablate(model, heads=[(1, 2)], mode="zero"):
         ...                                  # any evaluation, with head 1.2 knocked out
+    h = held_out(run_dir)                    # a trained run's model and its task's held-out data
+    ablated_eval(h.model, h.figures, heads="1.2")   # its figures, intact and with 1.2 ablated
 """
 
 from attnlab.interventions.ablation import AblationResult, ablation
 from attnlab.interventions.dla import DLAResult, direct_logit_attribution
 from attnlab.interventions.edits import EditLog, ablate, ablation_edit, edited
+from attnlab.interventions.evaluation import (
+    AblatedEval,
+    HeldOut,
+    ablated_eval,
+    held_out,
+    task_figures,
+    task_loss,
+)
 from attnlab.interventions.gradients import GradResult, input_attribution
 from attnlab.interventions.importance import (
     ImportanceResult,
@@ -30,10 +40,12 @@ from attnlab.interventions.rollout import RolloutResult, attention_paths, flow, 
 from attnlab.interventions.subjects import InterventionError, Subject, load_subject
 
 __all__ = [
+    "AblatedEval",
     "AblationResult",
     "DLAResult",
     "EditLog",
     "GradResult",
+    "HeldOut",
     "ImportanceResult",
     "InterventionError",
     "LensResult",
@@ -42,6 +54,7 @@ __all__ = [
     "Subject",
     "TunedLens",
     "ablate",
+    "ablated_eval",
     "ablation",
     "ablation_edit",
     "attention_paths",
@@ -52,10 +65,13 @@ __all__ = [
     "fit_tuned_lens",
     "flow",
     "head_importance",
+    "held_out",
     "input_attribution",
     "load_subject",
     "logit_lens",
     "patch",
     "rollout",
+    "task_figures",
+    "task_loss",
     "text_loss",
 ]
