@@ -6,6 +6,11 @@
   language modelling, fixed batches for evaluation.
 - ``batches``: padding, and random / epoch batch sources that resume exactly.
 - ``tasks``: generated sequence-to-sequence tasks and parallel corpora.
+- ``shards``: a corpus of any size encoded in parallel into token shards with a manifest,
+  checked and reused; ``ShardedTokens`` reads them as one array without loading them.
+- ``epochs``: windows read once per epoch in a shuffled order, resumable mid-epoch.
+- ``stream``: the language-model pipeline over those: tokenizer (on a bounded sample for a large
+  corpus), shards (cached and reused), held-out split, batches (``prepare_lm_tokens``).
 - ``images`` (import it on its own): the built-in ``digits`` or a ``DIR/<label>/*.png`` folder,
   a seeded train/val/test split, and the ``ImageTokenizer`` a ViT run stores.
 """
@@ -18,6 +23,15 @@ from attnlab.data.corpus import (
     fingerprint,
     load_text,
     open_corpus,
+)
+from attnlab.data.epochs import EpochWindows
+from attnlab.data.shards import ShardedTokens, ShardError
+from attnlab.data.stream import (
+    LMTokens,
+    lm_batches,
+    prepare_lm_tokens,
+    reopen_lm_tokens,
+    split_held_out,
 )
 from attnlab.data.tokens import (
     RandomWindows,
@@ -35,16 +49,24 @@ __all__ = [
     "BUILTIN",
     "Corpus",
     "DataError",
+    "EpochWindows",
+    "LMTokens",
     "RandomWindows",
+    "ShardError",
+    "ShardedTokens",
     "TokenFileInfo",
     "corpus_name",
     "fingerprint",
     "encode_to_file",
     "fixed_batches",
+    "lm_batches",
     "load_text",
     "open_corpus",
+    "prepare_lm_tokens",
     "read_token_file",
+    "reopen_lm_tokens",
     "sequential_batches",
+    "split_held_out",
     "split_tokens",
     "token_dtype",
     "windows",
