@@ -403,14 +403,18 @@ def create_run_dir(run_dir: str | Path) -> bool:
 
 def remove_partial_run(run_dir: str | Path, created: bool, names: tuple[str, ...] = ()) -> None:
     """Bad input found while a new run was being prepared: leave nothing behind. A directory
-    this run created is removed whole; in one that existed, only ``names`` (and the files every
-    run writes) are removed, with their temporary copies."""
+    this run created is removed whole; in one that existed, only ``names`` (files or
+    directories, such as a task's token shards) and the files every run writes are removed,
+    with their temporary copies."""
     d = Path(run_dir)
     if created:
         shutil.rmtree(d, ignore_errors=True)
         return
     for name in (*names, *RUN_FILES, "target_tokenizer.json", OPTIMIZER_FILE, CURVE_FILE):
-        (d / name).unlink(missing_ok=True)
+        if (d / name).is_dir() and not (d / name).is_symlink():
+            shutil.rmtree(d / name, ignore_errors=True)
+        else:
+            (d / name).unlink(missing_ok=True)
         for tmp in d.glob(f".{name}.*tmp"):
             tmp.unlink(missing_ok=True)
     shutil.rmtree(d / "best", ignore_errors=True)

@@ -79,6 +79,10 @@ def register(sub) -> None:
       "addition) or images (digits, DIR/<label>/*.png)")  # fmt: skip
     a("--out", help="run directory to write (default runs/<data name>)")
     a("--encoding", help="text encoding of the data files (utf-8)")
+    a("--token-cache", metavar="DIR",
+      help="--task lm: stream the corpus through token shards cached in DIR, which the next run "
+      "on the same files reuses (default: a corpus of 32 MiB or more streams, into "
+      "$ATTNLAB_CACHE or ~/.cache/attnlab)")  # fmt: skip
     a("--tokenizer", choices=["char", "word", "bpe", "wordpiece"],
       help="tokenizer to build (char; wordpiece: encoder tasks only)")  # fmt: skip
     a("--vocab-size", type=int, help="BPE / WordPiece vocabulary size (512)")

@@ -27,11 +27,13 @@ from attnlab.data.corpus import (
 from attnlab.data.epochs import EpochWindows
 from attnlab.data.shards import ShardedTokens, ShardError
 from attnlab.data.stream import (
+    TOKENS_DIR,
     LMTokens,
     lm_batches,
     prepare_lm_tokens,
     reopen_lm_tokens,
     split_held_out,
+    streams,
 )
 from attnlab.data.tokens import (
     RandomWindows,
@@ -54,6 +56,7 @@ __all__ = [
     "RandomWindows",
     "ShardError",
     "ShardedTokens",
+    "TOKENS_DIR",
     "TokenFileInfo",
     "corpus_name",
     "fingerprint",
@@ -67,6 +70,7 @@ __all__ = [
     "reopen_lm_tokens",
     "sequential_batches",
     "split_held_out",
+    "streams",
     "split_tokens",
     "token_dtype",
     "windows",

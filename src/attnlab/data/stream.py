@@ -53,6 +53,7 @@ STREAM_BYTES = 32 << 20  # corpora this large or larger stream from the cache by
 SAMPLE_BYTES = 16 << 20  # a tokenizer trains on at most this much text (BPE: ~10 s on 2 cores)
 SAMPLE_PIECES = 128  # ... taken as this many evenly spaced pieces
 CACHE_ENV = "ATTNLAB_CACHE"
+TOKENS_DIR = "tokens"  # a small corpus's shards: RUN/tokens/
 
 Log = Callable[[str], None] | None
 
@@ -67,6 +68,12 @@ def default_cache_dir() -> Path:
 
 def corpus_bytes(corpus: Corpus) -> int:
     return sum(p.stat().st_size for p in corpus.files)
+
+
+def streams(corpus: Corpus, cache: str | Path | None = None) -> bool:
+    """Whether ``prepare_lm_tokens`` streams this corpus from a cache: a cache is named, or the
+    corpus is ``STREAM_BYTES`` or more."""
+    return cache is not None or corpus_bytes(corpus) >= STREAM_BYTES
 
 
 # ---------------------------------------------------------------------------------------------
@@ -230,7 +237,7 @@ def _data_key(corpus: Corpus) -> str:
 def prepare_lm_tokens(
     corpus: Corpus,
     kind: str,
-    run_dir: str | Path,
+    run_dir: str | Path | None,
     vocab_size: int = 512,
     min_freq: int = 1,
     cache: str | Path | None = None,
@@ -243,11 +250,12 @@ def prepare_lm_tokens(
 
     ``cache``: a cache directory (streams whatever the size); None streams corpora of
     ``STREAM_BYTES`` or more into ``default_cache_dir()``. ``run_dir`` receives the small way's
-    shards (``RUN/tokens``); nothing else is written there. ``tokenizer``: use this one instead
-    of building a ``kind`` tokenizer (e.g. the one another rank built). ``workers``: encoding
-    processes (0: this process; default one per core). ``log`` receives progress lines.
+    shards (``RUN/tokens``; None: only a streamed corpus can be prepared); nothing else is
+    written there. ``tokenizer``: use this one instead of building a ``kind`` tokenizer (e.g.
+    the one another rank built). ``workers``: encoding processes (0: this process; default one
+    per core). ``log`` receives progress lines.
     """
-    streamed = cache is not None or corpus_bytes(corpus) >= STREAM_BYTES
+    streamed = streams(corpus, cache)
     tok_reused = tokenizer is not None
     if streamed:
         cache = Path(cache).expanduser() if cache is not None else default_cache_dir()
@@ -258,14 +266,16 @@ def prepare_lm_tokens(
         key = shards_key(corpus_fingerprint(corpus), tokenizer_sha256(tokenizer))
         dest = cache / "tokens" / f"{corpus.name}-{key}"
     else:
+        if run_dir is None:
+            raise ValueError("a corpus that does not stream keeps its shards in a run directory")
         if tokenizer is None:
             if log is not None:
                 log(f"building the {kind} tokenizer on {corpus.name} ...")
             tokenizer = build_tokenizer(kind, corpus.chunks(), vocab_size, min_freq)
-        dest = Path(run_dir) / "tokens"
+        dest = Path(run_dir) / TOKENS_DIR
     result = shards_for(corpus, tokenizer, dest, SHARD_BYTES, workers, log)
     record = {
-        "token_shards": str(dest.resolve()) if streamed else "tokens",
+        "token_shards": str(dest.resolve()) if streamed else TOKENS_DIR,
         "sampler": "epochs" if streamed else "random",
         "data_key": _data_key(corpus),
     }

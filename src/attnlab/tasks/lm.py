@@ -1,8 +1,12 @@
 """Language modelling: a GPT learns to predict the next token of a text.
 
-data    a text file, a directory of .txt files or the built-in ``shakespeare``; tokenized once
-        into the run's ``tokens.bin`` (memory-mapped), the last ``val_fraction`` held out
-batch   random windows x = t[i : i+T], y = t[i+1 : i+T+1]          (B, T) each
+data    a text file, a directory of .txt files or the built-in ``shakespeare``, tokenized once
+        into token shards read from disk (``attnlab.data.stream``): in the run's ``tokens/``,
+        or for a corpus of 32 MiB or more (or any, given ``token_cache``) in a cache that the
+        next run on the same files reuses; the last ``val_fraction`` of each shard held out
+batch   windows x = t[i : i+T], y = t[i+1 : i+T+1]                  (B, T) each
+        drawn at random (as nanoGPT does), or for a streamed corpus read once per epoch in a
+        shuffled order; either resumes mid-epoch exactly
 loss    mean cross-entropy of model(x) (B, T, V) against y, in nats per token
 figures val loss, perplexity exp(loss), bits per character loss / ln 2 / (chars per token)
 example a short sample continuing the start of the held-out text
@@ -59,6 +63,7 @@ class LMOptions(BaseConfig):
     dropout: float | None = None  # None: 0
     pos: str | None = None  # learned (GPT-2), sinusoidal, rotary
     norm: str | None = None  # pre (GPT-2) or post
+    token_cache: str | None = None  # stream the tokens through shards cached here
 
     def validate(self) -> None:
         self._one_of("tokenizer", ("char", "word", "bpe"))
@@ -87,12 +92,14 @@ class LanguageModel(Task):
     loss_unit = "nats / token"
     metrics = (Metric("val_ppl", "perplexity"), Metric("val_bpc", "bits/char", "bits/char"))
     best = "val_loss"
-    data_files = (data.tokens.TOKEN_FILE, data.tokens.TOKEN_META)
+    data_files = (data.TOKENS_DIR, f".{data.TOKENS_DIR}.lock")  # a small corpus's shards
 
     def __init__(self, options: LMOptions, seed: int = 1337):
         super().__init__(options, seed)
         self.train_tokens = self.val_tokens = None
         self.info: data.TokenFileInfo | None = None
+        self.sampler = "random"  # how training windows are drawn (see data.lm_batches)
+        self.record: dict = {}  # where the tokens are, for config.json (see data.reopen_lm_tokens)
 
     @classmethod
     def redirect(cls, given: dict) -> type[Task]:
@@ -118,33 +125,58 @@ class LanguageModel(Task):
     # -- data ----------------------------------------------------------------------------------
 
     def prepare(self, run_dir: Path | None) -> None:
+        """The tokenizer and the token shards (``data.prepare_lm_tokens``); without a run
+        directory, a small corpus is tokenized in memory instead."""
         o = self.options
         corpus = data.open_corpus(o.data, o.encoding)
-        self.log(f"building the {o.tokenizer} tokenizer on {corpus.name} ...")
-        self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)
-        if run_dir is None:
+        if run_dir is None and not data.streams(corpus, o.token_cache):
+            self.log(f"building the {o.tokenizer} tokenizer on {corpus.name} ...")
+            self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)  # fmt: skip
             text = corpus.read()
             tokens = np.asarray(self.tokenizer.encode(text), dtype=data.token_dtype(self.tokenizer.vocab_size))  # fmt: skip
-            info = data.TokenFileInfo(len(tokens), len(text), tokens.dtype.name, str(o.data))
-        else:
-            path = Path(run_dir) / data.tokens.TOKEN_FILE
-            data.encode_to_file(corpus, self.tokenizer, path, source=str(o.data))
-            tokens, info = data.read_token_file(path)
-        self._split(tokens, info)
+            self.info = data.TokenFileInfo(len(tokens), len(text), tokens.dtype.name, str(o.data))
+            self._split(data.split_tokens, tokens)
+            return
+        self._use(self._prepare_tokens(corpus, run_dir, None))
 
     def reload(self, run_dir: Path, tokenizer, cfg: dict) -> None:
+        """The run's tokens, from where its config.json says they are (``--resume``, ``eval``);
+        a new run's other processes (``cfg`` empty) find the shards rank 0 made. A run from
+        before token shards (``tokens.bin``) is read as it is."""
         self.tokenizer = tokenizer
-        self._split(*data.read_token_file(Path(run_dir) / data.tokens.TOKEN_FILE))
+        if not cfg:
+            corpus = data.open_corpus(self.options.data, self.options.encoding)
+            self._use(self._prepare_tokens(corpus, run_dir, tokenizer))
+        else:
+            self._use(data.reopen_lm_tokens(run_dir, cfg, tokenizer, self._corpus, self.log))
 
-    def _split(self, tokens, info) -> None:
-        block = self.options.model_config(1).block_size
+    def _prepare_tokens(self, corpus, run_dir, tokenizer) -> data.LMTokens:
+        o = self.options
+        return data.prepare_lm_tokens(corpus, o.tokenizer, run_dir, vocab_size=o.vocab_size,
+                                      min_freq=o.min_freq, cache=o.token_cache,
+                                      tokenizer=tokenizer, log=self.log)  # fmt: skip
+
+    def _corpus(self):
+        """The run's text, needed on --resume only to encode damaged shards again; None if it
+        cannot be read."""
         try:
-            self.train_tokens, self.val_tokens = data.split_tokens(
-                tokens, self.options.val_fraction, block
+            return data.open_corpus(self.options.data, self.options.encoding)
+        except data.DataError:
+            return None
+
+    def _use(self, lm: data.LMTokens) -> None:
+        self.tokenizer, self.sampler, self.record = lm.tokenizer, lm.sampler, lm.record
+        self.info = data.TokenFileInfo(lm.n_tokens, lm.n_chars, lm.tokens.dtype.name,
+                                       str(self.options.data), self.options.encoding)  # fmt: skip
+        self._split(data.split_held_out, lm.tokens)
+
+    def _split(self, split, tokens) -> None:
+        try:
+            self.train_tokens, self.val_tokens = split(
+                tokens, self.options.val_fraction, self.block_size
             )
         except data.DataError as e:
             raise data.DataError(f"{self.options.data}: {e}") from None  # too short
-        self.info = info
 
     def model_config(self) -> GPTConfig:
         return self.options.model_config(self.tokenizer.vocab_size)
@@ -159,8 +191,8 @@ class LanguageModel(Task):
         return self.options.model_config(1).block_size
 
     def train_batches(self, batch_size, seed, rank=0, world_size=1):
-        return data.RandomWindows(self.train_tokens, self.block_size, batch_size, seed=seed,
-                                  rank=rank, world_size=world_size)  # fmt: skip
+        return data.lm_batches(self.train_tokens, self.sampler, self.block_size, batch_size,
+                               seed=seed, rank=rank, world_size=world_size)  # fmt: skip
 
     def val_batches(self, batch_size, eval_iters):
         return data.fixed_batches(self.val_tokens, self.block_size, batch_size, eval_iters, 0)
@@ -186,7 +218,8 @@ class LanguageModel(Task):
 
         if self.tokenizer is None:
             return None
-        prompt = self.tokenizer.decode(self.val_tokens[: min(16, self.block_size // 2)].tolist())
+        head = self.val_tokens[np.arange(min(16, self.block_size // 2))]  # array or shards
+        prompt = self.tokenizer.decode(head.tolist())
         cfg = SamplingConfig(max_new_tokens=min(48, self.block_size), temperature=0.8, seed=0)
         text = generate(model, self.tokenizer, prompt, cfg)[0].text
         return f"sample: {prompt[-24:]!r} -> {text!r}"
@@ -207,6 +240,7 @@ class LanguageModel(Task):
             "val_fraction": o.val_fraction,
             "chars_per_token": info.chars_per_token if info else None,
             "n_tokens": info.n_tokens if info else None,
+            **self.record,  # where the token shards are and how batches are drawn
         }
 
     def describe(self, model) -> str:
