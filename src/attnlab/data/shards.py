@@ -46,7 +46,7 @@ from attnlab.tokenizers import Tokenizer, tokenizer_from_json
 
 FORMAT = 1
 MANIFEST = "manifest.json"
-SHARD_BYTES = 8 << 20  # text per shard: 26 shards for 200 MB keep 2-16 workers evenly busy
+SHARD_BYTES = 4 << 20  # text per shard: ~50 shards for 200 MB keep 2-16 workers evenly busy
 BLOCK_BYTES = 1 << 20  # a worker reads, encodes and writes 1 MiB of text at a time
 SEARCH_BYTES = 1 << 20  # how far past a shard's target end a safe cut is looked for
 
@@ -354,7 +354,7 @@ def _encode_all(
                     if not left or any(f.exception() for f in done):
                         break
                     now = time.perf_counter()
-                    if log is not None and now - shown >= 5.0:
+                    if log is not None and now - shown >= 5.0 and progress[0].value > 0:
                         shown = now
                         done_bytes, done_tokens = progress[0].value, progress[1].value
                         log(_progress_line(done_bytes, total, done_tokens, now - start))

@@ -16,9 +16,9 @@ Two ways, chosen by the corpus size (``STREAM_BYTES``) or by naming a cache dire
 Nothing here holds the corpus or its tokens in memory: text is read 1 MiB at a time, tokens
 are read a batch at a time.
 
-The held-out split is the last ``val_fraction`` of every shard (a shard is ~8 MiB of text), so
+The held-out split is the last ``val_fraction`` of every shard (a shard is ~4 MiB of text), so
 it samples the whole corpus rather than its last files, and it is the same on every run over
-the same files. With one shard (a corpus under 8 MiB) it is the last ``val_fraction`` of the
+the same files. With one shard (a corpus under 4 MiB) it is the last ``val_fraction`` of the
 text, as ``split_tokens`` makes it.
 """
 
