@@ -236,6 +236,11 @@ def test_a_broken_manifest_is_rebuilt_and_damage_without_the_text_is_refused(tmp
     tok = CharTokenizer(set(big_text(200)))
     dest = tmp_path / "shards"
     shards_for(corpus, tok, dest, workers=0)
+    manifest = read_manifest(dest)
+    manifest["shards"][0]["file"] = "../../elsewhere.bin"  # a run directory is untrusted input
+    (dest / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ShardError, match="bad shard name"):
+        read_manifest(dest)
     (dest / "manifest.json").write_text("{not json")
     rebuilt = shards_for(corpus, tok, dest, workers=0)
     assert not rebuilt.reused and read_manifest(dest)["n_tokens"] == len(big_text(200))

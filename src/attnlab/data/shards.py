@@ -29,6 +29,7 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
 import sys
@@ -46,6 +47,7 @@ from attnlab.tokenizers import Tokenizer, tokenizer_from_json
 
 FORMAT = 1
 MANIFEST = "manifest.json"
+_SHARD_NAME = re.compile(r"shard-\d{5,}\.bin")
 SHARD_BYTES = 4 << 20  # text per shard: ~50 shards for 200 MB keep 2-16 workers evenly busy
 BLOCK_BYTES = 1 << 20  # a worker reads, encodes and writes 1 MiB of text at a time
 SEARCH_BYTES = 1 << 20  # how far past a shard's target end a safe cut is looked for
@@ -489,8 +491,11 @@ def read_manifest(dest: str | Path) -> dict:
         if manifest.get("format") != FORMAT or not isinstance(manifest.get("shards"), list):
             raise ValueError("not a token shard manifest of this version")
         np.dtype(manifest["dtype"])
+        int(manifest["vocab_size"])
         for e in manifest["shards"]:
-            e["file"], e["n_tokens"], e["sha256"], e["segments"]  # noqa: B018 (must exist)
+            e["n_tokens"], e["sha256"], e["segments"]  # noqa: B018 (must exist)
+            if not _SHARD_NAME.fullmatch(e["file"]):  # a name in DIR, never a path elsewhere
+                raise ValueError(f"bad shard name {e['file']!r}")
     except (OSError, ValueError, TypeError, KeyError) as e:
         reason = getattr(e, "strerror", None) or e
         raise ShardError(f"{path}: cannot read the token shard manifest ({reason})") from None
@@ -511,17 +516,25 @@ def bad_shards(dest: str | Path, manifest: dict, checksums: bool = True) -> list
             continue
         if size != e["n_tokens"] * itemsize:
             bad.append((i, f"{size} bytes, expected {e['n_tokens'] * itemsize}"))
-        elif checksums and _sha256_file(path) != e["sha256"]:
-            bad.append((i, "checksum mismatch"))
+        elif checksums:
+            digest, top = _scan(path, np.dtype(manifest["dtype"]))
+            if digest != e["sha256"]:
+                bad.append((i, "checksum mismatch"))
+            elif top >= manifest["vocab_size"]:
+                bad.append(
+                    (i, f"token id {top} outside the vocabulary of {manifest['vocab_size']}")
+                )
     return bad
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
+def _scan(path: Path, dtype: np.dtype) -> tuple[str, int]:
+    """(SHA-256, largest token id) of a token file, read 4 MiB at a time."""
+    h, top = hashlib.sha256(), -1
     with open(path, "rb") as f:
         while chunk := f.read(4 << 20):
             h.update(chunk)
-    return h.hexdigest()
+            top = max(top, int(np.frombuffer(chunk, dtype=dtype).max()))
+    return h.hexdigest(), top
 
 
 def repair_shards(
