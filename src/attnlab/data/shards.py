@@ -5,17 +5,18 @@
     DIR/shard-00000.bin    raw token ids, little-endian uint16 (vocab < 65536) or uint32
     DIR/shard-00001.bin    ...
 
-The token stream of the corpus is its files in order, each file's tokens followed (between
-files) by the tokens of one ``"\\n"``, as ``Corpus.chunks`` joins them. A shard holds the
-tokens of about ``shard_bytes`` of text: a run of whole small files, or a part of a large file
-cut at a safe cut (see ``attnlab.data.pieces``), so that the shards put end to end are exactly
-that token stream whatever the shard size or the number of workers.
+The token stream of the corpus is the tokens of its files in order, with the tokens of one
+``"\\n"`` between two files (as ``Corpus.chunks`` joins them); each file is encoded on its own.
+A shard holds the tokens of about ``shard_bytes`` of text: a run of whole small files, or a part
+of a large file cut at a safe cut (see ``attnlab.data.pieces``), so that the shards put end to
+end are exactly that token stream whatever the shard size or the number of workers.
 
-Building never shows a half-made directory: shards are written into ``.DIR.tmp-*``, fsynced,
-and the directory renamed into place; a second process that wants the same directory waits on
-an OS lock (``.DIR.lock``, released when its holder dies) and then reuses the result. Opening
-checks every shard's size and SHA-256 against the manifest; a bad shard is re-encoded from its
-text if the text is unchanged, and refused in one line otherwise.
+Building never shows a half-made directory: shards are written into ``.DIR.tmp-*``, fsynced, and
+the directory renamed into place; a second process that wants the same directory waits on an OS
+lock (``.DIR.lock``, released when its holder dies) and then reuses the result. Opening checks
+every shard's size and SHA-256 against the manifest (and its ids against the vocabulary size); a
+bad shard is re-encoded from its text if the text is unchanged, and refused in one line
+otherwise.
 
 Reading never maps the files: ``ShardedTokens`` reads the windows of a batch with ``pread``, so
 the memory a run holds does not grow with the corpus (a memory map's touched pages count in the
