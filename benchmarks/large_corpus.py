@@ -232,15 +232,16 @@ def train_run(args_list: list[str], log: Path) -> dict:
 
 
 def small_corpus(path: str, repeats: int, tmp: Path) -> dict:
-    from attnlab.data import build_tokenizer_from_corpus, encode_to_file, open_corpus
+    from attnlab.data import encode_to_file, open_corpus
     from attnlab.data.stream import prepare_lm_tokens
+    from attnlab.tokenizers import build_tokenizer
 
     corpus = open_corpus(path)
     out: dict[str, list[float]] = {}
     for _ in range(repeats):
         for kind in ("char", "bpe"):
             start = time.perf_counter()
-            tok = build_tokenizer_from_corpus(kind, corpus, 512)
+            tok = build_tokenizer(kind, corpus.chunks(), 512)
             encode_to_file(corpus, tok, tmp / "tokens.bin")
             out.setdefault(f"{kind}: one token file (before)", []).append(
                 time.perf_counter() - start

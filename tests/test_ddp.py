@@ -85,7 +85,7 @@ def test_single_process_is_not_distributed():
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id", ["lm", "transformer"])
 def test_torchrun_trains_a_run_that_rank_0_alone_writes(task_id, tmp_path):
-    """Two processes through torchrun: rank 0 prepares the data (the LM's tokens.bin) and
+    """Two processes through torchrun: rank 0 prepares the data (the LM's token shards) and
     writes the run; rank 1 reads what rank 0 prepared; the run loads and its steps are all
     there."""
     import subprocess

@@ -452,7 +452,7 @@ def test_train_streams_reuses_and_resumes_through_the_cli(capsys, tmp_path):
 
     code, _, err = train(capsys, "--task", "seq2seq", "--data", "dates", "--token-cache", cache,
                          "--out", tmp_path / "s")  # fmt: skip
-    assert code == 2 and "--token-cache streams a language-model corpus" in err
+    assert code == 2 and "--token-cache does not apply to --task seq2seq" in err
     assert not (tmp_path / "s").exists()
 
 
@@ -476,6 +476,68 @@ def test_resuming_mid_epoch_gives_the_losses_of_an_unbroken_run(capsys, tmp_path
     whole, part = train_losses(tmp_path / "whole"), train_losses(tmp_path / "part")
     assert sorted(part) == sorted(whole) == [1, 2, 3, 4, 5, 6]
     assert part == pytest.approx(whole, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "task, data",
+    [("mlm", "x.txt"), ("classify", "x.tsv"), ("seq2seq", "dates"), ("classify", "digits")],
+)
+def test_other_tasks_refuse_token_cache_in_one_line(task, data):
+    from attnlab.config import ConfigError
+    from attnlab.training import run as training
+
+    with pytest.raises(ConfigError, match="^--token-cache does not apply to --(task|arch) "):
+        training.plan({"task": task, "data": data, "token_cache": "cache"})
+
+
+def test_bad_data_in_an_existing_directory_leaves_only_what_was_there(capsys, tmp_path):
+    """The shards a refused run made in a directory it did not create are removed with it."""
+    from lm_helpers import TINY_TRAIN
+
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    (tmp_path / "short.txt").write_text("too short for a block\n")
+    code, _, err = train(capsys, "--data", tmp_path / "short.txt", "--out", tmp_path / "out",
+                         *TINY_TRAIN)  # fmt: skip
+    assert code == 2 and "shorter than block_size + 1" in err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.slow
+def test_eval_without_data_streams_the_runs_held_out_split(capsys, tmp_path):
+    """``attnlab eval RUN`` on a streamed run scores its held-out split from the shards (never
+    loaded whole), with the figures the same tokens give in memory."""
+    from attnlab.checkpoint import load_run
+    from attnlab.cli import main
+    from attnlab.tasks import open_task
+    from attnlab.tasks.lm import score_tokens
+    from lm_helpers import TINY_TRAIN
+
+    d = write_files(tmp_path / "data", [big_text(600, 5), big_text(600, 6)])
+    run = tmp_path / "run"
+    code, _, err = train(capsys, "--data", d, "--out", run, "--token-cache", tmp_path / "cache",
+                         *TINY_TRAIN, "--max-iters", "2")  # fmt: skip
+    assert code == 0, err
+    assert main(["eval", str(run), "--max-tokens", "4000"]) == 0
+    out = capsys.readouterr().out
+    loss = float(out.split("loss")[1].split()[0])
+
+    task = open_task(run, with_data=True)
+    val = task.val_tokens
+    assert isinstance(val, ShardedTokens) and task.sampler == "epochs"
+    model, _ = load_run(run)
+    in_memory = score_tokens(model, val.read(0, len(val)), task.info.chars_per_token, 32, 4000)
+    assert loss == pytest.approx(in_memory["loss"], abs=1e-4)
+    assert f"{in_memory['tokens']:,} evaluated of {len(val):,}" in out
+
+    config = json.loads((run / "config.json").read_text())
+    for key in ("token_shards", "sampler", "data_key"):
+        del config[key]  # as an imported model's config.json: no tokens of its text
+    (run / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no tokens of its training text" in err and "score a text with --data" in err
 
 
 RSS_SCRIPT = """

@@ -7,7 +7,6 @@ Every verb is a thin layer over the library: ``attnlab.data`` (corpus, token win
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 
 import numpy as np
@@ -124,8 +123,8 @@ def evaluate_text(
 ) -> dict:
     """Loss (nats/token), perplexity and bits per character of ``model`` on ``corpus``, over
     non-overlapping windows of block_size spread evenly over the text."""
-    from attnlab.data import sequential_batches, token_dtype
-    from attnlab.tasks.lm import bits_per_char
+    from attnlab.data import token_dtype
+    from attnlab.tasks.lm import score_tokens
 
     dtype = token_dtype(tokenizer.vocab_size)
     parts, n_chars = [], 0
@@ -133,35 +132,14 @@ def evaluate_text(
         parts.append(np.asarray(tokenizer.encode(chunk), dtype=dtype))
         n_chars += len(chunk)
     tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-    block = model.config.block_size
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for x, y in sequential_batches(tokens, block, batch_size, max_tokens):
-            logits = model(x.to(device))  # (B, T, V)
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.size(-1)).float(),
-                y.to(device).reshape(-1),
-                reduction="sum",
-            )
-            total += float(loss)
-            count += y.numel()
-    loss = total / count
-    cpt = n_chars / max(len(tokens), 1)
-    return {
-        "loss": loss,
-        "perplexity": math.exp(min(loss, 700.0)),
-        "bits_per_char": bits_per_char(loss, cpt),
-        "tokens": count,
-        "corpus_tokens": len(tokens),
-        "chars_per_token": cpt,
-    }
+    return score_tokens(model, tokens, n_chars / max(len(tokens), 1), batch_size, max_tokens)
 
 
 def eval_(args: argparse.Namespace) -> int:
-    """``attnlab eval RUN``: a language model is scored on ``--data`` (loss, perplexity, bits
-    per character); an encoder-decoder on its own held-out split (exact match, token accuracy).
-    ``--ablate L.H[,...]``: the figures intact and with those heads ablated (``_eval_ablated``)."""
+    """``attnlab eval RUN``: a language model is scored on ``--data`` or its own held-out split
+    (loss, perplexity, bits per character); an encoder-decoder on its own held-out split (exact
+    match, token accuracy). ``--ablate L.H[,...]``: the figures intact and with those heads
+    ablated (``_eval_ablated``)."""
     from attnlab import data
     from attnlab.checkpoint import read_run_config
 
@@ -176,17 +154,39 @@ def eval_(args: argparse.Namespace) -> int:
         raise UsageError(
             f"{args.run}: eval scores GPT and encoder-decoder runs, not {model_type!r}"
         )
-    if args.data is None:
-        raise UsageError("eval of a language model needs --data (the text to score)")
     _check_text_options(args)
+    if args.data is None:
+        return _eval_held_out(args)
     corpus = data.open_corpus(args.data, args.encoding)
     model, tokenizer = _load_gpt(args.run, args.device)
-    r = _score_text(model, tokenizer, corpus, args)
+    _print_scores(_score_text(model, tokenizer, corpus, args))
+    return 0
+
+
+def _eval_held_out(args: argparse.Namespace) -> int:
+    """A GPT run without --data: its own held-out split, read from its token shards (streamed:
+    only the windows scored are read)."""
+    from attnlab.data import ShardError
+    from attnlab.tasks import open_task
+    from attnlab.tasks.lm import score_tokens
+
+    try:
+        task = open_task(args.run, with_data=True)
+    except ShardError as e:
+        raise ShardError(f"{e}; score a text with --data") from None
+    model, _ = _load_gpt(args.run, args.device)
+    r = score_tokens(model, task.val_tokens, task.info.chars_per_token, args.batch_size,
+                     args.max_tokens)  # fmt: skip
+    print(f"held-out split of {task.options.data} ({task.options.val_fraction:.0%} of its tokens)")
+    _print_scores(r)
+    return 0
+
+
+def _print_scores(r: dict) -> None:
     print(f"loss         {r['loss']:.4f}  nats/token")
     print(f"perplexity   {r['perplexity']:.3f}")
     print(f"bits/char    {r['bits_per_char']:.4f}  ({r['chars_per_token']:.3f} chars/token)")
     print(f"tokens       {r['tokens']:,} evaluated of {r['corpus_tokens']:,}")
-    return 0
 
 
 def _check_text_options(args) -> None:
@@ -285,14 +285,19 @@ def register(sub) -> None:
         "eval",
         help="score a run: a GPT on a text, an encoder-decoder on its test split",
         formatter_class=fmt,
-        description="A GPT run: loss, perplexity and bits per character on --data. An "
+        description="A GPT run: loss, perplexity and bits per character on --data, or on the "
+        "held-out split it was trained with (read from its token shards). An "
         "encoder-decoder run: exact match (decoded output == target) and teacher-forced token "
         "accuracy on the held-out split it was trained with.",
     )
     e.set_defaults(func=eval_)
     a = e.add_argument
     a("run", help="run directory")
-    a("--data", help="GPT: a text file, a directory of .txt files or a built-in corpus")
+    a(
+        "--data",
+        help="GPT: a text file, a directory of .txt files or a built-in corpus "
+        "(default: the run's own held-out split, read from its token shards)",
+    )
     a("--encoding", default="utf-8")
     a("--batch-size", type=int, default=32)
     a("--max-tokens", type=int, default=1 << 20, help="evaluate at most this many tokens")

@@ -339,8 +339,13 @@ def reopen_lm_tokens(
 
 
 def _legacy_tokens(run_dir: Path, tokenizer: Tokenizer) -> LMTokens:
-    from attnlab.data.tokens import TOKEN_FILE, read_token_file
+    from attnlab.data.tokens import TOKEN_FILE, TOKEN_META, read_token_file
 
+    if not (run_dir / TOKEN_FILE).exists() and not (run_dir / TOKEN_META).exists():
+        raise ShardError(
+            f"{run_dir}: holds no tokens of its training text (an imported model, or a run "
+            "written without them)"
+        )
     _, info = read_token_file(run_dir / TOKEN_FILE)  # checks the size against data.json
     tokens = ShardedTokens([(run_dir / TOKEN_FILE, 0, info.n_tokens)], info.dtype)
     return LMTokens(tokenizer, tokens, info.n_chars, run_dir, "random", reused=True)

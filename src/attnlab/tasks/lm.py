@@ -47,6 +47,32 @@ def bits_per_char(loss_nats_per_token: float, chars_per_token: float) -> float:
     return loss_nats_per_token / math.log(2) / chars_per_token
 
 
+def score_tokens(model: nn.Module, tokens, chars_per_token: float, batch_size: int = 32,
+                 max_tokens: int | None = None) -> dict:  # fmt: skip
+    """Loss (nats/token), perplexity and bits per character of ``model`` over non-overlapping
+    windows of block_size spread evenly over ``tokens`` (an array, or token shards: then only
+    the windows scored are read, a batch at a time); at most ``max_tokens`` are scored."""
+    block = model.config.block_size
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for x, y in data.sequential_batches(tokens, block, batch_size, max_tokens):
+            logits = model(x.to(device))  # (B, T, V)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
+                                   y.to(device).reshape(-1), reduction="sum")  # fmt: skip
+            total += float(loss)
+            count += y.numel()
+    loss = total / count
+    return {
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "bits_per_char": bits_per_char(loss, chars_per_token),
+        "tokens": count,
+        "corpus_tokens": len(tokens),
+        "chars_per_token": chars_per_token,
+    }
+
+
 @dataclasses.dataclass
 class LMOptions(BaseConfig):
     data: str = ""
@@ -126,7 +152,8 @@ class LanguageModel(Task):
 
     def prepare(self, run_dir: Path | None) -> None:
         """The tokenizer and the token shards (``data.prepare_lm_tokens``); without a run
-        directory, a small corpus is tokenized in memory instead."""
+        directory, a corpus that does not stream is tokenized in memory instead (its last
+        ``val_fraction`` held out: the same split as one shard's)."""
         o = self.options
         corpus = data.open_corpus(o.data, o.encoding)
         if run_dir is None and not data.streams(corpus, o.token_cache):
