@@ -180,7 +180,9 @@ def _reopen(p: TrainPlan, log) -> tuple[Task, TrainConfig, torch.nn.Module]:
     """The task and train config of the run in ``p.out`` (with the changes --resume allows),
     and the model its config.json describes (whose checkpoint is then checked against it)."""
     out = p.out
-    cfg = ckpt.read_run_config(out)
+    # config.json, the weights' header and the tokenizer must agree before the model config.json
+    # describes is built for real: an edited config could otherwise allocate without bound
+    cfg = ckpt.check_run(out).config
     cls = task_for_run(cfg)
     if "task" in p.given and cls is not p.task:
         raise ckpt.RunError(
