@@ -34,6 +34,10 @@ commit point. The files are then moved into place one by one (each move atomic) 
 (``ckpt-tmp/`` is discarded by ``recover_checkpoint``); a crash after it is rolled forward by
 finishing the moves. ``model.safetensors`` is always one whole file, and config.json and
 tokenizer.json never change during training, so ``load_run`` works at every instant.
+
+A process that writes a run directory holds its writer lock (``writer_lock``): an OS lock on the
+directory itself, which dies with the process, even by kill -9. A second writer is refused in
+one line naming the holder. Readers take no lock: renames make every file they open whole.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -101,6 +106,7 @@ def looks_like_pickle(path: Path) -> bool:
 def atomic_write(path: str | Path, write) -> None:
     """Call ``write(tmp_path)``, fsync the result, then rename it onto ``path``."""
     path = Path(path)
+    _claim(path)  # inside writer_lock: the first file written takes the run directory's lock
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
@@ -328,6 +334,144 @@ def load_tensors(
 
 def _short(e: Exception) -> str:
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer lock
+# ---------------------------------------------------------------------------------------------
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: no lock (nothing else changes)
+    fcntl = None
+
+
+class _WriterLock:
+    """The flock a ``writer_lock`` block holds (``fd``), or waits to take (``run_dir``)."""
+
+    def __init__(self, run_dir: Path | None):
+        self.run_dir = run_dir
+        self.fd: int | None = None
+        self.claimed = False  # taken, or found impossible to take: do not try again
+
+    def take(self, d: Path) -> None:
+        self.claimed = True
+        if fcntl is None:
+            return
+        try:
+            fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # never inherited
+        except OSError:
+            return  # the write that follows reports what is wrong with the directory
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunError(
+                f"{d}: another process is writing this run directory ({lock_holder(d)}); "
+                "wait for it to finish or stop it, or write to another directory"
+            ) from None
+        except OSError:  # a file system without flock (some network mounts): write unlocked
+            os.close(fd)
+            return
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the only descriptor releases the flock
+            self.fd = None
+
+
+_writer: _WriterLock | None = None  # this process's writer_lock block, if one is running
+
+
+@contextlib.contextmanager
+def writer_lock(run_dir: str | Path | None = None) -> Iterator[None]:
+    """Hold the writer lock of the run directory ``run_dir`` while the block runs.
+
+    The lock is ``flock`` on the directory itself. Taking it creates and changes nothing in
+    the directory, so a command refused later (a ``train`` without ``--resume`` into an
+    existing run) leaves it exactly as it was. The kernel drops it when the process ends,
+    however it ends (kill -9 too), so ``--resume`` works at once afterwards. A second writer
+    is refused with a RunError naming the holder: its pid, command and start time.
+
+    If ``run_dir`` exists, the lock is taken on entry. If it does not (a new run), or is None
+    (the command picks its default directory later), it is taken by the first file the block
+    writes through this module: under ``run_dir``, or for None, the directory of that file.
+    Readers take no lock. Blocks do not nest: an inner one leaves the outer one in charge.
+    Ranks other than 0 of a torchrun job (which write nothing) take no lock.
+    """
+    global _writer
+    if _writer is not None or os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    lock = _WriterLock(None if run_dir is None else Path(run_dir))
+    if lock.run_dir is not None and lock.run_dir.is_dir():
+        lock.take(lock.run_dir)
+    _writer = lock
+    try:
+        yield
+    finally:
+        _writer = None
+        lock.release()
+
+
+def _claim(path: Path) -> None:
+    """Called before every write: inside ``writer_lock``, the first write into the run
+    directory takes its lock (a RunError if another process holds it: nothing is written)."""
+    w = _writer
+    if w is None or w.claimed:
+        return
+    d = path.parent
+    if w.run_dir is None:
+        w.take(d)
+    elif _within(d, w.run_dir):
+        w.take(w.run_dir)
+
+
+def _within(path: Path, root: Path) -> bool:
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def lock_holder(run_dir: str | Path) -> str:
+    """Who holds the writer lock of ``run_dir``: "pid 123: attnlab train ..., since <start>",
+    read from /proc (Linux); "another process" where that cannot be read. Reads only."""
+    try:
+        st = os.stat(run_dir)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return "another process"
+    # "1: FLOCK  ADVISORY  WRITE 6145 fe:00:2146455 0 EOF"; "1: -> FLOCK ..." is a waiter
+    exact = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    found = {}
+    for fields in map(str.split, lines):
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].endswith(f":{st.st_ino}"):
+            found[fields[5] == exact] = fields[4]  # exact device, or the inode alone
+    pid = found.get(True, found.get(False))
+    return _describe_process(pid) if pid else "another process"
+
+
+def _describe_process(pid: str) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start, in ticks after boot
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))  # fmt: skip
+    except (OSError, ValueError, IndexError, StopIteration):
+        return f"pid {pid}"
+    argv = [a for a in argv if a]
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "attnlab":
+        argv = ["attnlab", *argv[argv.index("-m") + 2 :]]
+    elif argv and Path(argv[0]).name == "attnlab":
+        argv = ["attnlab", *argv[1:]]
+    command = " ".join(argv)
+    command = command if len(command) <= 120 else command[:117] + "..."
+    since = time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(boot + ticks / os.sysconf("SC_CLK_TCK"))
+    )
+    return f"pid {pid}: {command}, running since {since}"
 
 
 # ---------------------------------------------------------------------------------------------
