@@ -349,7 +349,7 @@ except ImportError:  # not a POSIX system: no lock (nothing else changes)
 class _WriterLock:
     """The flock a ``writer_lock`` block holds (``fd``), or waits to take (``run_dir``)."""
 
-    def __init__(self, run_dir: Path | None):
+    def __init__(self, run_dir: Path):
         self.run_dir = run_dir
         self.fd: int | None = None
         self.claimed = False  # taken, or found impossible to take: do not try again
@@ -385,7 +385,7 @@ _writer: _WriterLock | None = None  # this process's writer_lock block, if one i
 
 
 @contextlib.contextmanager
-def writer_lock(run_dir: str | Path | None = None) -> Iterator[None]:
+def writer_lock(run_dir: str | Path) -> Iterator[None]:
     """Hold the writer lock of the run directory ``run_dir`` while the block runs.
 
     The lock is ``flock`` on the directory itself. Taking it creates and changes nothing in
@@ -394,18 +394,19 @@ def writer_lock(run_dir: str | Path | None = None) -> Iterator[None]:
     however it ends (kill -9 too), so ``--resume`` works at once afterwards. A second writer
     is refused with a RunError naming the holder: its pid, command and start time.
 
-    If ``run_dir`` exists, the lock is taken on entry. If it does not (a new run), or is None
-    (the command picks its default directory later), it is taken by the first file the block
-    writes through this module: under ``run_dir``, or for None, the directory of that file.
-    Readers take no lock. Blocks do not nest: an inner one leaves the outer one in charge.
-    Ranks other than 0 of a torchrun job (which write nothing) take no lock.
+    If ``run_dir`` exists, the lock is taken on entry. If it does not (a new run), it is taken
+    by the first file the block writes under it through this module (``create_run_dir`` writes
+    one), before that file is written. ``attnlab.training.run.train`` holds it for every task,
+    and ``Trainer.fit`` for a Trainer used on its own. Readers take no lock. Blocks do not
+    nest: an inner one leaves the outer one in charge. Ranks other than 0 of a torchrun job
+    (which write nothing) take no lock.
     """
     global _writer
     if _writer is not None or os.environ.get("RANK", "0") != "0":
         yield
         return
-    lock = _WriterLock(None if run_dir is None else Path(run_dir))
-    if lock.run_dir is not None and lock.run_dir.is_dir():
+    lock = _WriterLock(Path(run_dir))
+    if lock.run_dir.is_dir():
         lock.take(lock.run_dir)
     _writer = lock
     try:
@@ -419,12 +420,7 @@ def _claim(path: Path) -> None:
     """Called before every write: inside ``writer_lock``, the first write into the run
     directory takes its lock (a RunError if another process holds it: nothing is written)."""
     w = _writer
-    if w is None or w.claimed:
-        return
-    d = path.parent
-    if w.run_dir is None:
-        w.take(d)
-    elif _within(d, w.run_dir):
+    if w is not None and not w.claimed and _within(path.parent, w.run_dir):
         w.take(w.run_dir)
 
 
