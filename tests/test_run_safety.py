@@ -5,8 +5,11 @@
   weights assigned: every model type loads bit-identically, at the cost of one copy.
 - Edited run directories (sizes blown up, layers added, vocabulary changed, tensors added,
   files truncated, headers lying) are refused through the real CLI in one line, quickly, and
-  the refusing process never grows by more than the weights' size.
-- ``writer_lock``: a second writer is refused naming the first; kill -9 frees the lock at once.
+  the refusing process never grows by more than the weights' size: for every kind of run
+  (GPT, masked LM, classifier, Transformer and LSTM encoder-decoders, ViT, imported GPT-2),
+  by the verb that reads it and by train --resume.
+- ``writer_lock``: training.train takes it for every task before anything else; a second
+  writer is refused naming the first; readers never take it; kill -9 frees it at once.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ from attnlab.checkpoint import RunError, load_run, read_header, save_model, writ
 from attnlab.data.images import ImageTokenizer
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from attnlab.training import FAULT_ENV
+from attnlab.training import run as training
 from conftest import SRC, run_cli
 from forked_cli import ForkedCLI
 from lm_helpers import TEXT, TINY_TRAIN, train_losses
+from task_helpers import TASKS, given, train_args, write_task_data
 
 ENV = {**os.environ, "PYTHONPATH": str(SRC)}  # for `python -c` children: this checkout first
 
@@ -499,6 +504,126 @@ def test_the_intact_run_loads_through_the_same_verbs(cli, baby, tmp_path):
         assert r.returncode == 0, (verb, r.stderr)
 
 
+def upward(config: dict, width: int = 4096, layers: int | None = 64) -> dict:
+    """A model config edited upward: every width (d_model, an LSTM's d_hidden) times ``width``,
+    every layer count set to ``layers`` (None: left as it is)."""
+    edited = {k: v * width for k, v in config.items() if k in ("d_model", "d_hidden")}
+    if layers is not None:
+        edited.update({k: layers for k, v in config.items() if "layer" in k and type(v) is int})
+    return {**config, **edited}
+
+
+def _edit_config(edit):
+    return lambda run: edit_json(run / "config.json", lambda c: c.update(config=edit(c["config"])))
+
+
+def _add_a_layer(config: dict) -> dict:
+    field = sorted(k for k in config if "layer" in k)[0]  # seq2seq: n_decoder_layers
+    return {**config, field: config[field] + 1}
+
+
+def _add_a_token_or_class(run: Path) -> None:
+    def edit(t: dict) -> None:
+        if "model" in t:  # a Hugging Face tokenizers file (the encoder tasks' WordPiece)
+            t["model"]["vocab"]["[NEW]"] = len(t["model"]["vocab"])
+        elif t["attnlab"]["type"] == "image":
+            t["attnlab"]["classes"].append("new")
+        else:
+            t["attnlab"]["vocab"].append("\u00e9")
+
+    edit_json(run / "tokenizer.json", edit)
+
+
+# name -> (spoil the run, what the one line says), for every kind of run
+KIND_EDITS = {
+    "64 layers, width x4096": (_edit_config(upward), "implies"),
+    "width x4096": (_edit_config(lambda c: upward(c, layers=None)), "config.json implies"),
+    "a layer added": (_edit_config(_add_a_layer), "does not match config.json: missing tensor"),
+    "vocab changed": (_add_a_token_or_class, "does not match config.json: the tokenizer's"),
+}
+# kind -> the verb that reads it (run directory "run", its data in ".."); "imported" is the lm
+# run exported to Hugging Face's GPT-2 format and imported back
+KIND_VERBS = {
+    "lm": ["generate", "run", "--prompt", "All", "--max-new-tokens", "3", "--device", "cpu"],
+    "mlm": ["embed", "run", "speak"],
+    "classify": ["embed", "run", "good day"],
+    "transformer": ["eval", "run"],
+    "lstm-attention": ["eval", "run"],
+    "vit": ["classify", "run", "test:0"],
+    "imported": ["generate", "run", "--prompt", "All", "--max-new-tokens", "3", "--device", "cpu"],
+}
+
+
+@pytest.fixture(scope="module")
+def kinds(cli, tmp_path_factory) -> Path:
+    """One real run of every kind, trained 2 steps (tiny), and an imported GPT."""
+    d = write_task_data(tmp_path_factory.mktemp("kinds"))
+    for task_id in TASKS:
+        args = train_args(task_id, d, d / task_id, "--max-iters", "2", "--eval-interval", "2")
+        r = cli(*args, cwd=d)
+        assert r.returncode == 0, r.stderr
+    assert cli("export-hf", d / "lm", d / "hf", cwd=d).returncode == 0
+    r = cli("import-hf", d / "hf", "--out", d / "imported", cwd=d)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def resume_args(kind: str, data: Path) -> list[str]:
+    spec = TASKS[kind][1]
+    return ["train", "--data", spec if ":" in spec or spec == "digits" else str(data / spec),
+            "--out", "run", "--resume", "--quiet"]  # fmt: skip
+
+
+# (kind, edit, by its reader verb or by train --resume): every edit through the reader, two
+# through train --resume (which reads the run by the same check_run), none for an imported run
+KIND_CASES = [pytest.param(kind, edit, reader, id=f"{kind}-{edit}-{'read' if reader else 'resume'}")
+              for kind in KIND_VERBS for edit in KIND_EDITS for reader in (True, False)
+              if reader or (kind != "imported" and edit in ("64 layers, width x4096", "vocab changed"))]  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, edit, reader", KIND_CASES)
+def test_an_edited_run_of_every_kind_is_refused(cli, kinds, tmp_path, kind, edit, reader):
+    """GPT, masked LM and classifier encoders, Transformer and LSTM encoder-decoders, ViT and
+    an imported GPT-2: sizes edited upward, a layer added or the vocabulary changed is refused
+    in one line with exit 2, by the verb that reads the run and by train --resume, within
+    seconds and without growing past the size of the weights."""
+    spoil, needle = KIND_EDITS[edit]
+    shutil.copytree(kinds / kind, tmp_path / "run")
+    args = KIND_VERBS[kind] if reader else resume_args(kind, kinds)
+    weights_kb = (tmp_path / "run" / "model.safetensors").stat().st_size // 1024
+    if args[0] not in FLOORS:  # the same verb on no run at all: what the process costs anyway
+        FLOORS[args[0]] = cli(*["missing" if a == "run" else a for a in args], cwd=tmp_path)
+        assert FLOORS[args[0]].returncode == 2, FLOORS[args[0]].stderr
+    spoil(tmp_path / "run")
+    start = time.perf_counter()
+    r = cli(*args, cwd=tmp_path)
+    seconds = time.perf_counter() - start
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith("attnlab: error: run/"), r.stderr
+    assert needle in lines[0], lines[0]
+    grew_kb = r.maxrss_kb - FLOORS[args[0]].maxrss_kb
+    assert grew_kb < weights_kb + MARGIN_KB, (grew_kb, weights_kb)
+    assert seconds < 30, seconds
+    print(f"{kind:14} {edit:22} {args[0]:9} rc 2 {seconds:5.2f} s  peak RSS "
+          f"{r.maxrss_kb / 1024:6.1f} MB (+{grew_kb / 1024:.1f} MB): {lines[0][16:100]}")  # fmt: skip
+
+
+@pytest.mark.slow
+def test_every_kind_of_intact_run_loads_through_the_same_verbs(cli, kinds, tmp_path):
+    """The control for the test above; and readers take no lock: each verb reads its run
+    while a writer holds it."""
+    for kind, args in KIND_VERBS.items():
+        shutil.copytree(kinds / kind, tmp_path / kind / "run")
+        fd = flock(tmp_path / kind / "run")
+        try:
+            r = cli(*args, cwd=tmp_path / kind)
+        finally:
+            os.close(fd)
+        assert r.returncode == 0, (kind, r.stderr)
+
+
 # ---------------------------------------------------------------------------------------------
 # loading costs one copy of the weights
 # ---------------------------------------------------------------------------------------------
@@ -595,16 +720,17 @@ def test_taking_the_lock_changes_nothing_in_an_existing_run(tmp_path):
     os.close(flock(run))  # and free after
 
 
-@pytest.mark.parametrize("named", [True, False], ids=["run_dir given", "run_dir None"])
-def test_a_new_run_is_locked_at_its_first_write(tmp_path, named):
-    """Entering creates nothing; the first file written through checkpoint takes the lock of
-    the run directory (with None, of the directory it is written in)."""
+def test_a_new_run_is_locked_at_its_first_write(tmp_path):
+    """Entering creates nothing; the first file written under the run directory through
+    checkpoint (in a subdirectory too) takes its lock."""
     run = tmp_path / "new"
-    with writer_lock(run if named else None):
+    with writer_lock(run):
         assert not run.exists()
         (run / "best").mkdir(parents=True)
         os.close(flock(run))  # free until the first write (flock gives None if held)
-        ckpt.atomic_write_text(run / ("best/a.txt" if named else "a.txt"), "first")
+        ckpt.atomic_write_text(tmp_path / "elsewhere.txt", "not the run's")
+        os.close(flock(run))
+        ckpt.atomic_write_text(run / "best" / "a.txt", "first")
         assert flock(run) is None
     os.close(flock(run))
 
@@ -621,6 +747,69 @@ def test_a_refused_first_write_writes_nothing(tmp_path):
         finally:
             os.close(fd)
     assert list((run / "sub").iterdir()) == []
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["new run", "--resume"])
+@pytest.mark.parametrize("task_id", TASKS)
+def test_every_task_is_refused_while_another_process_writes_its_run(tmp_path, task_id, resume):
+    """training.train, the one way into training, takes the lock before anything of the task:
+    a second writer is refused naming the first, and the directory stays as it was."""
+    write_task_data(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("the user's")
+    before = snapshot(run)
+    p = training.plan(given(task_id, tmp_path, run, *(["--resume"] if resume else [])))
+    fd = flock(run)
+    try:
+        with pytest.raises(RunError) as e:
+            training.train(p)
+    finally:
+        os.close(fd)
+    assert str(e.value).startswith(
+        f"{run}: another process is writing this run directory (pid {os.getpid()}: "
+    )
+    assert snapshot(run) == before
+
+
+def test_train_resume_refuses_an_edited_run_before_building_it(tmp_path):
+    """Every model type: config.json edited to 64 layers of width x4096 is refused from the
+    header by train --resume (which once built what config.json said), and the lock dies
+    with the refusal."""
+    for variant in ("gpt tied learned", "encoder with every head", "seq2seq", "lstm", "vit"):
+        run = saved(tmp_path / variant.replace(" ", "-"), variant)
+        edit_json(run / "config.json", lambda c: c.update(config=upward(c["config"])))
+        p = training.plan({"out": str(run), "resume": True, "data": "x", "quiet": True})
+        with pytest.raises(RunError, match=r"config.json: n_\w+ = 64.* implies"):
+            training.train(p)
+        os.close(flock(run))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", TASKS)
+def test_every_task_trains_holding_the_lock(tmp_path, task_id, monkeypatch):
+    """From its first file (the tokenizer) to its last checkpoint, a run of any task is
+    written under its lock; train() releases it when it returns."""
+    write_task_data(tmp_path)
+    run = tmp_path / "run"
+    held = []
+
+    def checking(write):
+        def checked(*args, **kwargs):
+            fd = flock(run)
+            held.append(fd is None)
+            if fd is not None:
+                os.close(fd)
+            return write(*args, **kwargs)
+
+        return checked
+
+    for name in ("write_tokenizer", "write_checkpoint", "write_best", "append_metrics"):
+        monkeypatch.setattr(ckpt, name, checking(getattr(ckpt, name)))
+    more = ("--max-iters", "2", "--eval-interval", "1", "--checkpoint-seconds", "0")
+    training.train(training.plan(given(task_id, tmp_path, run, *more)))
+    assert len(held) >= 4 and all(held), held
+    os.close(flock(run))
 
 
 KILLED_HOLDER = textwrap.dedent("""
