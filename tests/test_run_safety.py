@@ -812,6 +812,23 @@ def test_every_task_trains_holding_the_lock(tmp_path, task_id, monkeypatch):
     os.close(flock(run))
 
 
+def test_import_hf_is_refused_while_another_process_writes_its_run(tmp_path):
+    from attnlab.interop.hf import export_gpt2, import_hf
+
+    export_gpt2(saved(tmp_path, "gpt tied learned"), tmp_path / "hf")
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = flock(out)
+    try:
+        with pytest.raises(RunError, match="another process is writing this run directory"):
+            import_hf(tmp_path / "hf", out)
+    finally:
+        os.close(fd)
+    assert list(out.iterdir()) == []
+    import_hf(tmp_path / "hf", out)
+    assert load_run(out)[0].config.n_layer == 2
+
+
 KILLED_HOLDER = textwrap.dedent("""
     import os, signal, sys
     from attnlab.checkpoint import writer_lock
