@@ -829,6 +829,24 @@ def test_import_hf_is_refused_while_another_process_writes_its_run(tmp_path):
     assert load_run(out)[0].config.n_layer == 2
 
 
+def test_a_tuned_lens_is_not_saved_into_a_run_being_trained(tmp_path):
+    """lens --train-tuned writes into the run directory: it takes the lock too, since the
+    weights it was fitted on are being replaced."""
+    from attnlab.interventions.lens import TunedLens
+
+    run = saved(tmp_path, "gpt tied learned")
+    lens = TunedLens({"blocks.0.hook_resid_post": torch.eye(8)}, {"blocks.0.hook_resid_post": torch.zeros(8)}, {})  # fmt: skip
+    before = snapshot(run)
+    fd = flock(run)
+    try:
+        with pytest.raises(RunError, match="another process is writing this run directory"):
+            lens.save(run)
+    finally:
+        os.close(fd)
+    assert snapshot(run) == before
+    assert all(p.is_file() for p in lens.save(run))
+
+
 KILLED_HOLDER = textwrap.dedent("""
     import os, signal, sys
     from attnlab.checkpoint import writer_lock
