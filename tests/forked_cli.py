@@ -8,7 +8,8 @@ imported from scratch and run as ``__main__``. An exception that escapes prints 
 traceback and exits 1, as the interpreter would; ``sys.exit`` codes pass through.
 
 Protocol: one JSON request per line on stdin ``{"argv", "cwd", "env", "stdout", "stderr"}``,
-one JSON reply per line on stdout ``{"rc"}``. ``ForkedCLI`` is the client the tests use.
+one JSON reply per line on stdout ``{"rc", "maxrss_kb"}`` (the exit code and the child's peak
+resident set). ``ForkedCLI`` is the client the tests use.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def serve() -> None:  # pragma: no cover - runs in the server process
         pid = os.fork()
         if pid == 0:
             _child(req)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+        _, status, usage = os.wait4(pid, 0)
+        reply = {"rc": os.waitstatus_to_exitcode(status), "maxrss_kb": usage.ru_maxrss}
+        print(json.dumps(reply), flush=True)
 
 
 class ForkedCLI:
@@ -117,13 +119,15 @@ class ForkedCLI:
         }
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        rc = json.loads(self.proc.stdout.readline())["rc"]
-        return subprocess.CompletedProcess(
+        reply = json.loads(self.proc.stdout.readline())
+        result = subprocess.CompletedProcess(
             ["attnlab", *req["argv"]],
-            rc,
+            reply["rc"],
             out.read_text(errors="replace"),
             err.read_text(errors="replace"),
         )
+        result.maxrss_kb = reply["maxrss_kb"]  # the child's peak resident set (getrusage)
+        return result
 
     def close(self) -> None:
         self.proc.stdin.close()

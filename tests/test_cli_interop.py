@@ -51,8 +51,11 @@ def one_error_line(result):
 
 
 def test_export_then_import_round_trips_a_gpt_run(capsys, tmp_path):
-    model = GPT(GPTConfig(vocab_size=40, n_layer=2, n_head=2, d_model=16, block_size=24)).eval()
-    save_model(tmp_path / "run", model, CharTokenizer.from_text("abc de"))
+    tok = CharTokenizer.from_text("abc de")
+    model = GPT(
+        GPTConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, d_model=16, block_size=24)
+    )
+    save_model(tmp_path / "run", model.eval(), tok)
     code, out, err = attnlab(capsys, "export-hf", tmp_path / "run", tmp_path / "hf")
     assert code == 0 and out.strip() == str(tmp_path / "hf"), err
     cfg = json.loads((tmp_path / "hf" / "config.json").read_text())

@@ -137,13 +137,13 @@ def test_too_long_input_is_refused():
 
 
 def test_run_directory_round_trip_keeps_heads_and_outputs(tmp_path):
-    m = tiny(mlm_head=True, pooler=True, num_labels=4, tie_weights=True)
     tok = build_encoder_tokenizer("char", ["abc de"])
+    m = tiny(vocab_size=tok.vocab_size, mlm_head=True, pooler=True, num_labels=4, tie_weights=True)
     save_model(tmp_path, m, tok, extra={"task": "mlm"})
     stored = json.loads((tmp_path / "config.json").read_text())
     assert stored["model_type"] == "encoder"
     m2, tok2 = load_run(tmp_path)
-    ids = torch.randint(30, (2, 9))
+    ids = torch.randint(tok.vocab_size, (2, 9))
     assert torch.equal(m.mlm_logits(ids), m2.mlm_logits(ids))
     assert torch.equal(m.classify(ids), m2.classify(ids))
     assert m2.mlm.decoder.weight is m2.tok_embed.weight

@@ -3,7 +3,7 @@
 A run directory looks like a Hugging Face model directory:
     config.json          {"attnlab_format": 1, "model_type": "gpt", "config": {...}, ...}
     model.safetensors    the weights (tied copies stored once)
-    tokenizer.json       see attnlab.tokenizers
+    tokenizer.json       see attnlab.tokenizers (an encoder-decoder adds target_tokenizer.json)
 plus, for training runs (written by ``attnlab.training.Trainer`` through the functions of the
 last section here):
     optimizer.safetensors   AdamW moments of the same step as model.safetensors
@@ -13,7 +13,19 @@ last section here):
 
 Every file is written to a temporary name in the same directory, fsynced, then renamed, so a
 crash never leaves half a file. Only safetensors and JSON are ever read: nothing is unpickled.
-Loading checks every tensor's name, shape and dtype against the model the config describes.
+
+A run directory is untrusted input (someone may send you one), so ``load_run`` allocates
+nothing until its files agree with each other (``check_run``):
+    1. config.json is read, and model.safetensors' header: names, dtypes, shapes and byte
+       offsets, no tensor data (``read_header``: the header's size is bounded and every offset
+       checked against the file's length, so a hostile header cannot make us allocate).
+    2. The model config.json describes is built on the meta device (shapes, no memory), after
+       its layer counts are checked against the number of tensors in the file.
+    3. Every tensor name, shape and dtype must be the model's; its computed tables (position
+       tables, not stored) must not be larger than the weights; the tokenizer's vocabulary must
+       be the config's (both sides for an encoder-decoder; a ViT's image size and classes).
+Then the weights are memory-mapped and assigned to the meta model (``assign_weights``): loading
+costs one copy of the weights, read as they are used.
 
 How a checkpoint stays whole: its three files are first written into a fresh ``ckpt-tmp/``
 directory (each file fsynced), which is then renamed to ``ckpt-ready/``: the rename is the
@@ -22,16 +34,25 @@ commit point. The files are then moved into place one by one (each move atomic) 
 (``ckpt-tmp/`` is discarded by ``recover_checkpoint``); a crash after it is rolled forward by
 finishing the moves. ``model.safetensors`` is always one whole file, and config.json and
 tokenizer.json never change during training, so ``load_run`` works at every instant.
+
+A process that writes a run directory holds its writer lock (``writer_lock``): an OS lock on the
+directory itself, which dies with the process, even by kill -9. A second writer is refused in
+one line naming the holder. Readers take no lock: renames make every file they open whole.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import importlib
 import json
+import math
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +80,10 @@ class RunError(ValueError):
     """A run directory that is missing, incomplete, corrupt or inconsistent."""
 
 
+class FileChangedError(RunError):
+    """A file no longer the one whose header was checked (a writer replaced it meanwhile)."""
+
+
 def looks_like_pickle(path: Path) -> bool:
     """A file named like a PyTorch checkpoint whose first bytes are a pickle (protocol 2-5) or a
     ``torch.save`` zip. Only those bytes are read: the file is never unpickled. (A run's own
@@ -81,6 +106,7 @@ def looks_like_pickle(path: Path) -> bool:
 def atomic_write(path: str | Path, write) -> None:
     """Call ``write(tmp_path)``, fsync the result, then rename it onto ``path``."""
     path = Path(path)
+    _claim(path)  # inside writer_lock: the first file written takes the run directory's lock
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
@@ -141,21 +167,307 @@ def save_tensors(
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
 
 
-def load_tensors(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a safetensors file; anything else (a pickle, a truncated file) is a RunError."""
-    from safetensors.torch import load_file
+# ---------------------------------------------------------------------------------------------
+# Reading safetensors: the header first, then the data
+# ---------------------------------------------------------------------------------------------
 
+# A safetensors file is an 8-byte little-endian header length n, n bytes of JSON, then the
+# tensor data. 16 MiB of JSON names ~100,000 tensors; attnlab's files hold hundreds.
+MAX_HEADER_BYTES = 16 << 20
+
+DTYPES: dict[str, torch.dtype] = {
+    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
+    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
+}  # fmt: skip
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One tensor as a safetensors header describes it: dtype, shape, and where its bytes lie
+    in the data section (``start`` to ``end``). No data."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    start: int
+    end: int
+
+
+@dataclasses.dataclass(frozen=True)
+class SafetensorsHeader:
+    """A checked safetensors header: every tensor's ``TensorInfo``, the file's string
+    ``metadata``, and ``data_start``, the byte where tensor data begins (8 + header length).
+    ``prefix`` holds those first bytes, to tell whether the file was replaced since."""
+
+    path: Path
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    data_start: int
+    prefix: bytes = dataclasses.field(repr=False, default=b"")
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of tensor data: what loading the weights costs in memory."""
+        return sum(t.end - t.start for t in self.tensors.values())
+
+
+def read_header(path: str | Path) -> SafetensorsHeader:
+    """Read and check a safetensors header without reading any tensor data.
+
+    Refused (a RunError naming the file): a header longer than ``MAX_HEADER_BYTES`` or than
+    the file; a header that is not a JSON object of tensor entries; an unknown dtype; a shape
+    whose size is not its byte range; byte ranges that overlap, leave gaps, or run past the
+    end of the file (a truncated file). So nothing a header claims is ever allocated.
+    """
     path = Path(path)
     if not path.is_file():
         raise RunError(f"{path}: file not found")
+
+    def bad(why: str) -> RunError:
+        return RunError(f"{path}: not a valid safetensors file ({why})")
+
     try:
-        return load_file(str(path))
-    except Exception as e:  # safetensors raises its own error types for bad headers/lengths
-        raise RunError(f"{path}: not a valid safetensors file ({_short(e)})") from None
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < 8:
+                raise bad(f"{size} bytes, shorter than the 8-byte header length")
+            n = int.from_bytes(f.read(8), "little")
+            if n > min(MAX_HEADER_BYTES, size - 8):
+                limit = "the file" if n <= MAX_HEADER_BYTES else f"{MAX_HEADER_BYTES:,} bytes"
+                raise bad(f"its header claims {n:,} bytes, more than {limit}")
+            raw = f.read(n)
+    except OSError as e:
+        raise RunError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        entries = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise bad(f"its header is not JSON: {_short(e)}") from None
+    if not isinstance(entries, dict):
+        raise bad("its header is not a JSON object")
+    metadata = entries.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise bad("__metadata__ is not an object of strings")
+    tensors = {name: _tensor_info(name, entry, bad) for name, entry in entries.items()}
+    at, data_len = 0, size - 8 - n  # every data byte belongs to exactly one tensor, in order
+    for name, t in sorted(tensors.items(), key=lambda item: (item[1].start, item[1].end)):
+        if t.start != at:
+            what = "overlaps the tensor before it" if t.start < at else "leaves a gap before it"
+            raise bad(f"tensor {name!r} {what}")
+        at = t.end
+    if at > data_len:
+        raise bad(f"truncated: its header describes {at:,} bytes of tensor data, the file "
+                  f"holds {data_len:,}")  # fmt: skip
+    if at < data_len:
+        raise bad(f"{data_len - at:,} bytes after the last tensor")
+    prefix = n.to_bytes(8, "little") + raw
+    return SafetensorsHeader(path, tensors, metadata, 8 + n, prefix)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"{next(k for k in keys if keys.count(k) > 1)!r} appears twice")
+    return dict(pairs)
+
+
+def _tensor_info(name: str, entry: Any, bad) -> TensorInfo:
+    """One header entry {"dtype": "F32", "shape": [..], "data_offsets": [start, end]}."""
+    if not isinstance(entry, dict):
+        raise bad(f"entry {name!r} is not an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise bad(f"tensor {name!r} has shape {shape!r}, not a list of sizes")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int for o in offsets)
+        and 0 <= offsets[0] <= offsets[1]
+    ):
+        raise bad(f"tensor {name!r} has data_offsets {offsets!r}, not [start, end]")
+    need = math.prod(shape) * DTYPES[dtype].itemsize
+    if offsets[1] - offsets[0] != need:
+        raise bad(f"tensor {name!r} of shape {tuple(shape)} and dtype {dtype} needs {need:,} "
+                  f"bytes, its offsets span {offsets[1] - offsets[0]:,}")  # fmt: skip
+    return TensorInfo(DTYPES[dtype], tuple(shape), offsets[0], offsets[1])
+
+
+def load_tensors(
+    path: str | Path, *, mmap: bool = False, header: SafetensorsHeader | None = None
+) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, its header checked first (``read_header``).
+
+    ``mmap=False`` reads the data into memory once. ``mmap=True`` maps the file privately
+    (copy-on-write): pages are read when a tensor is used and shared with the OS's file cache,
+    and writing to a tensor never changes the file. Either way the tensors are views into one
+    buffer of the file's data size: one copy, never two. ``header`` skips re-reading it.
+    """
+    if sys.byteorder != "little":
+        raise RunError("safetensors data is little-endian; this machine is not")
+    header = header or read_header(path)
+    path, start, total = header.path, header.data_start, header.data_start + header.nbytes
+    try:
+        if mmap:
+            storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=total)
+            whole = torch.empty(0, dtype=torch.uint8).set_(storage)  # (total,) the mapping
+            prefix, data = whole[:start].numpy().tobytes(), whole[start:]
+        else:
+            data = torch.empty(header.nbytes, dtype=torch.uint8)
+            with open(path, "rb") as f:
+                prefix = f.read(start)
+                if f.readinto(memoryview(data.numpy())) != header.nbytes:
+                    prefix = b""  # shorter than its header said: replaced since
+    except (OSError, RuntimeError) as e:  # RuntimeError: the file is shorter than the mapping
+        raise FileChangedError(f"{path}: cannot read ({_short(e)})") from None
+    if header.prefix and prefix != header.prefix:
+        raise FileChangedError(f"{path}: replaced while it was being read; try again")
+    tensors = {}
+    for name, t in header.tensors.items():
+        raw = data[t.start : t.end]  # (nbytes,) uint8
+        if t.start % t.dtype.itemsize:  # not aligned for its dtype: copy it to a fresh buffer
+            raw = raw.clone()
+        tensors[name] = raw.view(t.dtype).view(t.shape)
+    return tensors
 
 
 def _short(e: Exception) -> str:
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+# ---------------------------------------------------------------------------------------------
+# The writer lock
+# ---------------------------------------------------------------------------------------------
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: no lock (nothing else changes)
+    fcntl = None
+
+
+class _WriterLock:
+    """The flock a ``writer_lock`` block holds (``fd``), or waits to take (``run_dir``)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.fd: int | None = None
+        self.claimed = False  # taken, or found impossible to take: do not try again
+
+    def take(self, d: Path) -> None:
+        self.claimed = True
+        if fcntl is None:
+            return
+        try:
+            fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # never inherited
+        except OSError:
+            return  # the write that follows reports what is wrong with the directory
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunError(
+                f"{d}: another process is writing this run directory ({lock_holder(d)}); "
+                "wait for it to finish or stop it, or write to another directory"
+            ) from None
+        except OSError:  # a file system without flock (some network mounts): write unlocked
+            os.close(fd)
+            return
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the only descriptor releases the flock
+            self.fd = None
+
+
+_writer: _WriterLock | None = None  # this process's writer_lock block, if one is running
+
+
+@contextlib.contextmanager
+def writer_lock(run_dir: str | Path) -> Iterator[None]:
+    """Hold the writer lock of the run directory ``run_dir`` while the block runs.
+
+    The lock is ``flock`` on the directory itself. Taking it creates and changes nothing in
+    the directory, so a command refused later (a ``train`` without ``--resume`` into an
+    existing run) leaves it exactly as it was. The kernel drops it when the process ends,
+    however it ends (kill -9 too), so ``--resume`` works at once afterwards. A second writer
+    is refused with a RunError naming the holder: its pid, command and start time.
+
+    If ``run_dir`` exists, the lock is taken on entry. If it does not (a new run), it is taken
+    by the first file the block writes under it through this module (``create_run_dir`` writes
+    one), before that file is written. ``attnlab.training.run.train`` holds it for every task,
+    and ``Trainer.fit`` for a Trainer used on its own. Readers take no lock. Blocks do not
+    nest: an inner one leaves the outer one in charge. Ranks other than 0 of a torchrun job
+    (which write nothing) take no lock.
+    """
+    global _writer
+    if _writer is not None or os.environ.get("RANK", "0") != "0":
+        yield
+        return
+    lock = _WriterLock(Path(run_dir))
+    if lock.run_dir.is_dir():
+        lock.take(lock.run_dir)
+    _writer = lock
+    try:
+        yield
+    finally:
+        _writer = None
+        lock.release()
+
+
+def _claim(path: Path) -> None:
+    """Called before every write: inside ``writer_lock``, the first write into the run
+    directory takes its lock (a RunError if another process holds it: nothing is written)."""
+    w = _writer
+    if w is not None and not w.claimed and _within(path.parent, w.run_dir):
+        w.take(w.run_dir)
+
+
+def _within(path: Path, root: Path) -> bool:
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def lock_holder(run_dir: str | Path) -> str:
+    """Who holds the writer lock of ``run_dir``: "pid 123: attnlab train ..., since <start>",
+    read from /proc (Linux); "another process" where that cannot be read. Reads only."""
+    try:
+        st = os.stat(run_dir)
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return "another process"
+    # "1: FLOCK  ADVISORY  WRITE 6145 fe:00:2146455 0 EOF"; "1: -> FLOCK ..." is a waiter
+    exact = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    found = {}
+    for fields in map(str.split, lines):
+        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].endswith(f":{st.st_ino}"):
+            found[fields[5] == exact] = fields[4]  # exact device, or the inode alone
+    pid = found.get(True, found.get(False))
+    return _describe_process(pid) if pid else "another process"
+
+
+def _describe_process(pid: str) -> str:
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start, in ticks after boot
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))  # fmt: skip
+    except (OSError, ValueError, IndexError, StopIteration):
+        return f"pid {pid}"
+    argv = [a for a in argv if a]
+    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "attnlab":
+        argv = ["attnlab", *argv[argv.index("-m") + 2 :]]
+    elif argv and Path(argv[0]).name == "attnlab":
+        argv = ["attnlab", *argv[1:]]
+    command = " ".join(argv)
+    command = command if len(command) <= 120 else command[:117] + "..."
+    since = time.strftime(
+        "%Y-%m-%d %H:%M:%S", time.localtime(boot + ticks / os.sysconf("SC_CLK_TCK"))
+    )
+    return f"pid {pid}: {command}, running since {since}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,10 +500,15 @@ def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
     return {k: v for k, v in sd.items() if k not in tied}
 
 
-def check_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor], source: str) -> None:
-    """Every name, shape and dtype must match what the config's model expects."""
+def check_state_dict(
+    model: nn.Module, tensors: dict[str, torch.Tensor] | dict[str, TensorInfo], source: str
+) -> None:
+    """Every name, shape and dtype must match what the config's model expects.
+
+    ``tensors`` may be the tensors or, to check before reading any data, a header's
+    ``TensorInfo``s; ``model`` may be on the meta device. The first difference is a RunError."""
     expected = state_dict_for_saving(model)
-    missing = sorted(set(expected) - set(tensors))
+    missing = [k for k in expected if k not in tensors]  # in the model's order
     extra = sorted(set(tensors) - set(expected))
     if missing:
         raise RunError(f"{source}: does not match config.json: missing tensor {missing[0]!r}"
@@ -202,7 +519,7 @@ def check_state_dict(model: nn.Module, tensors: dict[str, torch.Tensor], source:
         t = tensors[k]
         if tuple(t.shape) != tuple(ref.shape):
             raise RunError(f"{source}: does not match config.json: {k} has shape {tuple(t.shape)}, "
-                           f"config implies {tuple(ref.shape)}")  # fmt: skip
+                           f"config.json implies {tuple(ref.shape)}")  # fmt: skip
         if t.dtype != ref.dtype:
             raise RunError(f"{source}: {k} has dtype {t.dtype}, expected {ref.dtype}")
 
@@ -289,34 +606,218 @@ def read_run_config(run_dir: str | Path) -> dict:
     return cfg
 
 
-def build_model(cfg: dict, source: str | Path = "config.json") -> nn.Module:
-    """The model ``cfg`` (a run's config.json, read from ``source``) describes, freshly built."""
+def build_model(
+    cfg: dict, source: str | Path = "config.json", *, device: str | torch.device | None = None
+) -> nn.Module:
+    """The model ``cfg`` (a run's config.json, read from ``source``) describes, freshly built.
+
+    ``device="meta"`` builds it without allocating or initialising anything: every tensor has
+    its shape and dtype but no memory (``check_run`` compares those with the weights file).
+    """
     try:
         cls = model_class(cfg.get("model_type", ""))
     except RunError as e:
         raise RunError(f"{source}: {e}") from None
     try:
         config = cls.config_class.from_dict(cfg.get("config", {}))
-    except (ConfigError, TypeError) as e:
+    except (ConfigError, TypeError, AttributeError) as e:
         raise RunError(f"{source}: invalid {cls.__name__} config ({e})") from None
-    return cls(config)
+    if device is None:
+        return cls(config)
+    try:
+        with (
+            torch.device(device),
+            _no_init() if str(device) == "meta" else contextlib.nullcontext(),
+        ):
+            return cls(config)
+    except (ValueError, RuntimeError, OverflowError) as e:  # e.g. a size past int64
+        raise RunError(
+            f"{source}: cannot build the {cls.__name__} it describes ({_short(e)})"
+        ) from None
+
+
+# torch.nn.init's in-place initialisers, which every torch module and attnlab model calls
+_INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
+                   "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
+                   "kaiming_normal_", "orthogonal_", "sparse_")  # fmt: skip
+
+
+@contextlib.contextmanager
+def _no_init() -> Iterator[None]:
+    """torch.nn.init does nothing inside this block. A model built on the meta device has
+    nothing to initialise, and the first random fill of a meta tensor costs seconds (its meta
+    kernel imports torch._dynamo). Not thread-safe: it patches the torch.nn.init module."""
+    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
+    for name in _INIT_FUNCTIONS:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(nn.init, name, fn)
+
+
+# What a run's tokenizer must agree on with its config, per model type:
+# (config field, tokenizer attribute, the file holding that tokenizer).
+TOKENIZER_FIELDS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "gpt": (("vocab_size", "vocab_size", "tokenizer.json"),),
+    "encoder": (("vocab_size", "vocab_size", "tokenizer.json"),),
+    "seq2seq": (
+        ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
+        ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
+    ),
+    "rnn": (
+        ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
+        ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
+    ),
+    "vit": (  # a ViT's "tokenizer" reads images and names the classes (data.images)
+        ("n_classes", "vocab_size", "tokenizer.json"),
+        ("image_size", "image_size", "tokenizer.json"),
+        ("channels", "channels", "tokenizer.json"),
+    ),
+}
+
+# Tables a model computes instead of storing (position tables) may take at most the size of
+# its weights plus this: a config cannot make a loader allocate through them either.
+COMPUTED_ALLOWANCE = 64 << 20
+
+
+@dataclasses.dataclass
+class CheckedRun:
+    """A run directory whose files agree with each other, read without its tensor data."""
+
+    run_dir: Path
+    config: dict  # config.json
+    header: SafetensorsHeader  # model.safetensors: names, dtypes, shapes, offsets
+    model: nn.Module  # the model config.json describes, on the meta device
+    tokenizer: Any  # Tokenizer, PairTokenizer (encoder-decoder), ImageTokenizer (ViT) or None
+
+
+def check_run(run_dir: str | Path) -> CheckedRun:
+    """Check that a run directory's config.json, weights and tokenizer agree, allocating
+    nothing; the first difference is a RunError naming the file. The steps are listed at the
+    top of this module; ``load_run`` then only has to read the weights."""
+    run_dir = Path(run_dir)
+    cfg = read_run_config(run_dir)
+    config_path, weights = run_dir / "config.json", run_dir / "model.safetensors"
+    header = read_header(weights)
+    _check_layer_counts(cfg, header, config_path)
+    model = build_model(cfg, config_path, device="meta")
+    check_state_dict(model, header.tensors, str(weights))
+    _check_computed_tables(model, header, config_path)
+    tokenizer = read_tokenizer_files(run_dir)
+    source = cfg.get("source")
+    imported = isinstance(source, dict) and source.get("format") == "huggingface"  # import-hf
+    check_tokenizer(model, tokenizer, run_dir, imported)
+    return CheckedRun(run_dir, cfg, header, model, tokenizer)
+
+
+def _check_layer_counts(cfg: dict, header: SafetensorsHeader, source: Path) -> None:
+    """Before building: a model on the meta device costs no memory for its tensors, but its
+    modules cost time and memory per layer. So the layer counts (every config field named
+    like ``n_layer``) are checked first against the number of tensors in the file, predicted
+    from tiny builds: tensors(counts) = tensors(all 1) + sum_f (count_f - 1) * per-layer_f.
+    Up to twice the file's count is built anyway, to name the first difference."""
+    sizes = cfg["config"] if isinstance(cfg.get("config"), dict) else {}
+    fields = [k for k, v in sizes.items() if "layer" in k and type(v) is int and v > 1]
+    if not fields:
+        return
+
+    def tensors(**counts) -> int:
+        probe = {**cfg, "config": {**sizes, **counts}}
+        return len(state_dict_for_saving(build_model(probe, source, device="meta")))
+
+    ones = {k: 1 for k in fields}
+    base = tensors(**ones)
+    implied = base + sum((sizes[k] - 1) * (tensors(**{**ones, k: 2}) - base) for k in fields)
+    if implied > 2 * len(header.tensors) + 16:
+        counts = ", ".join(f"{k} = {sizes[k]:,}" for k in fields)
+        raise RunError(f"{source}: {counts} implies {implied:,} tensors, but model.safetensors "
+                       f"holds {len(header.tensors):,}")  # fmt: skip
+
+
+def _check_computed_tables(model: nn.Module, header: SafetensorsHeader, source: Path) -> None:
+    sizes = {
+        name: (b.numel() * b.element_size(), tuple(b.shape)) for name, b in model.named_buffers()
+    }
+    total = sum(size for size, _ in sizes.values())
+    if total > header.nbytes + COMPUTED_ALLOWANCE:
+        name = max(sizes, key=lambda n: sizes[n][0])
+        raise RunError(
+            f"{source}: the model it describes computes {_size(total)} of tables (such as "
+            f"{name}, {sizes[name][1]}), more than its {_size(header.nbytes)} of weights allow"
+        )
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1000
+    raise AssertionError
+
+
+def check_tokenizer(
+    model: nn.Module, tokenizer, run_dir: str | Path, imported: bool = False
+) -> None:
+    """The tokenizer must speak the model's ids: the same vocabulary size (each side of an
+    encoder-decoder, counting its <pad>, <bos>, <eos>), and for a ViT the same classes, image
+    size and channels (``TOKENIZER_FIELDS``). A run imported from Hugging Face (``imported``)
+    may have a larger vocabulary than its tokenizer, as ``import-hf`` accepts (some models pad
+    it), but never a smaller one. A run saved without a tokenizer passes."""
+    if tokenizer is None:
+        return
+    run_dir, kind = Path(run_dir), model.model_type
+    for name in dict.fromkeys(name for *_, name in TOKENIZER_FIELDS[kind]):
+        if not (run_dir / name).is_file():
+            raise RunError(f"{run_dir}: has tokenizer.json but no {name}, which a {kind} run needs")
+    for field, attr, name in TOKENIZER_FIELDS[kind]:
+        got, want = getattr(tokenizer, attr, None), getattr(model.config, field)
+        if got is None:
+            what = getattr(tokenizer, "kind", type(tokenizer).__name__)
+            raise RunError(f"{run_dir / name}: a {kind} run needs a tokenizer with {attr}; "
+                           f"this one is a {what} tokenizer")  # fmt: skip
+        if got != want and not (imported and field == "vocab_size" and got < want):
+            specials = " (with <pad>, <bos>, <eos>)" if isinstance(tokenizer, PairTokenizer) else ""
+            raise RunError(f"{run_dir / name}: does not match config.json: the tokenizer's "
+                           f"{attr} is {got}{specials}, config.json's {field} is {want}")  # fmt: skip
+
+
+def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """Give a model built on the meta device its weights, by reference: no copy.
+
+    ``load_state_dict(assign=True)`` makes each tensor the parameter itself. Then tied copies
+    (a GPT's lm_head is its tok_embed, stored once) are tied again to the stored parameter,
+    and each module with tables it computes rather than stores (positions) recomputes them
+    with its ``reset_buffers()``. Names, shapes and dtypes must have been checked
+    (``check_state_dict``): what is left on the meta device afterwards is an error.
+    """
+    names_of: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(p), []).append(name)
+    result = model.load_state_dict(tensors, strict=False, assign=True)
+    for names in names_of.values():
+        stored = [n for n in names if n in tensors]
+        if len(names) > 1 and len(stored) == 1:  # tied: every name is the stored parameter
+            param = model.get_parameter(stored[0])
+            for name in names:
+                owner, _, leaf = name.rpartition(".")
+                setattr(model.get_submodule(owner), leaf, param)
+    for module in model.modules():
+        if any(b.is_meta for b in module.buffers(recurse=False)):
+            if not hasattr(module, "reset_buffers"):  # a new module: see attnlab.positional
+                raise TypeError(f"{type(module).__name__} has buffers that are not in the "
+                                "checkpoint, so it needs a reset_buffers() that computes them")  # fmt: skip
+            module.reset_buffers()
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left or result.unexpected_keys:
+        raise RunError(f"weights not assigned: {(left or result.unexpected_keys)[0]!r}")
+    return model
 
 
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)
-    model = build_model(cfg, run_dir / "config.json")
-    tensors = load_tensors(run_dir / "model.safetensors")
-    check_state_dict(model, tensors, str(run_dir / "model.safetensors"))
-    model.load_state_dict(tensors, strict=False)  # tied copies are re-tied by the constructor
-    return model.to(device).eval()
-
-
-def _read_tokenizer(path: Path) -> Tokenizer:
-    try:
-        return load_tokenizer(path)
-    except TokenizerError as e:
-        raise RunError(str(e)) from None  # it names the file
+    """The run's model in eval mode (see ``load_run``)."""
+    return load_run(run_dir, device)[0]
 
 
 def load_run(
@@ -324,17 +825,21 @@ def load_run(
 ) -> tuple[nn.Module, Tokenizer | None]:
     """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode.
 
-    An encoder-decoder run (one with ``target_tokenizer.json``) gives a ``PairTokenizer``.
+    Everything is checked before the weights are read (``check_run``); then the weights are
+    memory-mapped and assigned to the model built on the meta device (``assign_weights``), so
+    loading costs one copy of them. An encoder-decoder run (one with ``target_tokenizer.json``)
+    gives a ``PairTokenizer``, a ViT run an ``ImageTokenizer``.
     """
-    run_dir = Path(run_dir)
-    model = load_model(run_dir, device)
-    tok_path, tgt_path = run_dir / "tokenizer.json", run_dir / "target_tokenizer.json"
-    tokenizer = _read_tokenizer(tok_path) if tok_path.is_file() else None
-    if tgt_path.is_file():
-        if tokenizer is None:
-            raise RunError(f"{run_dir}: target_tokenizer.json without tokenizer.json")
-        tokenizer = PairTokenizer(tokenizer, _read_tokenizer(tgt_path))
-    return model, tokenizer
+    for attempt in range(3):  # a training run may replace model.safetensors as we read it
+        run = check_run(run_dir)
+        try:
+            tensors = load_tensors(run.header.path, mmap=True, header=run.header)
+            break
+        except FileChangedError:
+            if attempt == 2:
+                raise
+    model = assign_weights(run.model, tensors)
+    return model.to(device).eval(), run.tokenizer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -536,6 +1041,8 @@ def read_tokenizer_files(run_dir: str | Path):
     (an encoder-decoder run); None when the run has no tokenizer."""
     run_dir = Path(run_dir)
     src, tgt = run_dir / "tokenizer.json", run_dir / "target_tokenizer.json"
+    if tgt.is_file() and not src.is_file():
+        raise RunError(f"{run_dir}: target_tokenizer.json without tokenizer.json")
     try:
         tok = load_tokenizer(src) if src.is_file() else None
         if tok is not None and tgt.is_file():

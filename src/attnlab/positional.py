@@ -42,7 +42,15 @@ class SinusoidalPositions(nn.Module):
 
     def __init__(self, n_positions: int, d_model: int):
         super().__init__()
-        self.register_buffer("table", sinusoidal_table(n_positions, d_model), persistent=False)
+        self.n_positions, self.d_model = n_positions, d_model
+        self.register_buffer("table", torch.empty(n_positions, d_model), persistent=False)
+        if not self.table.is_meta:  # on the meta device (a checkpoint being checked): a shape
+            self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Compute the table (P, C) on the default device. The table is not in a checkpoint:
+        ``attnlab.checkpoint`` calls this once a model built on the meta device has its weights."""
+        self.table = sinusoidal_table(self.n_positions, self.d_model)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:
         return self.table[offset : offset + T]  # (T, C)
@@ -59,10 +67,19 @@ class Rotary(nn.Module):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"rotary positions need an even head width, got {head_dim}")
-        inv = 1.0 / base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.outer(torch.arange(n_positions, dtype=torch.float32), inv)  # (P, D/2)
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.head_dim, self.n_positions, self.base = head_dim, n_positions, base
+        self.register_buffer("cos", torch.empty(n_positions, head_dim // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(n_positions, head_dim // 2), persistent=False)
+        if not self.cos.is_meta:  # see SinusoidalPositions
+            self.reset_buffers()
+
+    def reset_buffers(self) -> None:
+        """Compute the cos and sin tables (P, D/2) on the default device (see
+        ``SinusoidalPositions.reset_buffers``: they are not in the checkpoint either)."""
+        d = self.head_dim
+        inv = 1.0 / self.base ** (torch.arange(0, d, 2, dtype=torch.float32) / d)
+        angles = torch.outer(torch.arange(self.n_positions, dtype=torch.float32), inv)  # (P, D/2)
+        self.cos, self.sin = angles.cos(), angles.sin()
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         T = x.size(-2)

@@ -14,8 +14,7 @@ def run(args: argparse.Namespace) -> int:
 
     given = {k: v for k, v in vars(args).items() if k not in ("func", "verb", "_argv")}
     p = training.plan(given)
-    # The one place a train run starts writing its run directory (p.out): everything before
-    # this line reads only; the writer lock on p.out belongs around this call.
+    # Everything before this line reads only; train() writes p.out, holding its writer lock.
     try:
         outcome = training.train(p)
     except TrainingError as e:

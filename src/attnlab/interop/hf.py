@@ -34,6 +34,7 @@ from attnlab.checkpoint import (
     read_json_object,
     save_model,
     save_tensors,
+    writer_lock,
 )
 from attnlab.config import ConfigError
 from attnlab.models.encoder import Encoder, EncoderConfig
@@ -649,6 +650,7 @@ def _fresh_output_dir(out_dir: str | Path, verb: str) -> Path:
 def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     """Convert a HF GPT-2 / BERT directory into an attnlab run directory."""
     model, tokenizer, provenance = load_hf(hf_dir)
-    out_dir = _fresh_output_dir(out_dir, "import-hf")
-    save_model(out_dir, model, tokenizer, extra=provenance)
+    with writer_lock(out_dir):  # a train writing out_dir refuses this, and this a train
+        out_dir = _fresh_output_dir(out_dir, "import-hf")
+        save_model(out_dir, model, tokenizer, extra=provenance)
     return out_dir

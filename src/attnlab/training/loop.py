@@ -416,7 +416,15 @@ class Trainer:
         self._counted = 0
 
     def fit(self, resume: bool = False) -> TrainResult:
-        """Train to ``max_iters``: evaluate, keep the best, checkpoint; stop on a signal."""
+        """Train to ``max_iters``: evaluate, keep the best, checkpoint; stop on a signal. The
+        run directory's writer lock is held throughout (``checkpoint.writer_lock``: a no-op
+        under ``training.run.train``, which already holds it)."""
+        if self.out_dir is None:
+            return self._fit(resume)
+        with ckpt.writer_lock(self.out_dir):
+            return self._fit(resume)
+
+    def _fit(self, resume: bool) -> TrainResult:
         c = self.config
         resumed = self._open_run(resume)
         start = self.step

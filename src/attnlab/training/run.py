@@ -6,7 +6,7 @@
 ``plan`` checks every option and reads or writes nothing. An option that is not given takes
 the task's default (``Task.option_defaults``). An option the task has no use for is refused.
 
-``train`` then:
+``train`` then holds the run directory's writer lock (``checkpoint.writer_lock``) while it:
   - a new run: refuses a directory that already holds a run; prepares the data and the
     tokenizer (bad data leaves nothing behind); builds the model from the seed;
   - ``resume``: rebuilds the task from the run's config.json (its options, its tokenizer, its
@@ -112,13 +112,16 @@ def train(p: TrainPlan, log: Callable[[str], None] | None = None) -> TrainOutcom
     """Prepare (or reopen), train and record the run ``p`` describes."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     device = resolve_device(p.config.device)
-    dist = init_distributed(device)
-    try:
-        return _train(p, dist, device, log)
-    except ConfigError as e:  # found in the data (an image size, ...): name the option typed
-        raise ConfigError(as_flags(str(e), option_names(p.task))) from None
-    finally:
-        shutdown(dist)
+    # One writer per run directory, whatever the task: a second train into p.out is refused
+    # here, naming this process, until it ends (kill -9 too). Rank 0 alone takes it.
+    with ckpt.writer_lock(p.out):
+        dist = init_distributed(device)
+        try:
+            return _train(p, dist, device, log)
+        except ConfigError as e:  # found in the data (an image size, ...): name the option typed
+            raise ConfigError(as_flags(str(e), option_names(p.task))) from None
+        finally:
+            shutdown(dist)
 
 
 def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
@@ -180,7 +183,9 @@ def _reopen(p: TrainPlan, log) -> tuple[Task, TrainConfig, torch.nn.Module]:
     """The task and train config of the run in ``p.out`` (with the changes --resume allows),
     and the model its config.json describes (whose checkpoint is then checked against it)."""
     out = p.out
-    cfg = ckpt.read_run_config(out)
+    # config.json, the weights' header and the tokenizer must agree before the model config.json
+    # describes is built for real: an edited config could otherwise allocate without bound
+    cfg = ckpt.check_run(out).config
     cls = task_for_run(cfg)
     if "task" in p.given and cls is not p.task:
         raise ckpt.RunError(
