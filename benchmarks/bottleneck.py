@@ -27,7 +27,7 @@ import torch
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from attnlab.decoding import greedy, pad_ids  # noqa: E402
+from attnlab.generation import greedy, pad_ids  # noqa: E402
 from attnlab.tasks.seq2seq import ARCHS, Seq2Seq, Seq2SeqOptions  # noqa: E402
 from attnlab.training import TrainConfig, Trainer  # noqa: E402
 

@@ -6,13 +6,20 @@ import pytest
 import torch
 
 from attnlab.generation import (
+    BOS,
+    EOS,
+    PAD,
     SamplingConfig,
     apply_repetition_penalty,
+    beam_search,
     filter_logits,
     generate,
     generate_ids,
+    greedy,
+    pad_ids,
+    translate,
 )
-from attnlab.tokenizers import CharTokenizer
+from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from lm_helpers import tiny_gpt
 
 TOK = CharTokenizer("abcdefghij klmnopqr\n")  # 20 characters for a vocab of 20
@@ -104,3 +111,100 @@ def test_batch_of_prompts_and_streaming():
 def test_invalid_sampling_options_are_refused(bad):
     with pytest.raises(ValueError):
         SamplingConfig(**bad)
+
+
+# ---------------------------------------------------------------------------------------------
+# One protocol for every generative model: GPT, the encoder-decoder Transformer, the LSTMs
+# ---------------------------------------------------------------------------------------------
+
+
+def _encoder_decoders():
+    from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
+    from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+
+    torch.manual_seed(0)
+    yield Seq2SeqTransformer(Seq2SeqConfig(src_vocab_size=23, tgt_vocab_size=23, max_len=40,
+                                           d_model=32, dropout=0.0)).eval()  # fmt: skip
+    for score in ("none", "dot"):
+        yield RNNSeq2Seq(RNNConfig(23, 23, 16, 24, attention=score)).eval()
+
+
+ENCDEC = list(_encoder_decoders())
+PAIR = PairTokenizer(CharTokenizer("abcdefghij klmnopqrst"), CharTokenizer("abcdefghij klmnopqrst"))
+
+
+def test_gpt_step_takes_several_tokens_or_one_at_a_time():
+    model = tiny_gpt().eval()
+    ids = torch.randint(0, 20, (2, 9))
+    a = model.start(ids[:, :4], 6)
+    b = model.start(ids[:, :1], 9)
+    one_pass = model.step(a, ids[:, 3:])  # the prompt's last token and 5 more, in one pass
+    for t in range(9):  # the prompt's one token, then 8 more
+        one_at_a_time = model.step(b, ids[:, t])
+    torch.testing.assert_close(one_pass, one_at_a_time, atol=1e-5, rtol=0)
+
+
+def test_gpt_beam_of_one_is_greedy_and_a_wide_beam_is_exhaustive():
+    import itertools
+
+    model = tiny_gpt(vocab=3, block_size=8).eval()
+    for p in model.parameters():
+        p.data.mul_(3)
+    prompt = torch.tensor([[0, 2, 1]])
+    assert beam_search(model, prompt, beam=1, max_len=12)[0].tokens == greedy(model, prompt, 12)[0]
+
+    def logprob(ys):
+        ids = torch.cat([prompt, torch.tensor([ys])], 1)
+        with torch.no_grad():
+            logp = torch.log_softmax(model(ids), -1)[0]
+        return float(sum(logp[prompt.size(1) - 1 + t, y] for t, y in enumerate(ys)))
+
+    best = max(itertools.product(range(3), repeat=3), key=logprob)  # every continuation
+    hyp = beam_search(model, prompt, beam=9, alpha=0.0, max_len=3)[0]
+    assert hyp.tokens == list(best) and not hyp.finished
+    assert abs(hyp.logprob - logprob(list(best))) < 1e-4
+
+
+@pytest.mark.parametrize("model", ENCDEC, ids=["transformer", "lstm", "lstm-attention"])
+def test_sampling_from_an_encoder_decoder(model):
+    texts = ["abc", "hello", "fig"]
+    cfg = SamplingConfig(None, temperature=1.0, seed=3)
+    run = lambda: generate(model, PAIR, texts, cfg, num_samples=2)
+    first, again = run(), run()
+    assert [s.text for s in first] == [s.text for s in again]  # the seed decides
+    assert len({s.text for s in first}) > 1  # and the samples differ
+    for s in first:
+        assert all(i > EOS for i in s.ids) and s.text == PAIR.decode_target(s.ids)
+        assert len(s.ids) <= 2 * len(PAIR.encode_source(s.prompt)) + 10
+    greedy_texts = [s.text for s in generate(model, PAIR, texts, SamplingConfig(12, 0.0))]
+    assert greedy_texts == translate(model, PAIR, texts, max_len=12)
+
+
+@pytest.mark.parametrize("model", ENCDEC[:2], ids=["transformer", "lstm"])
+def test_encoder_decoder_samples_follow_the_model_distribution(model):
+    """The first output token of 4000 samples, against the model's own probabilities."""
+    src = pad_ids([PAIR.encode_source("bad cafe")] * 4000)
+    cfg = SamplingConfig(1, temperature=1.0, seed=0)
+    first = generate_ids(model, src, cfg)[:, 0]
+    with torch.no_grad():
+        logp = model.step(model.start(src[:1], 2), torch.tensor([BOS]))[0]
+    logp[[PAD, BOS]] = float("-inf")
+    expected = logp.softmax(-1)
+    observed = torch.bincount(first, minlength=expected.numel()).float() / first.numel()
+    assert float((observed - expected).abs().max()) < 0.03  # ~4 standard errors at p = 0.5
+
+
+def test_encoder_decoder_output_streams_and_stops_at_a_string():
+    model = ENCDEC[0]
+    cfg = SamplingConfig(None, temperature=1.0, seed=1)
+    full = generate(model, PAIR, "abcdef", cfg)[0]
+    pieces = []
+    streamed = generate(model, PAIR, "abcdef", cfg, stream=pieces.append)[0]
+    assert "".join(pieces) == streamed.text == full.text and len(full.text) >= 3
+    cut = generate(model, PAIR, "abcdef", cfg, stop=[full.text[1:3]])[0]
+    assert cut.stopped and cut.text == full.text[: full.text.find(full.text[1:3])]
+
+
+def test_window_options_are_refused_for_an_encoder_decoder():
+    with pytest.raises(ValueError, match="not to an encoder-decoder"):
+        generate(ENCDEC[0], PAIR, "abc", window="shift")

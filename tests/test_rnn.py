@@ -7,7 +7,7 @@ import torch
 
 from attnlab.config import ConfigError
 from attnlab.data.tasks import collate, encode_pairs, generate
-from attnlab.decoding import BOS, PAD
+from attnlab.generation import BOS, PAD
 from attnlab.hooks import record
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.tokenizers import CharTokenizer, PairTokenizer

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from attnlab.checkpoint import load_run, save_model
 from attnlab.checks import find_future_leak
 from attnlab.config import ConfigError
-from attnlab.decoding import BOS, EOS, PAD, beam_search, greedy, pad_ids
+from attnlab.generation import BOS, EOS, PAD, beam_search, greedy, pad_ids
 from attnlab.hooks import record
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer, noam_lr

@@ -208,10 +208,58 @@ class KVCache:
         self.length += n
         return self.k[:, :, : self.length], self.v[:, :, : self.length]
 
+    def clear(self) -> None:
+        """Forget every position (the buffers are kept and overwritten by the next append)."""
+        self.length = 0
+
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (beam search)."""
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
+
+
+class RingKVCache(KVCache):
+    """A KVCache whose ``max_len`` slots are reused as a ring: once every slot is filled, the
+    next key and value overwrite the oldest, so the cache holds the last ``max_len`` positions.
+
+    ``length`` is the position the next key is written at (what rotary positions rotate it
+    by), and ``held`` counts the filled slots. Once the ring has wrapped, its slots are no
+    longer in position order and it takes one position per ``append``: a single query
+    attends to every key it holds without a mask, and such attention does not depend on the
+    order of the keys. ``rebase(n, shift)`` moves every position down by ``n`` (the caller
+    re-rotates the held keys with ``shift``), so positions stay inside a rotary table.
+    """
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.written = 0  # positions ever appended; the next one goes to slot written % max_len
+
+    @property
+    def held(self) -> int:
+        return min(self.written, self.max_len)
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        n = k.size(2)
+        if self.written + n <= self.max_len:  # still filling: slots in position order
+            slots = slice(self.written, self.written + n)
+        elif n == 1:
+            slot = self.written % self.max_len
+            slots = slice(slot, slot + 1)
+        else:
+            raise ValueError("a full ring cache takes one position at a time")
+        self.k[:, :, slots] = k
+        self.v[:, :, slots] = v
+        self.written += n
+        self.length += n
+        return self.k[:, :, : self.held], self.v[:, :, : self.held]
+
+    def clear(self) -> None:
+        self.length = self.written = 0
+
+    def rebase(self, n: int, shift) -> None:
+        """Every held key was rotated at position p; make it p - n: ``k = shift(k, n)``."""
+        self.k[:, :, : self.held] = shift(self.k[:, :, : self.held], n)
+        self.length -= n
 
 
 class StaticKV:

@@ -3,6 +3,7 @@
 A causal model's output at position t may depend on inputs 0..t only. Two probes:
 - perturbation: change the input at position j; outputs before j must not move;
 - gradient: d output[t] / d input[j] must be exactly zero for every j > t.
+``DecoderProbes`` gives an encoder-decoder what ``attnlab check`` asks of a model.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+BOS, EOS = 1, 2  # an encoder-decoder's <bos> and <eos> (attnlab.tokenizers.PairTokenizer)
 
 
 @dataclass
@@ -84,3 +87,48 @@ def _perturb_ids(x: Tensor, j: int) -> Tensor:
     y = x.clone()
     y[:, j] = y[:, j] + 1 if int(y[:, j].max()) == 0 else torch.zeros_like(y[:, j])
     return y
+
+
+class DecoderProbes:
+    """What ``attnlab check`` needs from an encoder-decoder (mixed into both models).
+
+    Each probe runs the decoder on target ids ``ids`` (B, T) over one fixed random source, so
+    perturbing a target token changes nothing but the decoder's input:
+    - ``conformance_forward``: decoder logits (B, T, V), causal in the target;
+    - ``cache_difference``: incremental decoding (``start``/``step``) vs the full pass;
+    - ``padding_difference``: padding the source changes no decoder output.
+    """
+
+    causal = True  # the decoder's self-attention
+    uses_padding = True
+    pad_id = 0  # <pad>
+
+    def _probe_source(self, batch: int, length: int = 7) -> Tensor:
+        g = torch.Generator().manual_seed(1234)
+        src = torch.randint(EOS + 1, self.config.src_vocab_size, (batch, length), generator=g)
+        src[:, -1] = EOS
+        return src.to(next(self.parameters()).device)
+
+    def conformance_inputs(self, batch: int = 2, seed: int = 0, length: int = 12) -> Tensor:
+        """Random target ids (B, T) without <pad>, <bos>-first like a decoder input."""
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(EOS + 1, self.config.tgt_vocab_size, (batch, length), generator=g)
+        ids[:, 0] = BOS
+        return ids.to(next(self.parameters()).device)
+
+    def conformance_forward(self, ids: Tensor) -> Tensor:
+        return self(self._probe_source(ids.size(0)), ids)
+
+    @torch.no_grad()
+    def cache_difference(self, ids: Tensor) -> float:
+        src = self._probe_source(ids.size(0))
+        full = torch.log_softmax(self(src, ids).float(), dim=-1)  # (B, T, V)
+        state = self.start(src, ids.size(1))
+        steps = [self.step(state, ids[:, t]) for t in range(ids.size(1))]  # T x (B, V)
+        return float((torch.stack(steps, dim=1) - full).abs().max())
+
+    @torch.no_grad()
+    def padding_difference(self, ids: Tensor, n_pad: int = 3) -> float:
+        src = self._probe_source(ids.size(0))
+        padded = torch.cat([src, src.new_full((src.size(0), n_pad), self.pad_id)], dim=1)
+        return float((self(padded, ids) - self(src, ids)).abs().max())

@@ -1,24 +1,62 @@
-"""Sampling text from a language model, one token at a time.
+"""Decoding, one token at a time, for every generative model: sampling, greedy, beam search.
 
-Each step turns the last position's logits (B, V) into a next token:
-    repetition penalty  (CTRL: a logit of a token already in the sequence is divided by p if
-                         positive, multiplied by p if negative)
-    temperature         logits / T; T = 0 means greedy (argmax)
-    top-k               keep the k largest logits
+One protocol, implemented by GPT, the encoder-decoder Transformer and the LSTM encoder-decoder:
+    state = model.start(x, max_len)     # x: a GPT's prompt (B, T0), or a source (B, S) to encode
+    logp  = model.step(state, tokens)   # feed tokens (B,) -> next-token log-probs (B, V)
+    model.reorder(state, index)         # keep / duplicate batch rows (beam search)
+The first step feeds a GPT its prompt's last token (the rest of the prompt goes through in the
+same pass), and an encoder-decoder ``<bos>``. An encoder-decoder's ids 0, 1, 2 are <pad>, <bos>,
+<eos>: it never produces <pad> or <bos>, and a row ends at <eos>. A GPT has no such ids.
+
+Sampling turns each step's log-probabilities (B, V) into a next token:
+    repetition penalty  (CTRL) a token already in the sequence has its log-probability
+                        multiplied by p (log-probabilities are <= 0, so p > 1 lowers it)
+    temperature         logp / T; T = 0 means greedy (argmax)
+    top-k               keep the k largest
     top-p (nucleus)     keep the smallest set of tokens whose probabilities sum to >= p
-    sample              from softmax of what is left
+    sample              from the softmax of what is left
+(A log-probability is its logit minus a per-row constant, so temperature, top-k and top-p do
+exactly what they do to logits.)
 
-With the KV cache (the default) the prompt is run once ("prefill") and every later step feeds
-only the newest token: the keys and values of earlier positions are read from the cache.
-Without it (``use_cache=False``) every step recomputes the whole context.
+Beam search keeps the ``beam`` best partial outputs by total log-probability; a finished one
+is ranked by  log p(y | x) / lp(y),  lp(y) = ((5 + |y|) / 6) ** alpha  (Wu et al., 2016, |y|
+counting <eos>), so alpha > 0 stops the search from preferring short outputs. With beam = 1 it
+makes exactly the greedy choices. A GPT has no <eos>: its hypotheses all run to ``max_len``.
 
-Once the context outgrows ``block_size``, both paths crop it to the last ``block_size`` tokens
-and recompute all of them, every step: the cache cannot help there, for any position scheme.
-When the window slides by one token, every kept token moves one position (learned and
-sinusoidal positions are added to its embedding), and, from the second layer on, its key and
-value were computed while attending to the token that has just dropped out of the window (so
-even rotary keys, whose scores depend only on relative distance, are stale). Reusing them would
-sample from a different distribution than the model defines; both paths give the same tokens.
+Past the block: window policies of a GPT
+----------------------------------------
+A GPT has positions for ``block_size`` tokens. With c tokens so far (prompt included) and
+c > block_size, the next token is predicted from a window, by one of three policies:
+
+slide (the default)  nanoGPT's: the context is the last block_size tokens, ids[c - block : c],
+    at positions 0 .. block - 1, recomputed in one pass at every step (with ``logits_to_keep``
+    = 1). Exact, and as costly per token as a forward pass over a whole block. No cache can
+    help: when the window slides by one token every kept token moves one position (learned and
+    sinusoidal positions are added to its embedding), and, from the second layer on, its key
+    and value were computed while it attended to the token that has just left the window (so
+    even rotary keys, whose scores depend only on relative distance, are stale).
+shift                llama.cpp's context shift, recomputed: the context is ids[s : c], where s
+    is the smallest multiple of h = block // 2 that leaves at most block tokens,
+    s = h * ceil(max(0, c - block) / h). Each token is predicted exactly as a fresh forward
+    pass over that context would predict it. When s moves (every h tokens) the window's h + 1
+    tokens are prefilled into the KV cache in one pass; in between, each token costs one
+    position. The context holds between block - h + 1 and block tokens.
+ring                 rotary positions only: sliding-window attention. Every position attends to
+    itself and the block - 1 positions before it, in every layer, and its keys and values are
+    computed once, when it is fed: the KV cache is a ring of block slots in which a new
+    position overwrites the oldest. Equivalently, one forward pass over the whole sequence
+    with the causal mask narrowed to a band of width block, and rotary angles taken at
+    absolute positions (only differences, all < block, matter; the cache moves every position
+    down by h whenever the next would leave the rotary table, which changes no score). Within
+    the block it is slide. Past it, it APPROXIMATES slide: at the first layer the next token's
+    attention is the same, but from the second layer on a kept token's key and value are the
+    ones computed when it was fed, when it attended to tokens that have since left the window
+    (its receptive field reaches n_layer * (block - 1) tokens back), where slide recomputes
+    them from the window alone. One position per token, whatever the length. Learned and
+    sinusoidal positions are refused: a kept token's position would have to change.
+Within the block all three are the KV cache, and equal to a forward pass over the prompt and
+every token since. Without the cache (``use_cache=False``) slide and shift recompute their
+window at every step; ring needs the cache.
 """
 
 from __future__ import annotations
@@ -29,10 +67,16 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from attnlab.models.gpt import WINDOWS
+
+PAD, BOS, EOS = 0, 1, 2  # an encoder-decoder's reserved ids (attnlab.tokenizers.PairTokenizer)
+__all__ = ["WINDOWS", "SamplingConfig", "generate", "generate_ids", "greedy", "beam_search",
+           "translate", "Hypothesis", "Sample", "length_penalty", "pad_ids"]  # fmt: skip
+
 
 @dataclasses.dataclass
 class SamplingConfig:
-    max_new_tokens: int = 200
+    max_new_tokens: int | None = 200  # None: an encoder-decoder's default (2 * source + 10)
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
@@ -40,7 +84,7 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.max_new_tokens < 0:
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
@@ -53,7 +97,8 @@ class SamplingConfig:
 
 
 def apply_repetition_penalty(logits: Tensor, seen: Tensor, penalty: float) -> Tensor:
-    """logits (B, V); seen (B, V) bool: tokens already in each sequence."""
+    """CTRL: a seen token's score is divided by p if positive, multiplied by p if not.
+    logits (B, V); seen (B, V) bool: tokens already in each sequence."""
     if penalty == 1.0:
         return logits
     penalised = torch.where(logits > 0, logits / penalty, logits * penalty)
@@ -76,70 +121,239 @@ def filter_logits(logits: Tensor, top_k: int | None = None, top_p: float | None 
 
 
 def next_token(
-    logits: Tensor, cfg: SamplingConfig, seen: Tensor | None, generator: torch.Generator | None
+    logp: Tensor, cfg: SamplingConfig, seen: Tensor | None, generator: torch.Generator | None
 ) -> Tensor:
-    """(B, V) logits of the last position -> (B,) next token ids."""
-    logits = logits.float()
+    """(B, V) log-probabilities of the next token -> (B,) token ids."""
     if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, cfg.repetition_penalty)
+        logp = apply_repetition_penalty(logp, seen, cfg.repetition_penalty)
     if cfg.temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p)
-    probs = torch.softmax(logits, dim=-1)  # (B, V)
+        return logp.argmax(dim=-1)
+    logp = filter_logits(logp / cfg.temperature, cfg.top_k, cfg.top_p)
+    probs = torch.softmax(logp, dim=-1)  # (B, V)
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-@torch.no_grad()
+# ---------------------------------------------------------------------------------------------
+# The protocol, for any model
+# ---------------------------------------------------------------------------------------------
+
+
+def is_encoder_decoder(model: nn.Module) -> bool:
+    return bool(getattr(model, "is_encoder_decoder", False))
+
+
+def begin(
+    model: nn.Module, x: Tensor, max_len: int, window: str = "slide", use_cache: bool = True
+) -> tuple[object, Tensor]:
+    """``model.start`` on ``x`` (B, T), and the tokens (B,) its first step feeds."""
+    if is_encoder_decoder(model):
+        if window != "slide" or not use_cache:
+            raise ValueError("window policies and --no-cache apply to a GPT's context, "
+                             "not to an encoder-decoder")  # fmt: skip
+        state = model.start(x, max_len)
+        return state, torch.full((x.size(0),), BOS, dtype=torch.long, device=x.device)
+    return model.start(x, max_len, window=window, use_cache=use_cache), x[:, -1]
+
+
+def _forbid_specials(logp: Tensor) -> Tensor:
+    logp[:, PAD] = float("-inf")
+    logp[:, BOS] = float("-inf")
+    return logp
+
+
+def pad_ids(seqs: list[list[int]], pad: int = PAD, device=None) -> Tensor:
+    """Right-pad lists of ids into a (B, L) tensor."""
+    L = max(1, max((len(s) for s in seqs), default=1))
+    out = torch.full((len(seqs), L), pad, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
+    return out.to(device) if device is not None else out
+
+
+def default_max_len(model, src_len: int, max_len: int | None = None) -> int:
+    """Longest output tried: ``max_len`` or twice the source plus 10, within the model's
+    positions (a Transformer's ``config.max_len`` holds <bos> too)."""
+    limit = getattr(model.config, "max_len", None)
+    n = max_len or 2 * src_len + 10
+    return min(n, limit - 1) if limit else n
+
+
+@torch.inference_mode()
 def generate_ids(
     model: nn.Module,
     prompt: Tensor,
     cfg: SamplingConfig,
     use_cache: bool = True,
     on_step: Callable[[Tensor], bool] | None = None,
+    window: str = "slide",
 ) -> Tensor:
-    """Continue ``prompt`` (B, T0) by up to ``cfg.max_new_tokens``; returns (B, n_new) new ids.
+    """Sample up to ``cfg.max_new_tokens`` tokens after ``prompt`` (B, T0) (an encoder-decoder:
+    from the source (B, S)); returns the new ids (B, n_new). An encoder-decoder row that has
+    produced <eos> gets <pad> after it, and decoding stops when every row has.
 
     ``on_step(tokens (B,))`` is called after every step; returning True stops early (stop
     strings are checked there). Rows of a batch are independent but share the prompt length.
     """
     model.eval()
-    block = model.config.block_size
     device = next(model.parameters()).device
-    ids = prompt.to(device)  # (B, T) everything so far
-    B = ids.size(0)
+    x = prompt.to(device)
+    B = x.size(0)
+    encdec = is_encoder_decoder(model)
+    steps = cfg.max_new_tokens
+    if encdec:
+        steps = default_max_len(model, x.size(1), steps)
+    elif steps is None:
+        raise ValueError("max_new_tokens is needed to sample from a GPT")
+    state, tokens = begin(model, x, max(steps, 1), window, use_cache)
     generator = None
     if cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
     seen = None
     if cfg.repetition_penalty != 1.0:
-        seen = torch.zeros(B, model.config.vocab_size, dtype=torch.bool, device=device)
-        seen.scatter_(1, ids, True)
-    cache = model.new_cache(B, block) if use_cache else None
-    new = []
-    for step in range(cfg.max_new_tokens):
-        if not use_cache or ids.size(1) > block:
-            # the last block_size tokens, all recomputed (past block_size a cache cannot help)
-            logits = model(ids[:, -block:], logits_to_keep=1)[:, -1]  # (B, V)
-        elif step == 0:
-            logits = model(ids, cache=cache, logits_to_keep=1)[:, -1]  # prefill the prompt
-        else:
-            logits = model(ids[:, -1:], cache=cache)[:, -1]  # feed only the newest token
-        tok = next_token(logits, cfg, seen, generator)  # (B,)
-        ids = torch.cat([ids, tok[:, None]], dim=1)
-        new.append(tok)
+        seen = torch.zeros(B, model_vocab(model), dtype=torch.bool, device=device)
+        if not encdec:
+            seen.scatter_(1, x, True)
+    done = torch.zeros(B, dtype=torch.bool, device=device) if encdec else None
+    out = torch.full((B, steps), PAD, dtype=torch.long, device=device)  # (B, steps)
+    n = 0
+    while n < steps:
+        logp = model.step(state, tokens)  # (B, V)
+        if encdec:
+            logp = _forbid_specials(logp)
+        tokens = next_token(logp, cfg, seen, generator)  # (B,)
+        if encdec:
+            tokens = tokens.masked_fill(done, PAD)
+            done |= tokens == EOS
+        out[:, n] = tokens
+        n += 1
         if seen is not None:
-            seen.scatter_(1, tok[:, None], True)
-        if on_step is not None and on_step(tok):
+            seen.scatter_(1, tokens[:, None], True)
+        if on_step is not None and on_step(tokens):
             break
-    if not new:
-        return torch.zeros(B, 0, dtype=torch.long, device=device)
-    return torch.stack(new, dim=1)  # (B, n_new)
+        if encdec and bool(done.all()):
+            break
+    return out[:, :n]
+
+
+def model_vocab(model: nn.Module) -> int:
+    """Size of the vocabulary a model's step scores."""
+    c = model.config
+    return getattr(c, "tgt_vocab_size", None) or c.vocab_size
+
+
+@torch.inference_mode()
+def greedy(
+    model, src: Tensor, max_len: int | None = None, *, window: str = "slide"
+) -> list[list[int]]:
+    """Pick the most probable token at every step, for a batch ``src`` (B, S) (a GPT: a prompt).
+
+    Returns each row's output ids without <eos> (stopped at <eos> or after ``max_len`` tokens).
+    """
+    max_len = default_max_len(model, src.size(1), max_len)
+    ids = generate_ids(model, src, SamplingConfig(max_len, temperature=0.0), window=window)
+    rows = ids.tolist()
+    if not is_encoder_decoder(model):
+        return rows
+    return [row[: row.index(EOS)] if EOS in row else row for row in rows]
+
+
+@dataclasses.dataclass
+class Hypothesis:
+    tokens: list[int]  # output ids, without <eos>
+    logprob: float  # log p(tokens, <eos> | source)
+    score: float  # logprob / lp(length)
+    finished: bool
+
+
+def length_penalty(length: int, alpha: float) -> float:
+    """GNMT's lp = ((5 + length) / 6) ** alpha; alpha = 0 ranks by plain log-probability."""
+    return ((5 + length) / 6) ** alpha
+
+
+@torch.inference_mode()
+def beam_search(
+    model,
+    src: Tensor,
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_len: int | None = None,
+    *,
+    window: str = "slide",
+) -> list[Hypothesis]:
+    """Beam search for ONE source (1, S) (a GPT: one prompt). Returns up to ``beam``
+    hypotheses, best first.
+
+    At each step every live hypothesis is extended by every token; the best 2 * beam extensions
+    are read in order: one ending in <eos> is set aside as finished, the others refill the beam.
+    The search stops when ``beam`` hypotheses have finished, or after ``max_len`` tokens.
+    """
+    if src.size(0) != 1:
+        raise ValueError("beam_search decodes one source at a time: src must be (1, S)")
+    if beam < 1:
+        raise ValueError(f"beam must be >= 1, got {beam}")
+    model.eval()
+    encdec = is_encoder_decoder(model)
+    max_len = default_max_len(model, src.size(1), max_len)
+    state, last = begin(model, src, max_len + 1, window)
+    alive: list[list[int]] = [[]]
+    scores = torch.zeros(1, device=src.device)  # (K,) total log-probabilities of the live beams
+    finished: list[Hypothesis] = []
+    for step in range(max_len):
+        logp = model.step(state, last)  # (K, V)
+        if encdec:
+            logp = _forbid_specials(logp)
+        V = logp.size(-1)
+        total = (scores[:, None] + logp).view(-1)  # (K * V,)
+        top_scores, top_idx = total.topk(min(2 * beam, int(torch.isfinite(total).sum())))
+        origins, new_alive, new_scores, new_last = [], [], [], []
+        for s, idx in zip(top_scores.tolist(), top_idx.tolist()):
+            k, tok = divmod(idx, V)
+            if encdec and tok == EOS:
+                n = len(alive[k]) + 1
+                finished.append(Hypothesis(alive[k], s, s / length_penalty(n, alpha), True))
+            else:
+                origins.append(k)
+                new_alive.append(alive[k] + [tok])
+                new_scores.append(s)
+                new_last.append(tok)
+            if len(finished) >= beam or len(new_alive) == beam:
+                break
+        if len(finished) >= beam or not new_alive:
+            break
+        alive = new_alive
+        scores = torch.tensor(new_scores, device=src.device)
+        last = torch.tensor(new_last, dtype=torch.long, device=src.device)
+        if step + 1 < max_len:
+            model.reorder(state, torch.tensor(origins, dtype=torch.long, device=src.device))
+    else:  # ran out of length: the live beams count, unfinished
+        for toks, s in zip(alive, scores.tolist()):
+            finished.append(Hypothesis(toks, s, s / length_penalty(len(toks), alpha), False))
+    finished.sort(key=lambda h: h.score, reverse=True)
+    return finished[:beam]
+
+
+def translate(model, tokenizer, texts: list[str], beam: int = 1, alpha: float = 0.6,
+              max_len: int | None = None) -> list[str]:  # fmt: skip
+    """Source texts -> translations, greedy (beam = 1, batched) or by beam search."""
+    device = next(model.parameters()).device
+    srcs = [tokenizer.encode_source(t) for t in texts]
+    if beam == 1:
+        outs = greedy(model, pad_ids(srcs, device=device), max_len)
+    else:
+        outs = [beam_search(model, pad_ids([s], device=device), beam, alpha, max_len)[0].tokens
+                for s in srcs]  # fmt: skip
+    return [tokenizer.decode_target(o) for o in outs]
+
+
+# ---------------------------------------------------------------------------------------------
+# Text in, text out
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
 class Sample:
     prompt: str
-    text: str  # the continuation only, cut before any stop string
+    text: str  # the continuation (an encoder-decoder: the output), cut before any stop string
     ids: list[int]
     stopped: bool = False
 
@@ -154,14 +368,22 @@ def generate(
     num_samples: int = 1,
     use_cache: bool = True,
     stream: Callable[[str], None] | None = None,
+    window: str = "slide",
 ) -> list[Sample]:
-    """Continue each prompt ``num_samples`` times. Prompts of equal token length are decoded
-    together as one batch. ``stream(text)`` receives the continuation of a single sequence
-    piece by piece as it is produced (only when exactly one sequence is generated).
+    """Continue each prompt ``num_samples`` times (an encoder-decoder: sample outputs for each
+    source text). Prompts of equal token length are decoded together as one batch.
+    ``stream(text)`` receives the continuation of a single sequence piece by piece as it is
+    produced (only when exactly one sequence is generated).
     """
     cfg = cfg or SamplingConfig()
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    encoded = [_encode_prompt(tokenizer, p) for p in prompts]
+    encdec = is_encoder_decoder(model)
+    if encdec:
+        encoded = [tokenizer.encode_source(p) for p in prompts]
+        decode, end = tokenizer.decode_target, EOS
+    else:
+        encoded = [_encode_prompt(tokenizer, p) for p in prompts]
+        decode, end = tokenizer.decode, None
     jobs = [(i, s) for i in range(len(prompts)) for s in range(num_samples)]
     results: dict[tuple[int, int], Sample] = {}
     by_length: dict[int, list[tuple[int, int]]] = {}
@@ -170,8 +392,8 @@ def generate(
     single = len(jobs) == 1
     for group in by_length.values():
         prompt = torch.tensor([encoded[i] for i, _ in group], dtype=torch.long)  # (B, T0)
-        watch = _StopWatch(tokenizer, len(group), stop, stream if single else None)
-        generate_ids(model, prompt, cfg, use_cache=use_cache, on_step=watch)
+        watch = _StopWatch(decode, len(group), stop, stream if single else None, end)
+        generate_ids(model, prompt, cfg, use_cache=use_cache, on_step=watch, window=window)
         for b, (i, s) in enumerate(group):
             text, stopped = watch.finish(b)
             results[(i, s)] = Sample(prompts[i], text, watch.gen[b], stopped=stopped)
@@ -179,14 +401,19 @@ def generate(
 
 
 class _StopWatch:
-    """Collects each row's new tokens, stops a row at its first stop string, and streams the
-    text of a lone row as it grows (holding back what may still turn into a stop string, or a
-    character whose bytes are not all there yet)."""
+    """Collects each row's new tokens, ends a row at ``end`` (<eos>) or at its first stop
+    string, and streams the text of a lone row as it grows (holding back what may still turn
+    into a stop string, or a character whose bytes are not all there yet)."""
 
     def __init__(
-        self, tokenizer, B: int, stop: Sequence[str], stream: Callable[[str], None] | None
+        self,
+        decode: Callable[[list[int]], str],
+        B: int,
+        stop: Sequence[str],
+        stream: Callable[[str], None] | None,
+        end: int | None = None,
     ):
-        self.tokenizer, self.stop, self.stream = tokenizer, [s for s in stop if s], stream
+        self.decode, self.stop, self.stream, self.end = decode, [s for s in stop if s], stream, end
         self.done = [False] * B
         self.gen: list[list[int]] = [[] for _ in range(B)]
         self.printed = 0
@@ -196,11 +423,16 @@ class _StopWatch:
         return min((text.find(s) for s in self.stop if s in text), default=-1)
 
     def __call__(self, tok: Tensor) -> bool:
-        for b, done in enumerate(self.done):
-            if done:
+        for b, t in enumerate(tok.tolist()):
+            if self.done[b]:
                 continue
-            self.gen[b].append(int(tok[b]))
-            text = self.tokenizer.decode(self.gen[b])
+            if t == self.end:
+                self.done[b] = True
+                continue
+            self.gen[b].append(t)
+            if not self.stop and self.stream is None:
+                continue
+            text = self.decode(self.gen[b])
             cut = self._cut(text)
             self.done[b] = cut >= 0
             if self.stream is not None:
@@ -214,7 +446,7 @@ class _StopWatch:
             self.printed = upto
 
     def finish(self, b: int) -> tuple[str, bool]:
-        text = self.tokenizer.decode(self.gen[b])
+        text = self.decode(self.gen[b])
         cut = self._cut(text)
         text = text[:cut] if cut >= 0 else text
         if self.stream is not None:

@@ -91,5 +91,16 @@ class Rotary(nn.Module):
         )  # (..., T, D/2, 2)
         return rotated.flatten(-2)
 
+    def shift(self, x: Tensor, n: int) -> Tensor:
+        """x (..., D) rotated at positions p -> rotated at p - n, for 0 <= n < n_positions.
+
+        The rotation by -n * freq, (x1 cos + x2 sin, -x1 sin + x2 cos): since a score depends
+        only on the distance between query and key, moving every key and the next query down
+        by n changes no score (a ring-buffer KV cache uses it to stay inside the table).
+        """
+        cos, sin = self.cos[n].to(x.dtype), self.sin[n].to(x.dtype)  # (D/2,)
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return torch.stack((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).flatten(-2)
+
 
 POSITIONAL = {"learned": LearnedPositions, "sinusoidal": SinusoidalPositions}

@@ -15,6 +15,7 @@ import torch
 from attnlab import checkpoint as ckpt
 from attnlab.cli import UsageError
 from attnlab.config import ConfigError
+from attnlab.models.gpt import WINDOWS
 
 
 def _as_options(message: str, names) -> str:
@@ -62,29 +63,75 @@ def _load_gpt(run: str, device_name: str):
     return model, tokenizer
 
 
-def generate(args: argparse.Namespace) -> int:
-    """``attnlab generate RUN --prompt TEXT``: sample a continuation; text on stdout."""
-    from attnlab.generation import SamplingConfig
-    from attnlab.generation import generate as sample
+SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
 
+
+def add_sampling_options(a, temperature: float) -> None:
+    """The sampling options ``generate`` and ``translate`` share (``a`` = add_argument)."""
+    a("--temperature", type=float, default=temperature, help="0 = greedy")
+    a("--top-k", type=int, default=None, help="sample from the k most probable tokens only")
+    a("--top-p", type=float, default=None, help="nucleus sampling, in (0, 1]")
+    a("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats")
+    a("--stop", action="append", help="stop when this string appears (repeatable)")
+    a("--seed", type=int, default=None, help="for reproducible samples")
+    a("--num-samples", type=int, default=1, help="samples per prompt (with --beam: the best N)")
+    a("--beam", type=int, default=None, help="beam search of this width instead of sampling")
+    a("--alpha", type=float, default=0.6, help="beam search: length penalty exponent")
+
+
+def decoding_settings(args: argparse.Namespace, max_new_tokens: int | None):
+    """The SamplingConfig the options describe; bad or clashing options are a UsageError."""
+    from attnlab.generation import SamplingConfig
+
+    names = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty")
     try:
-        cfg = SamplingConfig(
-            args.max_new_tokens,
-            args.temperature,
-            args.top_k,
-            args.top_p,
-            args.repetition_penalty,
-            args.seed,
-        )
+        cfg = SamplingConfig(max_new_tokens, args.temperature, args.top_k, args.top_p,
+                             args.repetition_penalty, args.seed)  # fmt: skip
     except ValueError as e:
-        names = ("max_new_tokens", "temperature", "top_k", "top_p", "repetition_penalty")
         raise UsageError(_as_options(str(e), names)) from None
     if args.num_samples <= 0:
         raise UsageError(f"--num-samples must be positive, got {args.num_samples}")
+    if args.beam is not None:
+        if args.beam < 1:
+            raise UsageError(f"--beam must be >= 1, got {args.beam}")
+        clash = sorted(_given(args) & set(SAMPLING_OPTIONS))
+        if clash:
+            flags = ", ".join("--" + n.replace("_", "-") for n in clash)
+            raise UsageError(f"--beam searches without sampling: drop {flags}")
+        if args.num_samples > args.beam:
+            raise UsageError(f"--num-samples {args.num_samples} is more than --beam {args.beam} "
+                             "hypotheses")  # fmt: skip
+    return cfg
+
+
+def generate(args: argparse.Namespace) -> int:
+    """``attnlab generate RUN --prompt TEXT``: sample a continuation (or beam-search one); text
+    on stdout."""
+    from attnlab.checkpoint import read_run_config
+    from attnlab.generation import beam_search
+    from attnlab.generation import generate as sample
+
+    cfg = decoding_settings(args, args.max_new_tokens)
+    if read_run_config(args.run).get("model_type") in ("seq2seq", "rnn"):
+        raise UsageError(f"{args.run} is an encoder-decoder run: use attnlab translate "
+                         f"{args.run} TEXT (--temperature 0.8 to sample)")  # fmt: skip
     prompts = args.prompt or ["\n"]
     model, tokenizer = _load_gpt(args.run, args.device)
+    try:
+        model.check_window(args.window, use_cache=not args.no_cache)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     for p in prompts:
         tokenizer.encode(p)  # unknown characters: a one-line error naming them, before any output
+    if args.beam is not None:
+        texts = []
+        for p in prompts:
+            x = torch.tensor([tokenizer.encode(p) or [0]], dtype=torch.long)
+            best = beam_search(model, x, args.beam, args.alpha, args.max_new_tokens,
+                               window=args.window)  # fmt: skip
+            texts += [p + tokenizer.decode(h.tokens) for h in best[: args.num_samples]]
+        print(("\n" + "-" * 40 + "\n").join(texts))
+        return 0
     single = len(prompts) == 1 and args.num_samples == 1
 
     def stream(piece: str) -> None:
@@ -102,6 +149,7 @@ def generate(args: argparse.Namespace) -> int:
         num_samples=args.num_samples,
         use_cache=not args.no_cache,
         stream=stream if single else None,
+        window=args.window,
     )
     if single:
         stream("\n")
@@ -249,14 +297,39 @@ def _eval_ablated(args, model_type: str | None) -> int:
 # ---------------------------------------------------------------------------------------------
 
 
+GENERATE_HELP = """\
+Continue a prompt with a trained GPT (sampling, or beam search with --beam N). The text goes to
+stdout. An encoder-decoder run samples with `attnlab translate RUN TEXT --temperature 0.8`.
+
+Past block_size tokens, --window says what the next token is predicted from:
+  slide  (default; nanoGPT's) the last block_size tokens, recomputed in one pass every step:
+         exact, and as costly per token as a forward pass over a whole block.
+  shift  the tokens since a multiple of block_size/2: the earliest that leaves at most
+         block_size. When that start moves (every block_size/2 tokens) the kept half is
+         prefilled into the KV cache in one pass, then the cache grows one token at a time.
+         Exact for its window, which holds between block_size/2 + 1 and block_size tokens.
+  ring   rotary positions only: sliding-window attention, the KV cache a ring of block_size
+         slots. One token per step at any length, but past the block it approximates slide:
+         from the second layer on, a kept token's key and value are the ones computed when
+         it was fed, when it saw tokens that have since left the window.
+Within the block all three are the KV cache, equal to recomputing the whole context.
+"""
+
+
+class _DescribedDefaults(
+    argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter
+):
+    """Help with the description as written and every option's default."""
+
+
 def register(sub) -> None:
     """Add ``generate`` and ``eval`` (``train --task lm`` lives in cli/train.py)."""
     fmt = argparse.ArgumentDefaultsHelpFormatter
     g = sub.add_parser(
         "generate",
         help="sample text from a trained language model",
-        formatter_class=fmt,
-        description="Continue a prompt with a trained GPT. The text goes to stdout.",
+        formatter_class=_DescribedDefaults,
+        description=GENERATE_HELP,
     )
     g.set_defaults(func=generate)
     a = g.add_argument
@@ -266,18 +339,13 @@ def register(sub) -> None:
         action="append",
         help="text to continue (repeat for a batch of prompts; default a newline)",
     )
-    a("--max-new-tokens", type=int, default=200)
-    a("--temperature", type=float, default=0.8, help="0 = greedy")
-    a("--top-k", type=int, default=None)
-    a("--top-p", type=float, default=None, help="nucleus sampling, in (0, 1]")
-    a("--repetition-penalty", type=float, default=1.0, help="> 1 discourages repeats")
-    a("--stop", action="append", help="stop when this string appears (repeatable)")
-    a("--seed", type=int, default=None)
-    a("--num-samples", type=int, default=1)
+    a("--max-new-tokens", type=int, default=200, help="tokens to generate")
+    add_sampling_options(a, temperature=0.8)
+    a("--window", choices=WINDOWS, default="slide", help="what to read past block_size (above)")
     a(
         "--no-cache",
         action="store_true",
-        help="recompute the whole context every step (no KV cache)",
+        help="recompute the whole window every step (no KV cache)",
     )
     a("--device", default="auto", help="cpu, cuda or auto")
 

@@ -18,11 +18,17 @@ def _load(run: str):
 
 
 def translate(args: argparse.Namespace) -> int:
+    """``attnlab translate RUN TEXT...``: greedy, beam search (--beam) or sampling
+    (--temperature > 0); one line per output on stdout."""
     from attnlab.cli import UsageError
-    from attnlab.decoding import translate as run_translate
+    from attnlab.cli.lm import decoding_settings
+    from attnlab.generation import beam_search, pad_ids
+    from attnlab.generation import generate as sample
+    from attnlab.generation import translate as run_translate
 
-    if args.beam < 1:
-        raise UsageError("--beam must be >= 1")
+    cfg = decoding_settings(args, args.max_len)
+    if args.max_len is not None and args.max_len < 1:
+        raise UsageError(f"--max-len must be positive, got {args.max_len}")
     model, tok, _ = _load(args.run)
     texts = args.text if args.text != ["-"] else [ln.rstrip("\n") for ln in sys.stdin]
     limit = getattr(model.config, "max_len", None)
@@ -30,7 +36,20 @@ def translate(args: argparse.Namespace) -> int:
         if limit and len(tok.encode_source(t)) > limit:
             raise UsageError(f"source of {len(tok.encode_source(t))} tokens is longer than the "
                              f"model's {limit} positions: {t[:40]!r}")  # fmt: skip
-    for line in run_translate(model, tok, texts, args.beam, args.alpha, args.max_len):
+    sampled = cfg.temperature > 0 or cfg.repetition_penalty != 1.0 or args.stop
+    if args.beam is not None:
+        device = next(model.parameters()).device
+        lines = []
+        for t in texts:
+            src = pad_ids([tok.encode_source(t)], device=device)
+            best = beam_search(model, src, args.beam, args.alpha, args.max_len)
+            lines += [tok.decode_target(h.tokens) for h in best[: args.num_samples]]
+    elif sampled or args.num_samples > 1:
+        samples = sample(model, tok, texts, cfg, stop=args.stop or (), num_samples=args.num_samples)
+        lines = [s.text for s in samples]
+    else:
+        lines = run_translate(model, tok, texts, 1, args.alpha, args.max_len)
+    for line in lines:
         print(line)
     return 0
 
@@ -60,12 +79,21 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def register(sub) -> None:
     """Add ``translate`` (``eval`` of a seq2seq run is the shared verb in cli/lm.py)."""
+    from attnlab.cli.lm import add_sampling_options
+
     p = sub.add_parser("translate", help="translate text with a trained encoder-decoder run",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Decode each TEXT (or stdin lines with '-') with the run's "
-                       "model: greedy by default, beam search with --beam N.")  # fmt: skip
+                       "model: greedy by default, beam search with --beam N, sampling with "
+                       "--temperature T > 0 (--seed, --top-k, --top-p, --num-samples). One "
+                       "line per output.")  # fmt: skip
     p.add_argument("run", help="run directory trained with --task seq2seq")
     p.add_argument("text", nargs="+", help="source text(s); '-' reads one per line from stdin")
-    p.add_argument("--beam", type=int, default=1, help="beam width (1 = greedy)")
-    p.add_argument("--alpha", type=float, default=0.6, help="length penalty exponent")
-    p.add_argument("--max-len", type=int, default=None, help="longest output, in tokens")
+    p.add_argument(
+        "--max-len",
+        type=int,
+        default=None,
+        help="longest output, in tokens (None: twice the source + 10)",
+    )
+    add_sampling_options(p.add_argument, temperature=0.0)
     p.set_defaults(func=translate)

@@ -282,6 +282,40 @@ def record_text(model: nn.Module, tokenizer, text: str) -> Recording:
     )
 
 
+@torch.no_grad()
+def record_translation(model: nn.Module, tokenizer, text: str, max_len: int | None = None):
+    """An encoder-decoder's recording: translate ``text`` greedily, then record one
+    teacher-forced pass on (source, output).
+
+    Attention maps by name, (1, H, T, S); tokens {"encoder": source tokens, "decoder": decoder
+    input tokens, <bos> first}; cross-attention reads the "encoder" stack; ``extra`` holds
+    ``predicted`` (the token each decoder position produced, <eos> last) and ``translation``.
+    """
+    from attnlab.generation import BOS, EOS, greedy, pad_ids
+
+    device = next(model.parameters()).device
+    src_ids = tokenizer.encode_source(text)
+    src = pad_ids([src_ids], device=device)
+    out = greedy(model, src, max_len)[0]
+    tgt_in = pad_ids([[BOS, *out]], device=device)
+    logits, acts = model(src, tgt_in, record=True)
+    return Recording(
+        acts,
+        {
+            "encoder": tokenizer.source_tokens(src_ids),
+            "decoder": tokenizer.target_tokens([BOS, *out]),
+        },
+        ids={"encoder": list(src_ids), "decoder": [BOS, *out]},
+        memory_stack="encoder",
+        logits=logits.detach(),
+        model_type=model.model_type,
+        extra={
+            "predicted": tokenizer.target_tokens([*out, EOS]),
+            "translation": tokenizer.decode_target(out),
+        },
+    )
+
+
 def record(model: nn.Module, tokenizer, text: str) -> Recording:
     """The model's own ``record_text`` if it has one, else the generic single-stack default."""
     if hasattr(model, "record_text"):

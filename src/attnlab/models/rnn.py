@@ -31,8 +31,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from attnlab import hooks
 from attnlab.attention import padding_mask
+from attnlab.checks import DecoderProbes
 from attnlab.config import BaseConfig, ConfigError
-from attnlab.decoding import DecoderProbes
 from attnlab.hooks import Hook
 from attnlab.tokenizers import EOS, PAD
 
@@ -174,14 +174,18 @@ class RNNSeq2Seq(DecoderProbes, nn.Module):
         flat = logits.reshape(-1, logits.size(-1)).float()
         return F.cross_entropy(flat, tgt_out.reshape(-1), ignore_index=PAD, label_smoothing=eps)
 
-    # -- incremental decoding (see attnlab.decoding) ----------------------------------------
+    # -- incremental decoding: the protocol of attnlab.generation -----------------------------
+
+    is_encoder_decoder = True  # the first step feeds <bos>; an output ends at <eos>
 
     def start(self, src: Tensor, max_len: int) -> dict:
+        """Decoding state for ``src`` (B, S): the encoder's outputs and final (h, c) (an LSTM
+        needs no room for ``max_len`` steps)."""
         return self.encode(src)
 
     def step(self, state: dict, tokens: Tensor) -> Tensor:
-        """Feed the last tokens (B,) -> log-probabilities of the next (B, V)."""
-        logits = self.decode(tokens[:, None], state)
+        """Feed tokens (B,) (or (B, T)) -> log-probabilities of the next (B, V)."""
+        logits = self.decode(tokens.reshape(tokens.size(0), -1), state)
         return torch.log_softmax(logits[:, -1].float(), dim=-1)
 
     @staticmethod
@@ -193,6 +197,6 @@ class RNNSeq2Seq(DecoderProbes, nn.Module):
 
     def record_text(self, tokenizer, text: str, max_len: int | None = None):
         """Translate greedily, then record a teacher-forced pass; see ``Seq2SeqTransformer``."""
-        from attnlab.decoding import record_translation
+        from attnlab.inspect.recording import record_translation
 
         return record_translation(self, tokenizer, text, max_len)

@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from attnlab import hooks
 from attnlab.attention import KVCache, StaticKV, padding_mask
 from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.checks import DecoderProbes
 from attnlab.config import BaseConfig, ConfigError
-from attnlab.decoding import DecoderProbes
 from attnlab.hooks import Hook
 from attnlab.positional import POSITIONAL
 from attnlab.tokenizers import EOS, PAD
@@ -206,7 +206,9 @@ class Seq2SeqTransformer(DecoderProbes, nn.Module):
         flat = logits.reshape(-1, logits.size(-1)).float()
         return F.cross_entropy(flat, tgt_out.reshape(-1), ignore_index=PAD, label_smoothing=eps)
 
-    # -- incremental decoding (see attnlab.decoding) ----------------------------------------
+    # -- incremental decoding: the protocol of attnlab.generation -----------------------------
+
+    is_encoder_decoder = True  # the first step feeds <bos>; an output ends at <eos>
 
     def new_cache(self, batch: int, max_len: int | None = None) -> DecoderCache:
         c, p = self.config, next(self.parameters())
@@ -225,8 +227,10 @@ class Seq2SeqTransformer(DecoderProbes, nn.Module):
         }
 
     def step(self, state: dict, tokens: Tensor) -> Tensor:
-        """Feed the last tokens (B,) -> log-probabilities of the next (B, V); updates the cache."""
-        logits = self.decode(tokens[:, None], state["memory"], state["src_mask"], state["cache"])
+        """Feed tokens (B,) (or (B, T)) -> log-probabilities of the next (B, V); updates the
+        cache."""
+        tokens = tokens.reshape(tokens.size(0), -1)  # (B, T)
+        logits = self.decode(tokens, state["memory"], state["src_mask"], state["cache"])
         return torch.log_softmax(logits[:, -1].float(), dim=-1)
 
     @staticmethod
@@ -238,8 +242,8 @@ class Seq2SeqTransformer(DecoderProbes, nn.Module):
     def record_text(self, tokenizer, text: str, max_len: int | None = None):
         """Translate ``text`` greedily, then record a teacher-forced pass on (source, output).
 
-        Returns an ``attnlab.inspect.Recording`` (see ``attnlab.decoding.record_translation``).
+        Returns an ``attnlab.inspect.Recording`` (see ``attnlab.inspect.recording.record_translation``).
         """
-        from attnlab.decoding import record_translation
+        from attnlab.inspect.recording import record_translation
 
         return record_translation(self, tokenizer, text, max_len)

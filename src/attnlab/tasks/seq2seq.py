@@ -24,7 +24,7 @@ from torch import nn
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.data.batches import EpochBatches
 from attnlab.data.tasks import DEFAULTS, Seq2SeqData, collate, encode_pairs, load_data, rebuild
-from attnlab.decoding import beam_search, greedy, pad_ids
+from attnlab.generation import beam_search, greedy, pad_ids
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.tasks.base import Task
