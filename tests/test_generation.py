@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from attnlab.generation import (
     BOS,
@@ -19,6 +21,8 @@ from attnlab.generation import (
     pad_ids,
     translate,
 )
+from attnlab.hooks import record
+from attnlab.models.gpt import GPT, FastForward, GPTConfig
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from lm_helpers import tiny_gpt
 
@@ -208,3 +212,57 @@ def test_encoder_decoder_output_streams_and_stops_at_a_string():
 def test_window_options_are_refused_for_an_encoder_decoder():
     with pytest.raises(ValueError, match="not to an encoder-decoder"):
         generate(ENCDEC[0], PAIR, "abc", window="shift")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    pos=st.sampled_from(["learned", "sinusoidal", "rotary"]),
+    norm_first=st.booleans(),
+    bias=st.booleans(),
+    activation=st.sampled_from(["gelu", "gelu_tanh", "relu"]),
+    tie=st.booleans(),
+    n_head=st.sampled_from([1, 2, 4]),
+    prefix=st.integers(1, 10),
+    seed=st.integers(0, 2**16),
+)
+def test_fast_forward_is_the_forward_pass(pos, norm_first, bias, activation, tie, n_head, prefix,
+                                         seed):  # fmt: skip
+    """What decoding runs equals GPT.forward: a prefix into the cache, then one token at a
+    time; and a whole window without a cache."""
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=20, block_size=12, n_layer=2, n_head=n_head, d_model=16,
+                          pos=pos, norm_first=norm_first, bias=bias, activation=activation,
+                          tie_weights=tie, ln_eps=1e-3)).eval()  # fmt: skip
+    for p in model.parameters():
+        p.data.add_(torch.randn_like(p) * 0.3)
+    assert FastForward.applies(model)
+    fast = FastForward(model)
+    ids = torch.randint(0, 20, (2, 12))
+    with torch.no_grad():
+        full = model(ids)  # (B, T, V)
+        torch.testing.assert_close(fast(ids, None), full[:, -1], atol=1e-5, rtol=1e-5)
+        cache = model.new_cache(2)
+        got = [fast(ids[:, :prefix], cache)]
+        got += [fast(ids[:, t : t + 1], cache) for t in range(prefix, 12)]
+    torch.testing.assert_close(torch.stack(got, 1), full[:, prefix - 1 :], atol=1e-5, rtol=1e-5)
+
+
+def test_decoding_runs_the_forward_pass_while_a_hook_edits_it():
+    """An ablation edit must reach generation: the fast path steps aside for it."""
+    model = tiny_gpt(pos="rotary").eval()
+    for p in model.parameters():
+        p.data.mul_(3)
+    prompt = torch.tensor([[1, 2, 3]])
+    cfg = SamplingConfig(20, temperature=0.0)
+    plain = generate_ids(model, prompt, cfg)
+    banned = torch.nn.functional.one_hot(plain[0, 0], 20) * 1e4  # what greedy chose first
+    kill = {"logits": lambda x, name: x - banned}
+    with record(model, names=[], edit=kill):
+        assert not FastForward.applies(model)
+        edited = generate_ids(model, prompt, cfg)
+    with torch.no_grad(), record(model, names=[], edit=kill):
+        ids = prompt
+        for _ in range(20):  # greedy by hand through the edited forward pass
+            ids = torch.cat([ids, model(ids[:, -16:])[:, -1:].argmax(-1)], 1)
+    assert torch.equal(edited, ids[:, 3:]) and not torch.equal(edited, plain)
+    assert FastForward.applies(model)  # the edit is gone with its `with` block

@@ -8,13 +8,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.attention import KVCache, RingKVCache, from_hf_attention_mask
+from attnlab.attention import (
+    KVCache,
+    RingKVCache,
+    from_hf_attention_mask,
+    scaled_dot_product_attention,
+)
 from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
@@ -170,7 +176,9 @@ class GPT(nn.Module):
         Nothing runs yet: the first ``step`` feeds the prompt's last token (B,) and, in the
         same pass, the rest of the prompt. ``window`` says what happens once the context
         outgrows block_size (slide, shift, ring: see ``attnlab.generation``); without
-        ``use_cache`` every step recomputes its whole window.
+        ``use_cache`` every step recomputes its whole window. Steps run ``FastForward`` (the
+        same math as ``forward``, without its per-module overhead) unless the model is
+        training, recording, editing or hooked, or forced onto reference attention.
         """
         c = self.config
         self.check_window(window, use_cache)
@@ -182,7 +190,11 @@ class GPT(nn.Module):
         cache = None
         if use_cache:
             cache = self.new_cache(B, min(c.block_size, T0 + max_len), ring=window == "ring")
-        return DecodeState(ids, T0 - 1, 0, window, cache)
+        run = FastForward(self) if FastForward.applies(self) else self._last_logits
+        return DecodeState(ids, T0 - 1, 0, window, cache, run)
+
+    def _last_logits(self, ids: Tensor, cache: list[KVCache] | None) -> Tensor:
+        return self(ids, cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
 
     def check_window(self, window: str, use_cache: bool = True) -> None:
         """ValueError (one line) unless this model can decode with ``window``."""
@@ -207,36 +219,36 @@ class GPT(nn.Module):
         state.ids[:, state.n : n] = tokens
         new = state.ids[:, state.fed : n]  # (B, T') everything not yet through the model
         state.n = state.fed = n
-        block = self.config.block_size
+        block, run = self.config.block_size, state.run
         if state.window == "ring":
-            logits = self._feed_ring(state.cache, new)
+            logits = self._feed_ring(state, new)
         else:
             start = window_start(n, block, state.window)
             window = state.ids[:, start:n]  # (B, <= block) the context of the next token
             if state.cache is None or (n > block and state.window == "slide"):
-                logits = self(window, logits_to_keep=1)  # recompute the window
+                logits = run(window, None)  # recompute the window
             elif start != state.start:  # shift: the window moved on; prefill it again
                 for layer in state.cache:
                     layer.clear()
-                logits = self(window, cache=state.cache, logits_to_keep=1)
+                logits = run(window, state.cache)
             else:
-                logits = self(new, cache=state.cache, logits_to_keep=1)
+                logits = run(new, state.cache)
             state.start = start
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+        return torch.log_softmax(logits.float(), dim=-1)
 
-    def _feed_ring(self, cache: list[RingKVCache], new: Tensor) -> Tensor:
+    def _feed_ring(self, state: DecodeState, new: Tensor) -> Tensor:
         """Feed (B, T) through a ring cache: as one pass while it has room, then one position
         at a time, moving every position down by half a block whenever the next one would
-        leave the rotary table. Returns the logits of the last position (B, 1, V)."""
-        block = self.config.block_size
+        leave the rotary table. Returns the logits of the last position (B, V)."""
+        cache, block = state.cache, self.config.block_size
         done = max(0, min(new.size(1), cache[0].max_len - cache[0].written))
-        logits = self(new[:, :done], cache=cache, logits_to_keep=1) if done > 0 else None
+        logits = state.run(new[:, :done], cache) if done > 0 else None
         for t in range(done, new.size(1)):
             if cache[0].length == block:
                 shift = self.blocks[0].attn.rotary.shift
                 for layer in cache:
                     layer.rebase(block // 2, shift)
-            logits = self(new[:, t : t + 1], cache=cache, logits_to_keep=1)
+            logits = state.run(new[:, t : t + 1], cache)
         return logits
 
     @staticmethod
@@ -283,4 +295,86 @@ class DecodeState:
     fed: int
     window: str
     cache: list[KVCache] | None
+    run: Callable[[Tensor, list[KVCache] | None], Tensor]  # (ids, cache) -> last logits (B, V)
     start: int = 0
+
+
+class FastForward:
+    """``GPT.forward`` for decoding: the same math, in eval mode, with the overhead that
+    costs more than the arithmetic when a step is one token taken out (module calls, hooks,
+    attribute look-ups, three projections where one will do).
+
+    ``run(ids (B, T), cache)`` -> logits of the last position (B, V); ``cache`` as in
+    ``forward`` (None: no cache). Each layer runs, as a Block does:
+        pre-norm   x = x + Attn(LN1(x));  x = x + FFN(LN2(x))
+        post-norm  x = LN1(x + Attn(x));  x = LN2(x + FFN(x))
+    with Attn's query, key and value projections as one matrix [W_Q; W_K; W_V] (3C, C), made
+    once when decoding starts. Equal to ``forward`` to float rounding (tests/test_generation).
+    """
+
+    def __init__(self, model: GPT):
+        c = model.config
+        self.H, self.D, self.pre = c.n_head, c.d_model // c.n_head, c.norm_first
+        ln = lambda m: (m.normalized_shape, m.weight, m.bias, m.eps)  # noqa: E731
+        self.layers = []
+        for b in model.blocks:
+            a = b.attn
+            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()  # (3C, C)
+            bias = None
+            if a.q_proj.bias is not None:
+                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+            self.layers.append((ln(b.ln1), w, bias, a.rotary, a.out_proj.weight,
+                                a.out_proj.bias, ln(b.ln2), b.mlp.fc1.weight, b.mlp.fc1.bias,
+                                b.mlp.act, b.mlp.fc2.weight, b.mlp.fc2.bias))  # fmt: skip
+        self.embed, self.pos = model.tok_embed.weight, model.pos_embed
+        self.ln_f = ln(model.ln_f) if c.norm_first else None
+        self.head = model.lm_head.weight
+        self.block_size = c.block_size
+
+    @staticmethod
+    def applies(model: GPT) -> bool:
+        """Only when nothing would see the difference: eval mode, fused attention, no hook
+        recording or editing, no torch hooks."""
+        if model.training:
+            return False
+        for m in model.modules():
+            if (isinstance(m, Hook) and m.active) or getattr(m, "use_fused", True) is False:
+                return False
+            if m._forward_hooks or m._forward_pre_hooks:
+                return False
+        return not (nn.modules.module._global_forward_hooks
+                    or nn.modules.module._global_forward_pre_hooks)  # fmt: skip
+
+    def __call__(self, ids: Tensor, cache: list[KVCache] | None) -> Tensor:
+        B, T = ids.shape
+        offset = cache[0].length if cache else 0
+        if offset + T > self.block_size:
+            raise ValueError(
+                f"sequence of {offset + T} tokens exceeds block_size {self.block_size}"
+            )
+        H, D = self.H, self.D
+        x = F.embedding(ids, self.embed)  # (B, T, C)
+        if self.pos is not None:
+            x = x + self.pos(T, offset)
+        for i, (ln1, w, bias, rotary, wo, bo, ln2, w1, b1, act, w2, b2) in enumerate(self.layers):
+            h = F.layer_norm(x, *ln1) if self.pre else x
+            qkv = (
+                F.linear(h, w, bias).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+            )  # 3 x (B, H, T, D)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            if rotary is not None:
+                q, k = rotary.forward(q, offset), rotary.forward(k, offset)
+            if cache:
+                k, v = cache[i].append(k, v)  # (B, H, S, D) every position held
+            z = scaled_dot_product_attention(q, k, v, causal=True)  # (B, H, T, D)
+            a = F.linear(z.transpose(1, 2).reshape(B, T, H * D), wo, bo)  # (B, T, C)
+            if self.pre:
+                x = x + a
+                x = x + F.linear(act(F.linear(F.layer_norm(x, *ln2), w1, b1)), w2, b2)
+            else:
+                x = F.layer_norm(x + a, *ln1)
+                x = F.layer_norm(x + F.linear(act(F.linear(x, w1, b1)), w2, b2), *ln2)
+        x = x[:, -1]  # (B, C) the last position only
+        if self.ln_f is not None:
+            x = F.layer_norm(x, *self.ln_f)
+        return F.linear(x, self.head)  # (B, V)
