@@ -203,10 +203,10 @@ class KVCache:
             raise ValueError(
                 f"KV cache full: holds {self.length}, adding {n}, room for {self.max_len}"
             )
-        self.k[:, :, self.length : self.length + n] = k
-        self.v[:, :, self.length : self.length + n] = v
+        self.k.narrow(2, self.length, n).copy_(k)
+        self.v.narrow(2, self.length, n).copy_(v)
         self.length += n
-        return self.k[:, :, : self.length], self.v[:, :, : self.length]
+        return self.k.narrow(2, 0, self.length), self.v.narrow(2, 0, self.length)
 
     def clear(self) -> None:
         """Forget every position (the buffers are kept and overwritten by the next append)."""
@@ -241,17 +241,16 @@ class RingKVCache(KVCache):
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         n = k.size(2)
         if self.written + n <= self.max_len:  # still filling: slots in position order
-            slots = slice(self.written, self.written + n)
+            slot = self.written
         elif n == 1:
             slot = self.written % self.max_len
-            slots = slice(slot, slot + 1)
         else:
             raise ValueError("a full ring cache takes one position at a time")
-        self.k[:, :, slots] = k
-        self.v[:, :, slots] = v
+        self.k.narrow(2, slot, n).copy_(k)
+        self.v.narrow(2, slot, n).copy_(v)
         self.written += n
         self.length += n
-        return self.k[:, :, : self.held], self.v[:, :, : self.held]
+        return self.k.narrow(2, 0, self.held), self.v.narrow(2, 0, self.held)
 
     def clear(self) -> None:
         self.length = self.written = 0

@@ -83,8 +83,10 @@ class Rotary(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         T = x.size(-2)
-        cos = self.cos[offset : offset + T].to(x.dtype)  # (T, D/2)
-        sin = self.sin[offset : offset + T].to(x.dtype)
+        cos = self.cos[offset : offset + T]  # (T, D/2)
+        sin = self.sin[offset : offset + T]
+        if cos.dtype != x.dtype:
+            cos, sin = cos.to(x.dtype), sin.to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]
         rotated = torch.stack(
             (x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1
