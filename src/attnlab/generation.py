@@ -56,7 +56,8 @@ ring                 rotary positions only: sliding-window attention. Every posi
     sinusoidal positions are refused: a kept token's position would have to change.
 Within the block all three are the KV cache, and equal to a forward pass over the prompt and
 every token since. Without the cache (``use_cache=False``) slide and shift recompute their
-window at every step; ring needs the cache.
+window at every step; ring needs the cache. A GPT's steps run ``attnlab.models.gpt.FastForward``:
+forward's math without its per-module overhead, which is most of a one-token step's cost.
 """
 
 from __future__ import annotations
@@ -178,6 +179,12 @@ def default_max_len(model, src_len: int, max_len: int | None = None) -> int:
     return min(n, limit - 1) if limit else n
 
 
+def model_vocab(model: nn.Module) -> int:
+    """Size of the vocabulary a model's step scores."""
+    c = model.config
+    return getattr(c, "tgt_vocab_size", None) or c.vocab_size
+
+
 @torch.inference_mode()
 def generate_ids(
     model: nn.Module,
@@ -235,12 +242,6 @@ def generate_ids(
     return out[:, :n]
 
 
-def model_vocab(model: nn.Module) -> int:
-    """Size of the vocabulary a model's step scores."""
-    c = model.config
-    return getattr(c, "tgt_vocab_size", None) or c.vocab_size
-
-
 @torch.inference_mode()
 def greedy(
     model, src: Tensor, max_len: int | None = None, *, window: str = "slide"
@@ -260,7 +261,7 @@ def greedy(
 @dataclasses.dataclass
 class Hypothesis:
     tokens: list[int]  # output ids, without <eos>
-    logprob: float  # log p(tokens, <eos> | source)
+    logprob: float  # log p(tokens, <eos> | source); a GPT's: log p(tokens | prompt)
     score: float  # logprob / lp(length)
     finished: bool
 

@@ -300,8 +300,8 @@ class DecodeState:
 
 
 class FastForward:
-    """``GPT.forward`` for decoding: the same math, in eval mode, with the overhead that
-    costs more than the arithmetic when a step is one token taken out (module calls, hooks,
+    """``GPT.forward`` for decoding: the same math in eval mode, without the overhead that
+    outweighs the arithmetic when a step feeds one token (module calls, hook checks, module
     attribute look-ups, three projections where one will do).
 
     ``run(ids (B, T), cache)`` -> logits of the last position (B, V); ``cache`` as in
