@@ -10,6 +10,7 @@ defaults. Rows:
     attnlab slide    learned positions, the default policy: nanoGPT's semantics, exact
     attnlab shift    learned positions: re-prefill half a block every half block
     attnlab ring     rotary positions: a ring-buffer KV cache, one token per step
+    attnlab shift/rot  shift on the rotary model, to compare with ring on the same model
     attnlab block    63 new tokens: within one block, the KV cache alone
     nanoGPT          its model.py's GPT.generate, what sample.py calls (with --nanogpt)
 Every figure comes from its own process (a "whole-process run"): import, build, one warm-up
@@ -37,6 +38,7 @@ SETUPS = {  # name: (window, positions, new tokens)
     "attnlab slide": ("slide", "learned", 500),
     "attnlab shift": ("shift", "learned", 500),
     "attnlab ring": ("ring", "rotary", 500),
+    "attnlab shift/rot": ("shift", "rotary", 500),
     "attnlab block": ("slide", "learned", 63),
 }
 
@@ -139,11 +141,11 @@ def main() -> None:
                 rates[name].append(run_worker(name, threads, args.calls, args.nanogpt))
             print(f"# threads {threads} round {r + 1}: load {load()}", file=sys.stderr)
         print(f"\nthreads: {threads}")
-        head = f"{'set-up':<16}{'tok/s (median)':>16}{'min':>9}{'max':>9}"
+        head = f"{'set-up':<18}{'tok/s (median)':>16}{'min':>9}{'max':>9}"
         print(head + (f"{'x nanoGPT':>12}" if args.nanogpt else ""))
         for name in names:
             xs = rates[name]
-            line = f"{name:<16}{statistics.median(xs):>16.0f}{min(xs):>9.0f}{max(xs):>9.0f}"
+            line = f"{name:<18}{statistics.median(xs):>16.0f}{min(xs):>9.0f}{max(xs):>9.0f}"
             if args.nanogpt:
                 ratio = statistics.median(a / b for a, b in zip(xs, rates["nanoGPT"]))
                 line += f"{ratio:>11.2f}x"
