@@ -66,6 +66,12 @@ def _load_gpt(run: str, device_name: str):
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
 
 
+def _typed(args: argparse.Namespace) -> set[str]:
+    """Destination names of the options the user typed (``--top-k 5`` -> top_k)."""
+    typed = (t for t in getattr(args, "_argv", []) if t.startswith("--"))
+    return {t[2:].split("=", 1)[0].replace("-", "_") for t in typed}
+
+
 def add_sampling_options(a, temperature: float) -> None:
     """The sampling options ``generate`` and ``translate`` share (``a`` = add_argument)."""
     a("--temperature", type=float, default=temperature, help="0 = greedy")
@@ -94,7 +100,7 @@ def decoding_settings(args: argparse.Namespace, max_new_tokens: int | None):
     if args.beam is not None:
         if args.beam < 1:
             raise UsageError(f"--beam must be >= 1, got {args.beam}")
-        clash = sorted(_given(args) & set(SAMPLING_OPTIONS))
+        clash = sorted(_typed(args) & set(SAMPLING_OPTIONS))
         if clash:
             flags = ", ".join("--" + n.replace("_", "-") for n in clash)
             raise UsageError(f"--beam searches without sampling: drop {flags}")
