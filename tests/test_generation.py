@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attnlab.blocks import FeedForward
 from attnlab.generation import (
     BOS,
     EOS,
@@ -214,37 +217,102 @@ def test_window_options_are_refused_for_an_encoder_decoder():
         generate(ENCDEC[0], PAIR, "abc", window="shift")
 
 
-@settings(max_examples=25, deadline=None)
-@given(
-    pos=st.sampled_from(["learned", "sinusoidal", "rotary"]),
-    norm_first=st.booleans(),
-    bias=st.booleans(),
-    activation=st.sampled_from(["gelu", "gelu_tanh", "relu"]),
-    tie=st.booleans(),
-    n_head=st.sampled_from([1, 2, 4]),
-    prefix=st.integers(1, 10),
-    seed=st.integers(0, 2**16),
-)
-def test_fast_forward_is_the_forward_pass(pos, norm_first, bias, activation, tie, n_head, prefix,
-                                         seed):  # fmt: skip
-    """What decoding runs equals GPT.forward: a prefix into the cache, then one token at a
-    time; and a whole window without a cache."""
+# Every GPTConfig field, drawn: FastForward restates GPT.forward, so each option the model has
+# must be shown to give the same logits both ways (a new field fails the test below until it
+# is drawn here too).
+FIELDS = {
+    "vocab_size": st.integers(2, 30),
+    "block_size": st.integers(1, 12),
+    "n_layer": st.integers(1, 3),
+    "n_head": st.sampled_from([1, 2, 4]),
+    "d_model": st.sampled_from([2, 4, 8]),  # head width; d_model = n_head * this
+    "d_ff": st.sampled_from([None, 8, 24]),
+    "dropout": st.sampled_from([0.0, 0.3]),  # eval mode: no effect either way
+    "bias": st.booleans(),
+    "pos": st.sampled_from(["learned", "sinusoidal", "rotary"]),
+    "norm_first": st.booleans(),
+    "activation": st.sampled_from(["gelu", "gelu_tanh", "relu"]),
+    "ln_eps": st.sampled_from([1e-5, 1e-3]),
+    "tie_weights": st.booleans(),
+}  # fmt: skip
+
+
+def test_the_fast_path_test_draws_every_config_field():
+    assert {f.name for f in dataclasses.fields(GPTConfig)} == set(FIELDS)
+
+
+@settings(max_examples=40, deadline=None)
+@given(fields=st.fixed_dictionaries(FIELDS), seed=st.integers(0, 2**16), data=st.data())
+def test_fast_forward_is_the_forward_pass(fields, seed, data):
+    """What decoding runs equals GPT.forward to 1e-5: a whole window without a cache; a prefix
+    into the cache, then one token at a time."""
+    fields["d_model"] *= fields["n_head"]
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(vocab_size=20, block_size=12, n_layer=2, n_head=n_head, d_model=16,
-                          pos=pos, norm_first=norm_first, bias=bias, activation=activation,
-                          tie_weights=tie, ln_eps=1e-3)).eval()  # fmt: skip
+    model = GPT(GPTConfig(**fields)).eval()
     for p in model.parameters():
         p.data.add_(torch.randn_like(p) * 0.3)
     assert FastForward.applies(model)
     fast = FastForward(model)
-    ids = torch.randint(0, 20, (2, 12))
+    T = fields["block_size"]
+    prefix = data.draw(st.integers(1, T), label="prefix")
+    ids = torch.randint(0, fields["vocab_size"], (2, T))
     with torch.no_grad():
         full = model(ids)  # (B, T, V)
         torch.testing.assert_close(fast(ids, None), full[:, -1], atol=1e-5, rtol=1e-5)
         cache = model.new_cache(2)
         got = [fast(ids[:, :prefix], cache)]
-        got += [fast(ids[:, t : t + 1], cache) for t in range(prefix, 12)]
+        got += [fast(ids[:, t : t + 1], cache) for t in range(prefix, T)]
     torch.testing.assert_close(torch.stack(got, 1), full[:, prefix - 1 :], atol=1e-5, rtol=1e-5)
+
+
+class _ScaledFeedForward(FeedForward):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class _OwnForward(GPT):
+    def forward(self, ids, **kw):
+        return super().forward(ids, **kw) * 0.5
+
+
+def _swap_mlp(model):
+    model.blocks[-1].mlp.__class__ = _ScaledFeedForward
+
+
+def _train_a_block(model):
+    model.blocks[0].train()
+
+
+def _reference_attention(model):
+    model.blocks[0].attn.use_fused = False
+
+
+def _torch_hook(model):
+    model.blocks[0].mlp.fc1.register_forward_hook(lambda m, i, o: o * 0.0)
+
+
+def _own_forward(model):
+    model.__class__ = _OwnForward
+
+
+@pytest.mark.parametrize("change", [_swap_mlp, _train_a_block, _reference_attention, _torch_hook,
+                                    _own_forward])  # fmt: skip
+def test_decoding_steps_aside_for_what_fast_forward_does_not_restate(change):
+    """A module kind it does not mirror (here a FeedForward subclass), a block in training
+    mode, reference attention, a torch hook, an overridden forward: decoding runs forward
+    (dropout is 0, so a block in training mode still gives the eval-mode outputs)."""
+    model = tiny_gpt(pos="rotary").eval()
+    for p in model.parameters():
+        p.data.mul_(3)
+    assert FastForward.applies(model)
+    change(model)
+    assert not FastForward.applies(model)
+    ids = torch.randint(0, 20, (2, 12))
+    state = model.start(ids[:, :3], 12)
+    got = [model.step(state, ids[:, 2])] + [model.step(state, ids[:, t]) for t in range(3, 12)]
+    with torch.no_grad():
+        ref = torch.log_softmax(model(ids).float(), -1)[:, 2:]
+    torch.testing.assert_close(torch.stack(got, 1), ref, atol=1e-5, rtol=0)
 
 
 def test_decoding_runs_the_forward_pass_while_a_hook_edits_it():

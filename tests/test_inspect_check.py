@@ -27,12 +27,14 @@ def test_check_passes_on_a_correct_gpt(overrides):
     assert statuses == {
         "future leak": "PASS",
         "KV cache == no cache": "PASS",
+        "decoding == full pass": "PASS",
         "fused == reference attention": "PASS",
         "recording == no recording": "PASS",
         "padding invariance": "skip",
         "eval determinism": "PASS",
     }
     assert report["KV cache == no cache"].diff < 1e-4
+    assert "(FastForward)" in report["decoding == full pass"].detail  # the path generate takes
 
 
 def test_check_fails_on_lower_triangle_mask_and_softmax_over_queries(monkeypatch):
@@ -44,6 +46,7 @@ def test_check_fails_on_lower_triangle_mask_and_softmax_over_queries(monkeypatch
     assert leak.status == "FAIL" and leak.diff > 1e-3
     assert "future leak: output at" in leak.detail
     assert report["KV cache == no cache"].status == "FAIL"
+    assert report["decoding == full pass"].status == "FAIL"
     text = str(report)
     assert "FAIL" in text and "check(s) FAILED" in text
 

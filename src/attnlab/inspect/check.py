@@ -7,6 +7,10 @@ zero, and passes when it is within tolerance:
   (``attnlab.checks.find_future_leak``);
 - KV cache == no cache (models with ``new_cache``): decoding a prefix then one token at a time
   gives the logits of one full forward pass;
+- decoding == full pass (a GPT): ``start``/``step``, the path ``generate`` takes (its fast
+  restatement of the forward pass where that applies), a prompt then one token per step,
+  gives the log-probabilities of one full forward pass (an encoder-decoder's KV cache check
+  already decodes through ``start``/``step``);
 - fused == reference attention: every ``MultiHeadAttention`` with ``use_fused = False`` (the
   step-by-step path) gives the same outputs as the fused kernel;
 - recording == no recording: recording every activation does not change the outputs;
@@ -156,6 +160,25 @@ def check_kv_cache(model, ids, tol: float = 1e-4) -> CheckResult:
 
 
 @torch.no_grad()
+def check_decoding(model, ids, tol: float = 1e-4) -> CheckResult:
+    name = "decoding == full pass"
+    if not hasattr(model, "start"):
+        return CheckResult(name, None, None, None, "model does not decode")
+    if getattr(model, "is_encoder_decoder", False):
+        return CheckResult(name, None, None, None, "an encoder-decoder: the KV cache check")
+    B, T = ids.shape
+    first = max(1, T // 2)
+    full = torch.log_softmax(output_tensor(model(ids)).float(), dim=-1)[:, first - 1 :]
+    state = model.start(ids[:, :first], T - first + 1)
+    steps = [model.step(state, ids[:, first - 1])]  # the prompt, in one pass
+    steps += [model.step(state, ids[:, t]) for t in range(first, T)]  # then one token per step
+    diff = float((torch.stack(steps, dim=1) - full).abs().max())
+    path = getattr(state, "path", "start/step")
+    detail = f"prompt of {first}, then {T - first} single-token steps ({path})"
+    return CheckResult(name, diff <= tol, diff, tol, detail)
+
+
+@torch.no_grad()
 def check_fused_reference(model, ids, tol: float = 1e-4) -> CheckResult:
     mhas = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     if not mhas:
@@ -240,6 +263,7 @@ def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> 
         results = [
             check_future_leak(model, ids),
             check_kv_cache(model, ids),
+            check_decoding(model, ids),
             check_fused_reference(model, ids),
             check_recording(model, ids),
             check_padding(model, ids),

@@ -17,14 +17,15 @@ from torch import Tensor, nn
 from attnlab import hooks
 from attnlab.attention import (
     KVCache,
+    MultiHeadAttention,
     RingKVCache,
     from_hf_attention_mask,
     scaled_dot_product_attention,
 )
-from attnlab.blocks import ACTIVATIONS, block_stack
+from attnlab.blocks import ACTIVATIONS, Block, FeedForward, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
-from attnlab.positional import POSITIONAL, Rotary
+from attnlab.positional import POSITIONAL, LearnedPositions, Rotary, SinusoidalPositions
 
 POSITIONS = ("learned", "sinusoidal", "rotary")
 WINDOWS = ("slide", "shift", "ring")  # what decoding does past block_size: see attnlab.generation
@@ -298,6 +299,16 @@ class DecodeState:
     run: Callable[[Tensor, list[KVCache] | None], Tensor]  # (ids, cache) -> last logits (B, V)
     start: int = 0
 
+    @property
+    def path(self) -> str:
+        """What the steps run: "FastForward", or "forward" where FastForward steps aside."""
+        return "FastForward" if isinstance(self.run, FastForward) else "forward"
+
+
+# The module kinds FastForward restates (module types exactly: a subclass may change the math).
+MIRRORS = (nn.ModuleList, nn.Embedding, nn.Linear, nn.LayerNorm, nn.Dropout, nn.Identity, Hook,
+           Block, MultiHeadAttention, FeedForward, LearnedPositions, SinusoidalPositions, Rotary)  # fmt: skip
+
 
 class FastForward:
     """``GPT.forward`` for decoding: the same math in eval mode, without the overhead that
@@ -312,7 +323,22 @@ class FastForward:
     once when decoding starts. Only the last position's logits are kept, so the last layer
     computes keys and values for every position but its query, attention output and
     feed-forward network for the last one alone (about a fifth of the arithmetic of a
-    whole-window pass of the baby model). Equal to ``forward`` to float rounding (tests).
+    whole-window pass of the baby model).
+
+    Why a second statement of the forward pass: ``forward`` is the one to read, record and
+    edit (about 60 module calls and 50 hook points per step of the baby model); decoding runs
+    it one position at a time, where that bookkeeping costs more than the arithmetic. A
+    one-token step of the baby model took 1.37 ms of CPU through ``forward`` and 0.63 ms here
+    (1 thread), and sampling past the block leans on it (benchmarks/sample_speed.py). What
+    keeps the two from drifting apart:
+    - it shares what it can: the positional modules, rotary, the KV caches, the attention
+      kernel and the activation functions are the model's own;
+    - ``applies`` hands anything it does not restate back to ``forward``: a module of a kind
+      not listed in ``MIRRORS`` (a subclass, a new norm, cross-attention), a GPT whose
+      ``forward`` is overridden, training mode, hooks, reference attention;
+    - tests check it against ``forward`` to 1e-5 on random models drawn over every
+      ``GPTConfig`` field (and fail when a field is added that they do not draw);
+    - ``attnlab check`` runs a model's decoding through it against the full pass.
     """
 
     def __init__(self, model: GPT):
@@ -336,14 +362,23 @@ class FastForward:
 
     @staticmethod
     def applies(model: GPT) -> bool:
-        """Only when nothing would see the difference: eval mode, fused attention, no hook
-        recording or editing, no torch hooks."""
-        if model.training:
+        """Only where it restates the model exactly and nothing would see the difference:
+        ``GPT.forward`` itself, every module of a kind in ``MIRRORS`` with its class's forward
+        (self-attention only), eval mode throughout, fused attention, no Hook recording or editing, no torch hooks."""
+        if type(model).forward is not GPT.forward:
             return False
+        c = model.config
+        H, D, pre = c.n_head, c.d_model // c.n_head, c.norm_first
         for m in model.modules():
-            if (isinstance(m, Hook) and m.active) or getattr(m, "use_fused", True) is False:
+            if m is not model and (type(m) not in MIRRORS or "forward" in vars(m)):
+                return False  # a kind it does not restate, or a forward replaced on one module
+            if m.training or (isinstance(m, Hook) and m.active):
                 return False
-            if m._forward_hooks or m._forward_pre_hooks:
+            if isinstance(m, Block) and (m.cross, m.causal, m.norm_first) != (None, True, pre):
+                return False
+            if isinstance(m, MultiHeadAttention) and (m.n_heads, m.d_k, m.d_v) != (H, D, D):
+                return False
+            if getattr(m, "use_fused", True) is False or m._forward_hooks or m._forward_pre_hooks:
                 return False
         return not (nn.modules.module._global_forward_hooks
                     or nn.modules.module._global_forward_pre_hooks)  # fmt: skip
