@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-BOS, EOS = 1, 2  # an encoder-decoder's <bos> and <eos> (attnlab.tokenizers.PairTokenizer)
+from attnlab.tokenizers import BOS, EOS  # an encoder-decoder's <bos> and <eos>
 
 
 @dataclass

@@ -69,10 +69,11 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.models.gpt import WINDOWS
+from attnlab.tokenizers import BOS, EOS, PAD  # an encoder-decoder's reserved ids
 
-PAD, BOS, EOS = 0, 1, 2  # an encoder-decoder's reserved ids (attnlab.tokenizers.PairTokenizer)
 __all__ = ["WINDOWS", "SamplingConfig", "generate", "generate_ids", "greedy", "beam_search",
-           "translate", "Hypothesis", "Sample", "length_penalty", "pad_ids"]  # fmt: skip
+           "beam_generate", "translate", "next_token_logprobs", "Hypothesis", "Sample",
+           "length_penalty", "pad_ids", "encode_prompt"]  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -147,6 +148,9 @@ def begin(
     model: nn.Module, x: Tensor, max_len: int, window: str = "slide", use_cache: bool = True
 ) -> tuple[object, Tensor]:
     """``model.start`` on ``x`` (B, T), and the tokens (B,) its first step feeds."""
+    if not hasattr(model, "start"):
+        raise ValueError(f"a {type(model).__name__} does not generate: decoding needs a GPT or "
+                         "an encoder-decoder (Transformer or LSTM)")  # fmt: skip
     if is_encoder_decoder(model):
         if window != "slide" or not use_cache:
             raise ValueError("window policies and --no-cache apply to a GPT's context, "
@@ -160,6 +164,18 @@ def _forbid_specials(logp: Tensor) -> Tensor:
     logp[:, PAD] = float("-inf")
     logp[:, BOS] = float("-inf")
     return logp
+
+
+@torch.inference_mode()
+def next_token_logprobs(model: nn.Module, x: Tensor, window: str = "slide") -> Tensor:
+    """The protocol's first step alone: log p(next token | prompt) for a GPT's prompts
+    ``x`` (B, T) (past block_size, read through ``window``), or log p(first output token |
+    source) for an encoder-decoder's sources (B, S), <pad> and <bos> excluded. -> (B, V)."""
+    model.eval()
+    x = x.to(next(model.parameters()).device)
+    state, tokens = begin(model, x, 1, window)
+    logp = model.step(state, tokens)  # (B, V)
+    return _forbid_specials(logp) if is_encoder_decoder(model) else logp
 
 
 def pad_ids(seqs: list[list[int]], pad: int = PAD, device=None) -> Tensor:
@@ -338,11 +354,9 @@ def translate(model, tokenizer, texts: list[str], beam: int = 1, alpha: float = 
     """Source texts -> translations, greedy (beam = 1, batched) or by beam search."""
     device = next(model.parameters()).device
     srcs = [tokenizer.encode_source(t) for t in texts]
-    if beam == 1:
-        outs = greedy(model, pad_ids(srcs, device=device), max_len)
-    else:
-        outs = [beam_search(model, pad_ids([s], device=device), beam, alpha, max_len)[0].tokens
-                for s in srcs]  # fmt: skip
+    if beam > 1:
+        return [row[0].text for row in beam_generate(model, tokenizer, texts, beam, alpha, max_len)]
+    outs = greedy(model, pad_ids(srcs, device=device), max_len)
     return [tokenizer.decode_target(o) for o in outs]
 
 
@@ -383,7 +397,7 @@ def generate(
         encoded = [tokenizer.encode_source(p) for p in prompts]
         decode, end = tokenizer.decode_target, EOS
     else:
-        encoded = [_encode_prompt(tokenizer, p) for p in prompts]
+        encoded = [encode_prompt(tokenizer, p) for p in prompts]
         decode, end = tokenizer.decode, None
     jobs = [(i, s) for i in range(len(prompts)) for s in range(num_samples)]
     results: dict[tuple[int, int], Sample] = {}
@@ -399,6 +413,34 @@ def generate(
             text, stopped = watch.finish(b)
             results[(i, s)] = Sample(prompts[i], text, watch.gen[b], stopped=stopped)
     return [results[j] for j in jobs]
+
+
+def beam_generate(
+    model: nn.Module,
+    tokenizer,
+    prompts: Sequence[str],
+    beam: int = 4,
+    alpha: float = 0.6,
+    max_new_tokens: int | None = None,
+    *,
+    n_best: int = 1,
+    window: str = "slide",
+) -> list[list[Sample]]:
+    """Beam search from each prompt (an encoder-decoder: from each source text), one prompt
+    at a time: its ``n_best`` hypotheses, best first, as Samples (``text`` the continuation, or
+    the output). ``max_new_tokens`` None: an encoder-decoder's default; a GPT needs one."""
+    encdec = is_encoder_decoder(model)
+    if not encdec and max_new_tokens is None:
+        raise ValueError("max_new_tokens is needed to beam-search from a GPT")
+    device = next(model.parameters()).device
+    decode = tokenizer.decode_target if encdec else tokenizer.decode
+    out = []
+    for p in prompts:
+        ids = tokenizer.encode_source(p) if encdec else encode_prompt(tokenizer, p)
+        x = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+        hyps = beam_search(model, x, beam, alpha, max_new_tokens, window=window)
+        out.append([Sample(p, decode(h.tokens), h.tokens) for h in hyps[:n_best]])
+    return out
 
 
 class _StopWatch:
@@ -455,7 +497,8 @@ class _StopWatch:
         return text, cut >= 0
 
 
-def _encode_prompt(tokenizer, prompt: str) -> list[int]:
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """A GPT prompt's ids; an empty prompt starts from a newline (or id 0 without one)."""
     ids = tokenizer.encode(prompt)
     if not ids:  # an empty prompt: start from a newline if the vocabulary has one, else id 0
         try:

@@ -114,7 +114,7 @@ def generate(args: argparse.Namespace) -> int:
     """``attnlab generate RUN --prompt TEXT``: sample a continuation (or beam-search one); text
     on stdout."""
     from attnlab.checkpoint import read_run_config
-    from attnlab.generation import beam_search
+    from attnlab.generation import beam_generate
     from attnlab.generation import generate as sample
 
     cfg = decoding_settings(args, args.max_new_tokens)
@@ -130,13 +130,9 @@ def generate(args: argparse.Namespace) -> int:
     for p in prompts:
         tokenizer.encode(p)  # unknown characters: a one-line error naming them, before any output
     if args.beam is not None:
-        texts = []
-        for p in prompts:
-            x = torch.tensor([tokenizer.encode(p) or [0]], dtype=torch.long)
-            best = beam_search(model, x, args.beam, args.alpha, args.max_new_tokens,
-                               window=args.window)  # fmt: skip
-            texts += [p + tokenizer.decode(h.tokens) for h in best[: args.num_samples]]
-        print(("\n" + "-" * 40 + "\n").join(texts))
+        best = beam_generate(model, tokenizer, prompts, args.beam, args.alpha,
+                             args.max_new_tokens, n_best=args.num_samples, window=args.window)  # fmt: skip
+        print(("\n" + "-" * 40 + "\n").join(s.prompt + s.text for row in best for s in row))
         return 0
     single = len(prompts) == 1 and args.num_samples == 1
 

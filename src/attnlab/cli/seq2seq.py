@@ -22,7 +22,7 @@ def translate(args: argparse.Namespace) -> int:
     (--temperature > 0); one line per output on stdout."""
     from attnlab.cli import UsageError
     from attnlab.cli.lm import decoding_settings
-    from attnlab.generation import beam_search, pad_ids
+    from attnlab.generation import beam_generate
     from attnlab.generation import generate as sample
     from attnlab.generation import translate as run_translate
 
@@ -38,12 +38,9 @@ def translate(args: argparse.Namespace) -> int:
                              f"model's {limit} positions: {t[:40]!r}")  # fmt: skip
     sampled = cfg.temperature > 0 or cfg.repetition_penalty != 1.0 or args.stop
     if args.beam is not None:
-        device = next(model.parameters()).device
-        lines = []
-        for t in texts:
-            src = pad_ids([tok.encode_source(t)], device=device)
-            best = beam_search(model, src, args.beam, args.alpha, args.max_len)
-            lines += [tok.decode_target(h.tokens) for h in best[: args.num_samples]]
+        best = beam_generate(model, tok, texts, args.beam, args.alpha, args.max_len,
+                             n_best=args.num_samples)  # fmt: skip
+        lines = [s.text for row in best for s in row]
     elif sampled or args.num_samples > 1:
         samples = sample(model, tok, texts, cfg, stop=args.stop or (), num_samples=args.num_samples)
         lines = [s.text for s in samples]

@@ -286,14 +286,15 @@ class LanguageModel(Task):
         return f"trained {result.step} steps: val loss {result.val_loss:.4f} ({bpc:.3f} bits/char){best}"
 
     def predict(self, model, inputs, top_k=5):
-        """The ``top_k`` most probable next tokens after each text, with probabilities."""
+        """The ``top_k`` most probable next tokens after each text, with probabilities: the
+        decoding protocol's first step (past block_size, the last block_size tokens)."""
+        from attnlab.generation import encode_prompt, next_token_logprobs
+
         out = []
-        device = next(model.parameters()).device
         for text in inputs:
-            ids = self.tokenizer.encode(text)[-model.config.block_size :]
-            with torch.no_grad():
-                logits = model(torch.tensor([ids], device=device))[0, -1]  # (V,)
-            top = torch.topk(torch.softmax(logits.float(), -1), min(top_k, logits.numel()))
+            ids = torch.tensor([encode_prompt(self.tokenizer, text)])  # (1, T)
+            probs = next_token_logprobs(model, ids)[0].exp()  # (V,)
+            top = torch.topk(probs, min(top_k, probs.numel()))
             out.append({"input": text, "next": [
                 {"token": self.tokenizer.decode([i]), "p": p}
                 for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
