@@ -246,3 +246,20 @@ def test_seeded_sampling_with_top_k_and_top_p_repeats_and_stays_in_the_filtered_
 def test_models_that_do_not_generate_are_refused_in_one_line(model):
     with pytest.raises(ValueError, match=r"does not generate: decoding needs a GPT or an encoder"):
         generate_ids(model, torch.zeros(1, 3, dtype=torch.long), SamplingConfig(4))
+
+
+@pytest.mark.parametrize("name", ["gpt-learned-pre", "transformer-post", "lstm-dot"])
+def test_decoding_runs_in_eval_mode_and_hands_the_model_back_as_it_came(name):
+    """Dropout 0.5 while training: decoding must not see it, and training must go on after."""
+    model = (GPTS | ENCDECS)[name]()
+    x = random_ids(2, 3, seed=4) if name.startswith("gpt") else source(2)
+    cfg = SamplingConfig(6, temperature=0.0)
+    want = generate_ids(model, x, cfg)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.5
+    model.train()
+    assert torch.equal(generate_ids(model, x, cfg), want)
+    beam_search(model, x[:1], beam=2, max_len=4)
+    next_token_logprobs(model, x)
+    assert all(m.training for m in model.modules())

@@ -63,6 +63,7 @@ forward's math without its per-module overhead, which is most of a one-token ste
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 
 import torch
@@ -140,6 +141,24 @@ def next_token(
 # ---------------------------------------------------------------------------------------------
 
 
+def decoding(fn: Callable) -> Callable:
+    """Run ``fn(model, ...)`` in eval mode without autograd (torch.inference_mode), and hand
+    the model back in the mode it came in (sampling an example mid-training leaves it
+    training)."""
+
+    @functools.wraps(fn)
+    def run(model: nn.Module, *args, **kwargs):
+        was = model.training
+        model.eval()
+        try:
+            with torch.inference_mode():
+                return fn(model, *args, **kwargs)
+        finally:
+            model.train(was)
+
+    return run
+
+
 def is_encoder_decoder(model: nn.Module) -> bool:
     return bool(getattr(model, "is_encoder_decoder", False))
 
@@ -166,12 +185,11 @@ def _forbid_specials(logp: Tensor) -> Tensor:
     return logp
 
 
-@torch.inference_mode()
+@decoding
 def next_token_logprobs(model: nn.Module, x: Tensor, window: str = "slide") -> Tensor:
     """The protocol's first step alone: log p(next token | prompt) for a GPT's prompts
     ``x`` (B, T) (past block_size, read through ``window``), or log p(first output token |
     source) for an encoder-decoder's sources (B, S), <pad> and <bos> excluded. -> (B, V)."""
-    model.eval()
     x = x.to(next(model.parameters()).device)
     state, tokens = begin(model, x, 1, window)
     logp = model.step(state, tokens)  # (B, V)
@@ -201,7 +219,7 @@ def model_vocab(model: nn.Module) -> int:
     return getattr(c, "tgt_vocab_size", None) or c.vocab_size
 
 
-@torch.inference_mode()
+@decoding
 def generate_ids(
     model: nn.Module,
     prompt: Tensor,
@@ -217,7 +235,6 @@ def generate_ids(
     ``on_step(tokens (B,))`` is called after every step; returning True stops early (stop
     strings are checked there). Rows of a batch are independent but share the prompt length.
     """
-    model.eval()
     device = next(model.parameters()).device
     x = prompt.to(device)
     B = x.size(0)
@@ -287,7 +304,7 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5 + length) / 6) ** alpha
 
 
-@torch.inference_mode()
+@decoding
 def beam_search(
     model,
     src: Tensor,
@@ -308,7 +325,6 @@ def beam_search(
         raise ValueError("beam_search decodes one source at a time: src must be (1, S)")
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
-    model.eval()
     encdec = is_encoder_decoder(model)
     max_len = default_max_len(model, src.size(1), max_len)
     state, last = begin(model, src, max_len + 1, window)
@@ -352,10 +368,10 @@ def beam_search(
 def translate(model, tokenizer, texts: list[str], beam: int = 1, alpha: float = 0.6,
               max_len: int | None = None) -> list[str]:  # fmt: skip
     """Source texts -> translations, greedy (beam = 1, batched) or by beam search."""
-    device = next(model.parameters()).device
-    srcs = [tokenizer.encode_source(t) for t in texts]
     if beam > 1:
         return [row[0].text for row in beam_generate(model, tokenizer, texts, beam, alpha, max_len)]
+    device = next(model.parameters()).device
+    srcs = [tokenizer.encode_source(t) for t in texts]
     outs = greedy(model, pad_ids(srcs, device=device), max_len)
     return [tokenizer.decode_target(o) for o in outs]
 
