@@ -55,6 +55,9 @@ def test_generate_beam_search_on_a_gpt(runs, capsys):
     hyps = beam_search(model, torch.tensor([tok.encode("ab")]), 4, max_len=12)
     assert best == "ab" + tok.decode(hyps[0].tokens) + "\n"
     assert second == "ab" + tok.decode(hyps[1].tokens) + "\n" and best != second
+    again = out_of(capsys, "generate", runs / "learned", "--prompt", "ab", "--max-new-tokens",
+                   "12", "--beam", "4", "--num-samples", "2", "--no-cache")  # fmt: skip
+    assert again == text
 
 
 @pytest.mark.parametrize("arch", ["transformer", "lstm"])

@@ -313,6 +313,7 @@ def beam_search(
     max_len: int | None = None,
     *,
     window: str = "slide",
+    use_cache: bool = True,
 ) -> list[Hypothesis]:
     """Beam search for ONE source (1, S) (a GPT: one prompt). Returns up to ``beam``
     hypotheses, best first.
@@ -327,7 +328,7 @@ def beam_search(
         raise ValueError(f"beam must be >= 1, got {beam}")
     encdec = is_encoder_decoder(model)
     max_len = default_max_len(model, src.size(1), max_len)
-    state, last = begin(model, src, max_len + 1, window)
+    state, last = begin(model, src, max_len + 1, window, use_cache)
     alive: list[list[int]] = [[]]
     scores = torch.zeros(1, device=src.device)  # (K,) total log-probabilities of the live beams
     finished: list[Hypothesis] = []
@@ -441,6 +442,7 @@ def beam_generate(
     *,
     n_best: int = 1,
     window: str = "slide",
+    use_cache: bool = True,
 ) -> list[list[Sample]]:
     """Beam search from each prompt (an encoder-decoder: from each source text), one prompt
     at a time: its ``n_best`` hypotheses, best first, as Samples (``text`` the continuation, or
@@ -454,7 +456,8 @@ def beam_generate(
     for p in prompts:
         ids = tokenizer.encode_source(p) if encdec else encode_prompt(tokenizer, p)
         x = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
-        hyps = beam_search(model, x, beam, alpha, max_new_tokens, window=window)
+        hyps = beam_search(model, x, beam, alpha, max_new_tokens, window=window,
+                           use_cache=use_cache)  # fmt: skip
         out.append([Sample(p, decode(h.tokens), h.tokens) for h in hyps[:n_best]])
     return out
 

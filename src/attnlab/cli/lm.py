@@ -131,7 +131,8 @@ def generate(args: argparse.Namespace) -> int:
         tokenizer.encode(p)  # unknown characters: a one-line error naming them, before any output
     if args.beam is not None:
         best = beam_generate(model, tokenizer, prompts, args.beam, args.alpha,
-                             args.max_new_tokens, n_best=args.num_samples, window=args.window)  # fmt: skip
+                             args.max_new_tokens, n_best=args.num_samples, window=args.window,
+                             use_cache=not args.no_cache)  # fmt: skip
         print(("\n" + "-" * 40 + "\n").join(s.prompt + s.text for row in best for s in row))
         return 0
     single = len(prompts) == 1 and args.num_samples == 1
