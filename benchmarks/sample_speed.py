@@ -17,6 +17,9 @@ Every figure comes from its own process (a "whole-process run"): import, build, 
 call, then ``--calls`` timed calls of ``GPT.generate`` / ``generate_ids``; its figure is the
 median call. The set-ups take turns within each of ``--pairs`` rounds, so a change in machine
 load hits them alike; a ratio is the median over rounds of (row / nanoGPT in that round).
+Each call is timed twice: wall clock, and the process's CPU seconds (``time.process_time``),
+which a machine shared with other jobs inflates less (at 1 thread they are the same on an idle
+machine).
 ``default`` threads leave torch's choice to each side (attnlab as ``attnlab generate`` does).
 """
 
@@ -43,7 +46,7 @@ SETUPS = {  # name: (window, positions, new tokens)
 }
 
 
-def attnlab_worker(window: str, pos: str, new_tokens: int, calls: int, threads: str) -> list[float]:
+def attnlab_worker(window: str, pos: str, new_tokens: int, calls: int, threads: str) -> list:
     import torch
 
     from attnlab.generation import SamplingConfig, generate_ids
@@ -59,14 +62,14 @@ def attnlab_worker(window: str, pos: str, new_tokens: int, calls: int, threads: 
     generate_ids(model, prompt, SamplingConfig(8, temperature=0.8, top_k=200), window=window)
     times = []
     for _ in range(calls):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         out = generate_ids(model, prompt, cfg, window=window)
-        times.append(time.perf_counter() - t)
+        times.append((time.perf_counter() - t, time.process_time() - c))
         assert out.shape == (1, new_tokens)
     return times
 
 
-def nanogpt_worker(path: str, new_tokens: int, calls: int) -> list[float]:
+def nanogpt_worker(path: str, new_tokens: int, calls: int) -> list:
     import torch
 
     sys.path.insert(0, path)
@@ -80,15 +83,15 @@ def nanogpt_worker(path: str, new_tokens: int, calls: int) -> list[float]:
     with torch.no_grad():  # as sample.py: model.generate(x, 500, temperature=0.8, top_k=200)
         model.generate(x, 8, temperature=0.8, top_k=200)
         for _ in range(calls):
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             y = model.generate(x, new_tokens, temperature=0.8, top_k=200)
-            times.append(time.perf_counter() - t)
+            times.append((time.perf_counter() - t, time.process_time() - c))
             assert y.size(1) == 1 + new_tokens
     return times
 
 
-def run_worker(name: str, threads: str, calls: int, nanogpt: str | None) -> float:
-    """Tokens/s of one set-up, measured in a fresh process."""
+def run_worker(name: str, threads: str, calls: int, nanogpt: str | None) -> tuple[float, float]:
+    """Tokens/s of one set-up, measured in a fresh process: (wall clock, CPU seconds)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     env.pop("OMP_NUM_THREADS", None)
     if threads != "default":
@@ -98,7 +101,8 @@ def run_worker(name: str, threads: str, calls: int, nanogpt: str | None) -> floa
         cmd += ["--nanogpt", nanogpt]
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
-    return r["new_tokens"] / statistics.median(r["times"])
+    wall, cpu = zip(*r["times"])
+    return r["new_tokens"] / statistics.median(wall), r["new_tokens"] / statistics.median(cpu)
 
 
 def load() -> str:
@@ -134,21 +138,24 @@ def main() -> None:
     print(f"# {args.pairs} rounds x {len(names)} set-ups x threads {args.threads}, "
           f"{args.calls} timed calls per process")  # fmt: skip
     for threads in args.threads:
-        rates: dict[str, list[float]] = {n: [] for n in names}
+        rates: dict[str, list[tuple[float, float]]] = {n: [] for n in names}
         for r in range(args.pairs):
             order = names if r % 2 == 0 else names[::-1]
             for name in order:
                 rates[name].append(run_worker(name, threads, args.calls, args.nanogpt))
             print(f"# threads {threads} round {r + 1}: load {load()}", file=sys.stderr)
         print(f"\nthreads: {threads}")
-        head = f"{'set-up':<18}{'tok/s (median)':>16}{'min':>9}{'max':>9}"
-        print(head + (f"{'x nanoGPT':>12}" if args.nanogpt else ""))
+        head = f"{'set-up':<18}{'tok/s wall':>11}{'min':>7}{'max':>7}{'tok/s CPU':>11}"
+        print(head + (f"{'x nanoGPT wall':>16}{'x nanoGPT CPU':>15}" if args.nanogpt else ""))
         for name in names:
-            xs = rates[name]
-            line = f"{name:<18}{statistics.median(xs):>16.0f}{min(xs):>9.0f}{max(xs):>9.0f}"
+            wall, cpu = (list(xs) for xs in zip(*rates[name]))
+            line = (f"{name:<18}{statistics.median(wall):>11.0f}{min(wall):>7.0f}"
+                    f"{max(wall):>7.0f}{statistics.median(cpu):>11.0f}")  # fmt: skip
             if args.nanogpt:
-                ratio = statistics.median(a / b for a, b in zip(xs, rates["nanoGPT"]))
-                line += f"{ratio:>11.2f}x"
+                ref = rates["nanoGPT"]
+                for i, width in ((0, 15), (1, 14)):
+                    ratio = statistics.median(a[i] / b[i] for a, b in zip(rates[name], ref))
+                    line += f"{ratio:>{width}.2f}x"
             print(line, flush=True)
     print(f"\n# load average at the end {load()}")
 

@@ -57,7 +57,9 @@ ring                 rotary positions only: sliding-window attention. Every posi
 Within the block all three are the KV cache, and equal to a forward pass over the prompt and
 every token since. Without the cache (``use_cache=False``) slide and shift recompute their
 window at every step; ring needs the cache. A GPT's steps run ``attnlab.models.gpt.FastForward``:
-forward's math without its per-module overhead, which is most of a one-token step's cost.
+forward's math without its per-module overhead, which is about half a one-token step's cost;
+it steps aside for ``forward`` whenever something would see the difference (a recording or an
+edit, hooks, training mode, a module kind it does not restate).
 """
 
 from __future__ import annotations
