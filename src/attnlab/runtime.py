@@ -1,7 +1,8 @@
 """Where a model runs: the device, the autocast dtype and the number of CPU threads.
 
 One choice of each, used by training and by every verb that runs a model:
-    resolve_device("auto" | "cpu" | "cuda" | "cuda:1")  -> torch.device (a ConfigError if absent)
+    resolve_device("auto" | "cpu" | "cuda" | "cuda:1" | "mps" | "xpu")  -> torch.device, or a
+        ConfigError (one line, exit 2 at the CLI) when this machine has no such device
     resolve_dtype("auto" | "float32" | "bfloat16" | "float16", device) -> autocast dtype
     set_cpu_threads(device)                              -> intra-op threads on a CPU
 """
@@ -15,17 +16,44 @@ import torch
 
 from attnlab.config import ConfigError
 
+ACCELERATORS = {"cuda": "CUDA GPU", "mps": "Apple MPS device", "xpu": "Intel XPU"}
+
 
 def resolve_device(name: str) -> torch.device:
+    """The device named by ``--device``; "auto" is a CUDA GPU when torch sees one, else the CPU.
+
+    A device this machine does not have is a ConfigError that says so (never a crash later)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         dev = torch.device(name)
-    except RuntimeError:
-        raise ConfigError(f"unknown device {name!r}; use cpu, cuda or auto") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("--device cuda asked for, but torch sees no CUDA GPU")
+    except (RuntimeError, ValueError):
+        dev = None
+    if dev is None or (dev.type != "cpu" and dev.type not in ACCELERATORS):
+        raise ConfigError(
+            f"--device {name}: unknown device; use cpu, cuda, cuda:N, mps, xpu or auto"
+        )
+    if dev.type == "cpu":
+        return torch.device("cpu")
+    what, count = ACCELERATORS[dev.type], device_count(dev.type)
+    if count == 0:
+        raise ConfigError(f"--device {name}: torch sees no {what} on this machine; use cpu or auto")
+    if dev.index is not None and dev.index >= count:
+        raise ConfigError(
+            f"--device {name}: torch sees {count} {what}{'s' if count != 1 else ''} "
+            f"({dev.type}:0..{dev.type}:{count - 1})"
+        )
     return dev
+
+
+def device_count(kind: str) -> int:
+    """How many devices of this kind ("cuda", "mps", "xpu") torch can use here."""
+    if kind == "mps":
+        return 1 if torch.backends.mps.is_available() else 0
+    backend = getattr(torch, kind, None)  # torch.cuda, torch.xpu
+    if backend is None or not backend.is_available():
+        return 0
+    return backend.device_count()
 
 
 def cpu_threads_for_load() -> int | None:
