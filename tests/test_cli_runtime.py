@@ -1,13 +1,21 @@
-"""Devices through the real command line: a device this machine lacks is one line and exit 2,
-on every verb that takes --device."""
+"""Devices and CPU threads through the real command line.
+
+- A device this machine lacks is one line and exit 2, on every verb that takes --device.
+- The thread choice is said by the Trainer (its first progress line, config.json), never before
+  an input error.
+"""
 
 from __future__ import annotations
 
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
 from attnlab import runtime
+from attnlab.cli import main
 from forked_cli import ForkedCLI
 from lm_helpers import TEXT, TINY_TRAIN
 
@@ -79,3 +87,96 @@ def test_a_device_this_machine_lacks_is_one_line_and_exit_2(cli, runs, verb, dev
     line = one_error_line(cli(*DEVICE_VERBS[verb], "--device", device, cwd=runs))
     assert f"--device {device}: " in line and NO_SUCH_DEVICE[device] in line, line
     assert tree(runs) == before  # nothing written: no run directory, no token file
+
+
+# ---------------------------------------------------------------------------------------------
+# --threads and the thread choice
+# ---------------------------------------------------------------------------------------------
+
+
+def verbs(parser) -> dict:
+    """verb -> its sub-parser."""
+    return next(a for a in parser._actions if a.dest == "verb").choices
+
+
+def test_every_verb_that_runs_a_model_takes_threads():
+    from attnlab.cli import NO_MODEL_VERBS, build_parser
+
+    for verb, parser in verbs(build_parser()).items():
+        has = any("--threads" in a.option_strings for a in parser._actions)
+        assert has == (verb not in NO_MODEL_VERBS), verb
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, env, why",
+    [(["--threads", "1"], {}, "--threads 1"),
+     ([], {"OMP_NUM_THREADS": "1"}, "OMP_NUM_THREADS=1")],
+    ids=["flag", "env"],
+)  # fmt: skip
+def test_training_says_its_threads_first_and_records_them(cli, tmp_path, runs, args, env, why):
+    tiny = [a for a in TINY_TRAIN if a != "--quiet"]
+    r = cli("train", "--data", runs / "corpus.txt", "--out", tmp_path / "run", *tiny,
+            "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1", *args,
+            env={"OMP_NUM_THREADS": None, **env})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    said = f"training on cpu, 1 CPU thread ({why})"
+    assert said in lines, r.stderr
+    assert all(not ln.startswith(("eval", "step")) for ln in lines[: lines.index(said)])
+    steps = [ln for ln in lines if ln.startswith("step ")]
+    assert steps and all(ln.endswith("  1 thr") for ln in steps), steps
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["runtime"] == {"device": "cpu", "threads": 1, "why": why}
+
+
+BAD_INPUTS = [
+    ["train", "--data", "missing.txt", "--out", "x"],
+    ["train", "--data", "corpus.txt", "--out", "x", "--lr", "-1"],
+    ["generate", "no-such-run"],
+    ["trace", "no-such-run", "hello"],
+    ["eval", "no-such-run", "--data", "corpus.txt"],
+]
+
+
+@pytest.mark.parametrize("args", BAD_INPUTS, ids=lambda a: " ".join(a[:2]))
+def test_nothing_precedes_the_error_line_on_a_busy_machine(tmp_path, monkeypatch, args):
+    """The old policy printed "using 1 CPU thread..." before input errors when cores were
+    busy. Here the cores are busy (a faked measurement) and OMP_NUM_THREADS is unset."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime, "measure_busy_cores", lambda cpus, **kw: float(len(cpus)))
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: {0, 1})
+    monkeypatch.setattr(runtime, "_torch_default", 2)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        assert main(args) == 2
+    assert out.getvalue() == "" and len(err.getvalue().splitlines()) == 1, err.getvalue()
+    assert err.getvalue().startswith("attnlab: error: ")
+
+
+def with_verb(monkeypatch, name: str, func) -> None:
+    """Make ``attnlab NAME ...`` call ``func(args)`` instead of the real verb."""
+    import attnlab.cli as cli_pkg
+
+    real_build = cli_pkg.build_parser
+
+    def build():
+        parser = real_build()
+        verbs(parser)[name].set_defaults(func=func)
+        return parser
+
+    monkeypatch.setattr(cli_pkg, "build_parser", build)
+
+
+def test_the_choice_is_made_before_the_verb_runs_and_undone_after(monkeypatch):
+    import torch
+
+    before, seen = torch.get_num_threads(), []
+    target = 1 if before != 1 else 2
+    with_verb(monkeypatch, "generate", lambda args: seen.append(
+        (torch.get_num_threads(), runtime.thread_choice().why)))  # fmt: skip
+    assert main(["generate", "run", "--threads", str(target)]) == 0
+    assert seen == [(target, f"--threads {target}")]
+    assert torch.get_num_threads() == before

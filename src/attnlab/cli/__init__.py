@@ -54,6 +54,10 @@ def int_at_least(low: int):
     return conv
 
 
+# Verbs that run no model; every other verb takes --threads (see add_threads_option).
+NO_MODEL_VERBS = {"import-hf", "export-hf"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab",
@@ -63,15 +67,39 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for area in AREAS:
         importlib.import_module(f"attnlab.cli.{area}").register(sub)
+    for verb, p in sub.choices.items():
+        if verb not in NO_MODEL_VERBS:
+            add_threads_option(p)
     return parser
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch's CPU threads for this run (the policy is in attnlab.runtime)."""
+
+    parser.add_argument(
+        "--threads",
+        type=int_at_least(1),
+        default=argparse.SUPPRESS,  # absent = the policy's choice (no "(default: None)" in help)
+        metavar="N",
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per core, fewer "
+        "when other processes keep cores busy)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
+        from attnlab import runtime
+
+        runtime.start_cpu_sample()
         parser = build_parser()  # imports every area's verbs
         args = parser.parse_args(argv)
         args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
-        result = args.func(args)
+        threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
+        if args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
+            with runtime.using_threads(threads):
+                result = args.func(args)
+        else:
+            result = args.func(args)
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
