@@ -1,14 +1,20 @@
-"""Devices and CPU threads through the real command line.
+"""Devices, CPU threads and Ctrl-C through the real command line.
 
 - A device this machine lacks is one line and exit 2, on every verb that takes --device.
 - The thread choice is said by the Trainer (its first progress line, config.json), never before
   an input error.
+- Ctrl-C at any moment, start-up included, ends the command with "attnlab: interrupted" and 130.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -16,6 +22,7 @@ import pytest
 
 from attnlab import runtime
 from attnlab.cli import main
+from conftest import SRC
 from forked_cli import ForkedCLI
 from lm_helpers import TEXT, TINY_TRAIN
 
@@ -180,3 +187,65 @@ def test_the_choice_is_made_before_the_verb_runs_and_undone_after(monkeypatch):
     assert main(["generate", "run", "--threads", str(target)]) == 0
     assert seen == [(target, f"--threads {target}")]
     assert torch.get_num_threads() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C during start-up
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line_and_130(monkeypatch):
+    import attnlab.cli as cli_pkg
+
+    ran, real_build = [], cli_pkg.build_parser
+
+    def build():  # Ctrl-C lands in the middle of the slow imports
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_build()
+
+    monkeypatch.setattr(cli_pkg, "build_parser", build)
+    with_verb(monkeypatch, "generate", ran.append)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        assert main(["generate", "run"]) == 130
+    assert err.getvalue() == "attnlab: interrupted\n" and out.getvalue() == "" and ran == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# The child sends itself SIGINT (as a Ctrl-C would) the moment Python starts importing MODULE,
+# then runs `python -m attnlab generate ...` as the shell would.
+CHILD = textwrap.dedent(
+    """
+    import os, runpy, signal, sys
+
+    TRIGGER = sys.argv[1]
+
+    class CtrlC:
+        fired = False
+
+        def find_spec(self, name, path=None, target=None):
+            if name == TRIGGER and not CtrlC.fired:
+                CtrlC.fired = True
+                os.kill(os.getpid(), signal.SIGINT)
+            return None
+
+    sys.meta_path.insert(0, CtrlC())
+    sys.argv = ["attnlab", *sys.argv[2:]]
+    runpy.run_module("attnlab", run_name="__main__", alter_sys=True)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["torch", "numpy._core.multiarray", "attnlab.cli.lm"])
+def test_ctrl_c_while_importing_is_one_line_and_130(runs, module):
+    """Before the fix: Ctrl-C during `import torch` printed a traceback (the package imported
+    torch before the CLI could catch it), and Ctrl-C while torch imported numpy was swallowed
+    by torch's C code, so generate ran on to its end and exited 0."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, module, "generate", str(runs / "gpt"),
+         "--max-new-tokens", "20", "--device", "cpu"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (r.returncode, r.stderr, r.stdout) == (130, "attnlab: interrupted\n", "")

@@ -4,7 +4,7 @@ from typing import TYPE_CHECKING
 
 # What `from attnlab import X` gives, and the module it comes from. They are imported on
 # first use (PEP 562), so `import attnlab` does not import torch: the command line can then
-# take its first CPU sample before the slow imports start (see attnlab.runtime).
+# take over Ctrl-C before the slow imports start (see attnlab.cli.main).
 _EXPORTS = {
     "KVCache": "attnlab.attention",
     "MultiHeadAttention": "attnlab.attention",
