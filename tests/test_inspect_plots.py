@@ -15,7 +15,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from attnlab.inspect import InspectError  # noqa: E402
-from attnlab.inspect.plots import MAX_LABELS, heatmap, png_html, save_png  # noqa: E402
+from attnlab.inspect.plots import MAX_LABELS, heatmap, overlay, png_html, save_png  # noqa: E402
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -71,12 +71,39 @@ def test_no_labels_means_no_ticks_and_the_range_is_the_matrix_own():
     assert draw(m, vmin=0.0, vmax=1.0)[2].get_clim() == (0.0, 1.0)
 
 
-def test_annotate_writes_every_cell_in_a_readable_colour():
-    m = np.array([[0.9, 0.1], [0.25, 0.75]])
-    fig, ax, im = draw(m, annotate=True, vmin=0.0, vmax=1.0)
-    texts = {(t.get_position(), t.get_text()): t.get_color() for t in ax.texts}
-    assert texts == {((0, 0), "0.90"): "white", ((1, 0), "0.10"): "black",
-                     ((0, 1), "0.25"): "black", ((1, 1), "0.75"): "white"}  # fmt: skip
+def luminance(rgba) -> float:
+    r, g, b, _ = rgba
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.sampled_from(["viridis", "Blues", "RdBu_r", "inferno"]), st.integers(0, 10_000))
+def test_annotations_are_white_on_dark_cells_and_black_on_light_ones(cmap, seed):
+    m = np.random.default_rng(seed).uniform(-1, 1, (3, 4))
+    m[0, 0] = np.nan  # a cell with no value gets no text
+    fig, ax, im = draw(m, annotate=True, cmap=cmap, vmin=-1.0, vmax=1.0, fmt="{:+.1f}")
+    texts = {(round(t.get_position()[1]), round(t.get_position()[0])): t for t in ax.texts}
+    assert set(texts) == {(i, j) for i in range(3) for j in range(4)} - {(0, 0)}
+    for (i, j), t in texts.items():
+        assert t.get_text() == f"{m[i, j]:+.1f}"
+        dark = luminance(im.cmap(im.norm(m[i, j]))) < 0.5
+        assert t.get_color() == ("white" if dark else "black")
+    plt.close(fig)
+
+
+def test_an_overlay_covers_the_image_patch_by_patch():
+    img = np.random.default_rng(0).random((8, 8))
+    grid = np.arange(4.0).reshape(2, 2)  # 2 x 2 patches of 4 x 4 pixels
+    fig, ax = plt.subplots()
+    im = overlay(ax, img, grid, title="[CLS] rollout")
+    fig.canvas.draw()
+    base, top = ax.get_images()
+    assert base.get_extent() == top.get_extent() == [-0.5, 7.5, 7.5, -0.5]
+    assert top is im and im.get_clim() == (0.0, 3.0) and 0 < im.get_alpha() < 1
+    assert list(ax.get_xticks()) == [] and ax.get_title() == "[CLS] rollout"
+    bar = im.colorbar.ax.get_position(original=False)
+    assert bar.height == pytest.approx(ax.get_position(original=False).height, rel=1e-6)
+    assert overlay(ax, img, grid, vmin=-5, vmax=5, colorbar=False).get_clim() == (-5, 5)
 
 
 def test_save_png_is_atomic_refuses_other_formats_and_closes_the_figure(tmp_path):
@@ -92,7 +119,8 @@ def test_save_png_is_atomic_refuses_other_formats_and_closes_the_figure(tmp_path
 
 
 def test_every_heatmap_in_src_is_drawn_by_the_one_renderer():
-    """No module but plots.py calls imshow, pcolormesh or matshow, or adds a colourbar."""
+    """No module but plots.py calls imshow, pcolormesh or matshow, or adds a colourbar (the
+    interventions' tables and image maps included)."""
     drawers = {"imshow", "pcolormesh", "matshow", "pcolor", "colorbar"}
     found = []
     for path in sorted((SRC / "attnlab").rglob("*.py")):
