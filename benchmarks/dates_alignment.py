@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from attnlab.checkpoint import load_run  # noqa: E402
 from attnlab.data.tasks import MONTH_ABBR, MONTHS  # noqa: E402
+from attnlab.inspect.plots import heatmap  # noqa: E402
 
 
 def cross_map(rec: dict, layer: int | None):
@@ -62,15 +63,13 @@ def main() -> None:
         w, name = cross_map(rec, args.layer)
         rows = rec.extra["predicted"]
         cols = rec.tokens["encoder"]
-        ax.imshow(w.numpy(), cmap="Blues", vmin=0, vmax=1, aspect="auto")
-        ax.set_xticks(range(len(cols)), [c if c != " " else "␣" for c in cols], fontsize=7)
-        ax.set_yticks(range(len(rows)), rows, fontsize=7)
         arch = (
             "Transformer" if model.model_type == "seq2seq" else f"LSTM ({model.config.attention})"
         )
-        ax.set_title(f"{arch}: {name}", fontsize=8)
-        ax.set_xlabel(f"source: {args.text!r}", fontsize=8)
-        ax.set_ylabel(f"output: {rec.extra['translation']}", fontsize=8)
+        heatmap(ax, w.numpy(), rows, cols, title=f"{arch}: {name}", cmap="Blues", vmin=0.0,
+                vmax=1.0, colorbar=False, aspect="auto", fontsize=7, title_size=8,
+                xtick_rotation=0, xlabel=f"source: {args.text!r}",
+                ylabel=f"output: {rec.extra['translation']}")  # fmt: skip
         share = month_share(w, args.text, rows)
         print(f"| {run} | {arch} | {rec.extra['translation']} | {share:.0%} |")
     fig.tight_layout()

@@ -68,6 +68,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from attnlab.inspect.plots import heatmap
+
     layer = c.n_layer - 1
     fig, axes = plt.subplots(2, args.examples, figsize=(1.6 * args.examples, 3.4))
     for k, (rec, truth) in enumerate(zip(recs, truths)):
@@ -79,7 +81,7 @@ def main() -> None:
         guess = tok.classes[int(rec.logits[0, 0].argmax())]
         axes[0, k].imshow(img.numpy(), cmap="gray_r")
         axes[0, k].set_title(f"true {truth}, says {guess}", fontsize=8)
-        axes[1, k].imshow(heat, cmap="viridis")
+        heatmap(axes[1, k], heat, vmin=None, colorbar=False)  # the image's own range
         axes[1, k].set_title(f"[CLS] attn L{layer} H{args.head}", fontsize=8)
         for ax in axes[:, k]:
             ax.set_xticks([])

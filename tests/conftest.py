@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,27 @@ def run_cli(*args: str, cwd: str | Path | None = None, timeout: float = 600, env
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ctrl_c_reaches_the_suite_and_its_children():
+    """SIGINT as in a terminal's foreground, however the suite was started.
+
+    A background job of a non-interactive shell (`make test &` in a script, many CI runners)
+    starts with SIGINT ignored (POSIX), and an ignored signal stays ignored across exec. Python
+    then installs no KeyboardInterrupt handler, so every `attnlab` the tests start would ignore
+    the Ctrl-C they send it (the Ctrl-C test sampled on until its 60 s timeout), and the
+    Trainer's in-process tests would find SIG_IGN where they restore Python's handler. So the
+    suite takes Python's usual handler for its duration; children started from it then begin
+    with SIGINT at its default, as a command typed in a terminal does."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture(autouse=True)

@@ -629,6 +629,26 @@ def test_no_verb_or_an_unknown_verb_is_a_usage_error(cli, tmp_path, args):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_child_of_the_suite_takes_ctrl_c():
+    """What the Ctrl-C tests rely on: a process they start has Python's Ctrl-C handler."""
+    code = "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout == "True\n", r.stderr
+
+
+@pytest.mark.slow
+def test_the_suite_run_as_a_background_job_still_gives_children_ctrl_c(tmp_path):
+    """A script's `make test &` starts pytest with SIGINT ignored, and every child inherited
+    that: the Ctrl-C test below then timed out in the full suite though it passed alone. Here
+    the test above runs in exactly that situation (conftest.py puts the handler back)."""
+    me = f"{Path(__file__)}::test_a_child_of_the_suite_takes_ctrl_c"
+    script = '"$0" -m pytest -q -p no:cacheprovider "$1" & wait $!'
+    r = subprocess.run(["bash", "-c", script, sys.executable, me], cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": str(SRC)}, capture_output=True,
+                       text=True, timeout=240)  # fmt: skip
+    assert r.returncode == 0 and "1 passed" in r.stdout, r.stdout + r.stderr
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_generate_exits_130_quietly(trained, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(SRC)}

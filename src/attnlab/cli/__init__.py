@@ -7,8 +7,10 @@ Each area of verbs lives in its own module here and registers its sub-parsers.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
+import signal
 import sys
 
 AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision", "intervene")
@@ -54,6 +56,10 @@ def int_at_least(low: int):
     return conv
 
 
+# Verbs that run no model; every other verb takes --threads (see add_threads_option).
+NO_MODEL_VERBS = {"import-hf", "export-hf"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="attnlab",
@@ -63,15 +69,42 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for area in AREAS:
         importlib.import_module(f"attnlab.cli.{area}").register(sub)
+    for verb, p in sub.choices.items():
+        if verb not in NO_MODEL_VERBS:
+            add_threads_option(p)
     return parser
+
+
+def add_threads_option(parser: argparse.ArgumentParser) -> None:
+    """``--threads N``: torch's CPU threads for this run (the policy is in attnlab.runtime)."""
+
+    parser.add_argument(
+        "--threads",
+        type=int_at_least(1),
+        default=argparse.SUPPRESS,  # absent = the policy's choice (no "(default: None)" in help)
+        metavar="N",
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else one per core, fewer "
+        "when other processes keep cores busy)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        parser = build_parser()  # imports every area's verbs
+        with _interrupts_deferred() as interrupted:  # importing torch, building the parser
+            from attnlab import runtime
+
+            runtime.start_cpu_sample()
+            parser = build_parser()  # imports every area's verbs
+        if interrupted:
+            raise KeyboardInterrupt
         args = parser.parse_args(argv)
         args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
-        result = args.func(args)
+        threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
+        if args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
+            with runtime.using_threads(threads):
+                result = args.func(args)
+        else:
+            result = args.func(args)
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130
@@ -89,6 +122,28 @@ def main(argv: list[str] | None = None) -> int:
               "(set ATTNLAB_DEBUG=1 for the traceback)", file=sys.stderr)  # fmt: skip
         return 1
     return int(result or 0)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Ctrl-C is noted, not raised, inside the block; the list it yields is non-empty after one.
+
+    Why: a KeyboardInterrupt raised while torch imports can land inside C code that swallows
+    it (torch's extension imports numpy and carries on if that import fails), and then the
+    Ctrl-C is lost and the command runs to its end. Noting it and raising after the imports
+    makes Ctrl-C at any moment exit 130 with one line (at most an import's length later)."""
+    seen: list[int] = []
+    try:
+        if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            raise ValueError  # ignored (a background job) or someone else's: leave it be
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: seen.append(signum))
+    except ValueError:  # also raised outside the main thread: signals are not ours there
+        yield seen
+        return
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _one_line(e: BaseException) -> str:

@@ -27,12 +27,6 @@ def _as_options(message: str, names) -> str:
     return message
 
 
-def _set_cpu_threads(device: torch.device, quiet: bool = True) -> None:
-    from attnlab.runtime import set_cpu_threads
-
-    set_cpu_threads(device, quiet)
-
-
 # ---------------------------------------------------------------------------------------------
 # generate
 # ---------------------------------------------------------------------------------------------
@@ -45,7 +39,6 @@ def _device(name: str) -> torch.device:
         device = resolve_device(name)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    _set_cpu_threads(device)
     return device
 
 

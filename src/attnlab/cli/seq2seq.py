@@ -7,11 +7,14 @@ import json
 import sys
 
 
-def _load(run: str):
+def _load(run: str, device: str = "cpu"):
+    """An encoder-decoder run on ``device`` (a name for runtime.resolve_device: a device this
+    machine lacks is a ConfigError, one line and exit 2)."""
     from attnlab.checkpoint import RunError, load_run, read_run_config
+    from attnlab.runtime import resolve_device
     from attnlab.tokenizers import PairTokenizer
 
-    model, tok = load_run(run)
+    model, tok = load_run(run, resolve_device(device))
     if not isinstance(tok, PairTokenizer) or not hasattr(model, "start"):
         raise RunError(f"{run}: not an encoder-decoder run (train one with --task seq2seq)")
     return model, tok, read_run_config(run)
@@ -59,7 +62,7 @@ def evaluate(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise UsageError("--beam must be >= 1")
-    model, tok, cfg = _load(args.run)
+    model, tok, cfg = _load(args.run, args.device)
     if "data" not in cfg:
         raise UsageError(f"{args.run}: config.json does not say which data it was trained on")
     pairs = rebuild(cfg["data"]).split(args.split)  # a changed or missing TSV: a DataError

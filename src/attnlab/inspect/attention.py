@@ -13,14 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.inspect.display import (
-    TERMINAL_TOKENS,
-    Result,
-    heatmap_html,
-    matrix_table,
-    rounded,
-    show_token,
-)
+from attnlab.inspect.display import TERMINAL_TOKENS, Result, heatmap_html, matrix_table, rounded
+from attnlab.inspect.plots import heatmap, png_html, save_png
 from attnlab.inspect.recording import AttentionInfo, InspectError, Recording
 
 
@@ -71,19 +65,14 @@ class AttentionMap(Result):
         return heatmap_html(self.weights, self.queries, self.keys, self.title)
 
     def save_png(self, path: str | Path) -> Path:
-        """A heatmap of this matrix, labelled with the tokens (labels dropped past 64 tokens)."""
+        """A heatmap of this matrix, labelled with the tokens (positions past 64 tokens)."""
         import matplotlib.pyplot as plt
 
         T, S = self.weights.shape
         size = min(12.0, max(3.0, 0.32 * max(T, S) + 1.5))
         fig, ax = plt.subplots(figsize=(size + 1.0, size))
-        im = ax.imshow(
-            self.weights, cmap="viridis", vmin=0.0, vmax=max(1e-9, float(self.weights.max()))
-        )
-        _label_axes(ax, self.queries, self.keys)
-        ax.set_title(self.title, fontsize=9)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-        return _save(fig, path)
+        heatmap(ax, self.weights, self.queries, self.keys, title=self.title)
+        return save_png(fig, path)
 
 
 @dataclass
@@ -123,19 +112,7 @@ class AttentionGrid(Result):
         }
 
     def _repr_html_(self) -> str:
-        return self._figure_html()
-
-    def _figure_html(self) -> str:
-        import base64
-        import io
-
-        buf = io.BytesIO()
-        fig = self.figure()
-        fig.savefig(buf, format="png", dpi=80)
-        import matplotlib.pyplot as plt
-
-        plt.close(fig)
-        return f'<img src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"/>'
+        return png_html(self.figure())
 
     def figure(self):
         import matplotlib.pyplot as plt
@@ -152,12 +129,8 @@ class AttentionGrid(Result):
                 if h >= w.shape[0]:
                     ax.axis("off")
                     continue
-                ax.imshow(w[h], cmap="viridis", vmin=0.0, vmax=max(1e-9, float(w[h].max())))
-                if T <= 16:
-                    _label_axes(ax, q, k, fontsize=6)
-                else:
-                    ax.set_xticks([])
-                    ax.set_yticks([])
+                labels = (q, k) if T <= 16 else (None, None)  # tokens where they fit
+                heatmap(ax, w[h], *labels, colorbar=False, fontsize=6)
                 if r == 0:
                     ax.set_title(f"head {h}", fontsize=8)
                 if h == 0:
@@ -166,7 +139,7 @@ class AttentionGrid(Result):
         return fig
 
     def save_png(self, path: str | Path) -> Path:
-        return _save(self.figure(), path)
+        return save_png(self.figure(), path)
 
 
 def attention(
@@ -206,36 +179,3 @@ def attention_grid(rec: Recording, name: str | None = None) -> AttentionGrid:
     return AttentionGrid(
         maps, [rec.weights(m.name).numpy() for m in maps], [rec.labels(m.name) for m in maps]
     )
-
-
-def _label_axes(ax, rows: list[str], cols: list[str], fontsize: int = 8) -> None:
-    if max(len(rows), len(cols)) > 64:
-        ax.set_xlabel("key position")
-        ax.set_ylabel("query position")
-        return
-    ax.set_xticks(range(len(cols)))
-    ax.set_xticklabels([show_token(c) for c in cols], rotation=90, fontsize=fontsize)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([show_token(r) for r in rows], fontsize=fontsize)
-    ax.set_xlabel("key (attended to)", fontsize=fontsize)
-    ax.set_ylabel("query", fontsize=fontsize)
-
-
-def _save(fig, path: str | Path) -> Path:
-    """Write a figure as PNG atomically (never a half-written file) and close it."""
-    import matplotlib.pyplot as plt
-
-    from attnlab.checkpoint import atomic_write
-
-    path = Path(path)
-    if path.suffix.lower() != ".png":
-        plt.close(fig)
-        raise InspectError(f"{path}: heatmaps are written as PNG; name the file *.png")
-    if not path.parent.exists():
-        plt.close(fig)
-        raise InspectError(f"{path.parent}: no such directory")
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
-    return path

@@ -70,35 +70,19 @@ def strongest_head(
 
 
 def plot_head(tokens: list[str], weights: torch.Tensor, path: str | Path, title: str) -> None:
-    """Save one head's (T, T) attention as a labelled heatmap PNG: rows query, columns key."""
+    """Save one head's (T, T) attention as a labelled heatmap PNG: rows query, columns key,
+    each cell's weight written in it, colours from 0 to 1."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from attnlab.inspect.plots import heatmap, save_png
+
     fig, ax = plt.subplots(figsize=(4.6, 4.0), dpi=100)
-    im = ax.imshow(weights.numpy(), cmap="Blues", vmin=0.0, vmax=1.0)
-    ax.set_xticks(range(len(tokens)), tokens, rotation=45, ha="right")
-    ax.set_yticks(range(len(tokens)), tokens)
-    ax.set_xlabel("key (attended to)")
-    ax.set_ylabel("query")
-    ax.set_title(title, fontsize=9)
-    for i in range(len(tokens)):
-        for j in range(len(tokens)):
-            w = float(weights[i, j])
-            ax.text(
-                j,
-                i,
-                f"{w:.2f}",
-                ha="center",
-                va="center",
-                fontsize=6,
-                color="white" if w > 0.5 else "black",
-            )
-    fig.colorbar(im, ax=ax, fraction=0.046)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    heatmap(ax, weights.numpy(), tokens, tokens, title=title, cmap="Blues", vmin=0.0, vmax=1.0,
+            annotate=True, fontsize=8, xtick_rotation=45)  # fmt: skip
+    save_png(fig, path, dpi=100)
 
 
 def head_map(tokens: list[str], weights: torch.Tensor, layer: int, head: int):

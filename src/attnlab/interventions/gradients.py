@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from attnlab.inspect.display import Result, show_token
+from attnlab.inspect.plots import overlay
 from attnlab.interventions.edits import edited
 from attnlab.interventions.figures import figure_html, new_figure, save_png
 from attnlab.interventions.patching import metric_fn
@@ -93,15 +94,9 @@ class GradResult(Result):
         if self.image is not None:
             img = self.image if self.image.ndim == 2 else np.moveaxis(self.image, 0, -1)
             fig, ax = new_figure(figsize=(4, 3.8))
-            ax.imshow(img.squeeze(), cmap="gray")
             top = float(np.abs(self.values).max()) or 1.0
-            H, W = img.shape[:2]
             g = self.grid
-            im = ax.imshow(self.values.reshape(g, g), cmap="RdBu_r", vmin=-top, vmax=top,
-                           alpha=0.6, extent=(-0.5, W - 0.5, H - 0.5, -0.5))  # fmt: skip
-            fig.colorbar(im, ax=ax, fraction=0.046)
-            ax.set_xticks([])
-            ax.set_yticks([])
+            overlay(ax, img, self.values.reshape(g, g), cmap="RdBu_r", vmin=-top, vmax=top)
         else:
             fig, ax = new_figure(figsize=(max(5.0, 0.25 * len(self.tokens) + 2), 3.0))
             ax.bar(range(len(self.values)), self.values,

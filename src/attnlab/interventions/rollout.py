@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from attnlab.inspect.display import Result, matrix_table, show_token
+from attnlab.inspect.plots import image, overlay
 from attnlab.interventions.edits import edited
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Subject
@@ -145,17 +146,8 @@ class RolloutResult(Result):
         g = self.grid
         patch = self.row[1:].reshape(g, g)  # [CLS] -> patches, row by row
         fig, (a, b) = new_figure(1, 2, figsize=(8, 3.8))
-        a.imshow(img.squeeze(), cmap="gray")
-        a.set_title("image", fontsize=9)
-        b.imshow(img.squeeze(), cmap="gray")
-        H, W = img.shape[:2]
-        im = b.imshow(patch, cmap="inferno", alpha=0.6, extent=(-0.5, W - 0.5, H - 0.5, -0.5),
-                      interpolation="nearest")  # fmt: skip
-        fig.colorbar(im, ax=b, fraction=0.046)
-        b.set_title(f"[CLS] {self.method} to each patch", fontsize=9)
-        for ax in (a, b):
-            ax.set_xticks([])
-            ax.set_yticks([])
+        image(a, img, "image")
+        overlay(b, img, patch, title=f"[CLS] {self.method} to each patch")
         return fig
 
     def save_png(self, path):

@@ -44,7 +44,7 @@ import torch
 from torch import nn
 
 from attnlab import checkpoint as ckpt
-from attnlab.runtime import resolve_device, resolve_dtype
+from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import DistInfo, all_sum
 from attnlab.training.faults import Faults
@@ -98,6 +98,7 @@ class Trainer:
         self.task = task
         self.device = resolve_device(c.device)
         self.amp_dtype = resolve_dtype(c.dtype, self.device)
+        self.threads = thread_choice()  # made by the caller (the CLI: runtime.using_threads)
         self.dist = dist_info or DistInfo()
         self.raw_model = model.to(self.device)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -166,7 +167,7 @@ class Trainer:
             )
         if self.dist.is_main:
             ckpt.check_writable(self.out_dir)
-            extra = {**self.task.run_config(), "train_config": self.config.to_dict()}
+            extra = self.run_record()
             tokenizer = getattr(self.task, "tokenizer", None)
             ckpt.write_run_files(self.out_dir, self.raw_model, tokenizer, extra)
             if resumed:
@@ -174,6 +175,12 @@ class Trainer:
             else:
                 ckpt.clear_metrics(self.out_dir)
         return resumed
+
+    def run_record(self) -> dict:
+        """What config.json says about this run besides the model: the task's options, the
+        train config, and where it ran (device, CPU threads and why)."""
+        where = {"device": str(self.device), **self.threads.to_dict()}
+        return {**self.task.run_config(), "train_config": self.config.to_dict(), "runtime": where}
 
     # -- checkpoints ---------------------------------------------------------------------------
 
@@ -408,7 +415,8 @@ class Trainer:
         rate = self._counted / seconds if seconds > 0 else None
         row = {"step": self.step, "train_loss": sum(window) / len(window),
                "lr": lr_at(self.step - 1, self.config), f"{unit}_per_s": rate,
-               "ms_per_iter": 1000 * seconds / len(window)}  # fmt: skip
+               "ms_per_iter": 1000 * seconds / len(window),
+               "threads": self.threads.threads}  # fmt: skip
         self._write_metrics(row)
         progress.rate(rate)
         if not progress.live:
@@ -428,11 +436,12 @@ class Trainer:
         c = self.config
         resumed = self._open_run(resume)
         start = self.step
-        progress = Progress(c.max_iters, start, self.task.unit,
+        progress = Progress(c.max_iters, start, self.task.unit, self.threads.threads,
                             enabled=self.dist.is_main and not self.quiet, log=self._log)  # fmt: skip
         last_train, window, t_window = None, [], time.perf_counter()
         try:
             with self._signals(), progress:
+                progress.note(f"training on {self.device.type}, {self.threads}")
                 while True:
                     if self._stop_all:
                         if self.last_saved_step != self.step:

@@ -1,5 +1,5 @@
 """Progress on stderr, in the task's words: a rich bar (step, loss, throughput, ETA) on a
-terminal, plain lines otherwise (CI logs, pipes). Throughput is counted in the task's unit:
+terminal, plain lines otherwise (CI logs, pipes); both show the CPU threads torch uses. Throughput is counted in the task's unit:
 tokens/s for language models, pairs/s, images/s or examples/s for the others."""
 
 from __future__ import annotations
@@ -26,13 +26,20 @@ def log_line(row: dict, max_iters: int, unit: str) -> str:
     rate = row.get(f"{unit}_per_s") or 0
     return (
         f"step {row['step']}/{max_iters}  loss {row['train_loss']:.4f}  lr {row['lr']:.2e}  "
-        f"{rate:,.0f} {unit}/s  {row.get('ms_per_iter', 0):.1f} ms/iter"
+        f"{rate:,.0f} {unit}/s  {row.get('ms_per_iter', 0):.1f} ms/iter  "
+        f"{row.get('threads', '?')} thr"
     )
 
 
 class Progress:
     def __init__(
-        self, total: int, start: int, unit: str, enabled: bool, log: Callable[[str], None]
+        self,
+        total: int,
+        start: int,
+        unit: str,
+        threads: int,
+        enabled: bool,
+        log: Callable[[str], None],
     ):
         self.enabled, self.log, self.unit = enabled, log, unit
         self.bar = None
@@ -52,6 +59,7 @@ class Progress:
                 BarColumn(),
                 TextColumn("loss {task.fields[loss]}"),
                 TextColumn("{task.fields[rate]} " + unit + "/s"),
+                TextColumn(f"{threads} thr"),
                 TextColumn("ETA"),
                 TimeRemainingColumn(),
                 console=Console(stderr=True),

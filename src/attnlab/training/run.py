@@ -27,7 +27,7 @@ import torch
 
 from attnlab import checkpoint as ckpt
 from attnlab.config import BaseConfig, ConfigError
-from attnlab.runtime import resolve_device, set_cpu_threads
+from attnlab.runtime import resolve_device
 from attnlab.tasks.base import Task, task_class, task_for_run
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
@@ -137,7 +137,6 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
         if model is None:  # the other processes read what rank 0 prepared
             task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
             model = _build(task, config)
-    set_cpu_threads(device, quiet=p.quiet or not dist.is_main)
     trainer = Trainer(model, task, config, p.out, dist_info=dist, quiet=p.quiet, log=log)
     if p.resume:  # a checkpoint that cannot be continued: one line, before anything else
         trainer.load_checkpoint()
@@ -153,8 +152,7 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
     if not result.interrupted and dist.is_main:
         final = task.finish(trainer.raw_model)
         metrics = {k: v for k, v in result.last_eval.items() if k != "lr"}
-        extra = {**task.run_config(), "train_config": config.to_dict(),
-                 "metrics": metrics, **final}  # fmt: skip
+        extra = {**trainer.run_record(), "metrics": metrics, **final}
         ckpt.write_run_config(p.out, trainer.raw_model, extra)  # the final figures too
     summary = task.summary(result, final)
     return TrainOutcome(result, task, final, summary, p.out, dist.is_main)

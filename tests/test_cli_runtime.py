@@ -1,0 +1,251 @@
+"""Devices, CPU threads and Ctrl-C through the real command line.
+
+- A device this machine lacks is one line and exit 2, on every verb that takes --device.
+- The thread choice is said by the Trainer (its first progress line, config.json), never before
+  an input error.
+- Ctrl-C at any moment, start-up included, ends the command with "attnlab: interrupted" and 130.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from attnlab import runtime
+from attnlab.cli import main
+from conftest import SRC
+from forked_cli import ForkedCLI
+from lm_helpers import TEXT, TINY_TRAIN
+
+COPY = "copy:n_train=40,n_val=8,n_test=8,min_len=3,max_len=5,symbols=4"
+ONE_STEP = ["--max-iters", "1", "--eval-interval", "1", "--eval-iters", "1"]
+
+
+@pytest.fixture(scope="module")
+def cli():
+    server = ForkedCLI()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, cli) -> Path:
+    """A directory with corpus.txt, labels.tsv, a one-step GPT run (gpt/) and a one-step
+    encoder-decoder run (s2s/)."""
+    d = tmp_path_factory.mktemp("runtime")
+    (d / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    (d / "labels.tsv").write_text("".join(f"{n % 2}\tline {n}\n" for n in range(40)))
+    r = cli("train", "--data", d / "corpus.txt", "--out", d / "gpt", *TINY_TRAIN, *ONE_STEP)
+    assert r.returncode == 0, r.stderr
+    r = cli("train", "--task", "seq2seq", "--data", COPY, "--out", d / "s2s", "--d-model", "16",
+            "--batch-size", "4", "--quiet", *ONE_STEP)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def tree(root: Path) -> dict[str, int]:
+    return {str(p.relative_to(root)): p.stat().st_size for p in sorted(root.rglob("*"))}
+
+
+def one_error_line(r) -> str:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("attnlab: error: "), r.stderr
+    assert r.stdout == ""
+    return lines[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# --device
+# ---------------------------------------------------------------------------------------------
+
+DEVICE_VERBS = {
+    "train lm": ["train", "--data", "corpus.txt", "--out", "new", *TINY_TRAIN],
+    "train mlm": ["train", "--task", "mlm", "--data", "corpus.txt", "--out", "new", "--quiet"],
+    "train classify": ["train", "--task", "classify", "--data", "labels.tsv", "--out", "new",
+                       "--quiet"],
+    "train seq2seq": ["train", "--task", "seq2seq", "--data", COPY, "--out", "new", "--quiet"],
+    "train vit": ["train", "--task", "classify", "--data", "digits", "--arch", "vit", "--out",
+                  "new", "--quiet"],
+    "generate": ["generate", "gpt", "--max-new-tokens", "3"],
+    "eval gpt": ["eval", "gpt", "--data", "corpus.txt"],
+    "eval seq2seq": ["eval", "s2s"],
+}  # fmt: skip
+NO_SUCH_DEVICE = {"mps": "no Apple MPS device", "cuda:3": "no CUDA GPU", "xpu": "no Intel XPU",
+                  "nonsense": "unknown device"}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verb", DEVICE_VERBS)
+@pytest.mark.parametrize("device", NO_SUCH_DEVICE)
+def test_a_device_this_machine_lacks_is_one_line_and_exit_2(cli, runs, verb, device):
+    if device.startswith("cuda") and runtime.device_count("cuda") > 3:
+        pytest.skip("this machine has a cuda:3")
+    before = tree(runs)
+    line = one_error_line(cli(*DEVICE_VERBS[verb], "--device", device, cwd=runs))
+    assert f"--device {device}: " in line and NO_SUCH_DEVICE[device] in line, line
+    assert tree(runs) == before  # nothing written: no run directory, no token file
+
+
+# ---------------------------------------------------------------------------------------------
+# --threads and the thread choice
+# ---------------------------------------------------------------------------------------------
+
+
+def verbs(parser) -> dict:
+    """verb -> its sub-parser."""
+    return next(a for a in parser._actions if a.dest == "verb").choices
+
+
+def test_every_verb_that_runs_a_model_takes_threads():
+    from attnlab.cli import NO_MODEL_VERBS, build_parser
+
+    for verb, parser in verbs(build_parser()).items():
+        has = any("--threads" in a.option_strings for a in parser._actions)
+        assert has == (verb not in NO_MODEL_VERBS), verb
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "args, env, why",
+    [(["--threads", "1"], {}, "--threads 1"),
+     ([], {"OMP_NUM_THREADS": "1"}, "OMP_NUM_THREADS=1")],
+    ids=["flag", "env"],
+)  # fmt: skip
+def test_training_says_its_threads_first_and_records_them(cli, tmp_path, runs, args, env, why):
+    tiny = [a for a in TINY_TRAIN if a != "--quiet"]
+    r = cli("train", "--data", runs / "corpus.txt", "--out", tmp_path / "run", *tiny,
+            "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1", *args,
+            env={"OMP_NUM_THREADS": None, **env})  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    said = f"training on cpu, 1 CPU thread ({why})"
+    assert said in lines, r.stderr
+    assert all(not ln.startswith(("eval", "step")) for ln in lines[: lines.index(said)])
+    steps = [ln for ln in lines if ln.startswith("step ")]
+    assert steps and all(ln.endswith("  1 thr") for ln in steps), steps
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert cfg["runtime"] == {"device": "cpu", "threads": 1, "why": why}
+
+
+BAD_INPUTS = [
+    ["train", "--data", "missing.txt", "--out", "x"],
+    ["train", "--data", "corpus.txt", "--out", "x", "--lr", "-1"],
+    ["generate", "no-such-run"],
+    ["trace", "no-such-run", "hello"],
+    ["eval", "no-such-run", "--data", "corpus.txt"],
+]
+
+
+@pytest.mark.parametrize("args", BAD_INPUTS, ids=lambda a: " ".join(a[:2]))
+def test_nothing_precedes_the_error_line_on_a_busy_machine(tmp_path, monkeypatch, args):
+    """The old policy printed "using 1 CPU thread..." before input errors when cores were
+    busy. Here the cores are busy (a faked measurement) and OMP_NUM_THREADS is unset."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime, "measure_busy_cores", lambda cpus, **kw: float(len(cpus)))
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: {0, 1})
+    monkeypatch.setattr(runtime, "_torch_default", 2)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        assert main(args) == 2
+    assert out.getvalue() == "" and len(err.getvalue().splitlines()) == 1, err.getvalue()
+    assert err.getvalue().startswith("attnlab: error: ")
+
+
+def with_verb(monkeypatch, name: str, func) -> None:
+    """Make ``attnlab NAME ...`` call ``func(args)`` instead of the real verb."""
+    import attnlab.cli as cli_pkg
+
+    real_build = cli_pkg.build_parser
+
+    def build():
+        parser = real_build()
+        verbs(parser)[name].set_defaults(func=func)
+        return parser
+
+    monkeypatch.setattr(cli_pkg, "build_parser", build)
+
+
+def test_the_choice_is_made_before_the_verb_runs_and_undone_after(monkeypatch):
+    import torch
+
+    before, seen = torch.get_num_threads(), []
+    target = 1 if before != 1 else 2
+    with_verb(monkeypatch, "generate", lambda args: seen.append(
+        (torch.get_num_threads(), runtime.thread_choice().why)))  # fmt: skip
+    assert main(["generate", "run", "--threads", str(target)]) == 0
+    assert seen == [(target, f"--threads {target}")]
+    assert torch.get_num_threads() == before
+
+
+# ---------------------------------------------------------------------------------------------
+# Ctrl-C during start-up
+# ---------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_while_the_parser_is_built_is_one_line_and_130(monkeypatch):
+    import attnlab.cli as cli_pkg
+
+    ran, real_build = [], cli_pkg.build_parser
+
+    def build():  # Ctrl-C lands in the middle of the slow imports
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_build()
+
+    monkeypatch.setattr(cli_pkg, "build_parser", build)
+    with_verb(monkeypatch, "generate", ran.append)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        assert main(["generate", "run"]) == 130
+    assert err.getvalue() == "attnlab: interrupted\n" and out.getvalue() == "" and ran == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# The child sends itself SIGINT (as a Ctrl-C would) the moment Python starts importing MODULE,
+# then runs `python -m attnlab generate ...` as the shell would.
+CHILD = textwrap.dedent(
+    """
+    import os, runpy, signal, sys
+
+    TRIGGER = sys.argv[1]
+
+    class CtrlC:
+        fired = False
+
+        def find_spec(self, name, path=None, target=None):
+            if name == TRIGGER and not CtrlC.fired:
+                CtrlC.fired = True
+                os.kill(os.getpid(), signal.SIGINT)
+            return None
+
+    sys.meta_path.insert(0, CtrlC())
+    sys.argv = ["attnlab", *sys.argv[2:]]
+    runpy.run_module("attnlab", run_name="__main__", alter_sys=True)
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["torch", "numpy._core.multiarray", "attnlab.cli.lm"])
+def test_ctrl_c_while_importing_is_one_line_and_130(runs, module):
+    """Before the fix: Ctrl-C during `import torch` printed a traceback (the package imported
+    torch before the CLI could catch it), and Ctrl-C while torch imported numpy was swallowed
+    by torch's C code, so generate ran on to its end and exited 0."""
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    r = subprocess.run(
+        [sys.executable, "-c", CHILD, module, "generate", str(runs / "gpt"),
+         "--max-new-tokens", "20", "--device", "cpu"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert (r.returncode, r.stderr, r.stdout) == (130, "attnlab: interrupted\n", "")
