@@ -11,7 +11,7 @@ import importlib
 import os
 import sys
 
-AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision", "intervene")
+AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline")
 
 
 class UsageError(ValueError):
