@@ -28,9 +28,10 @@ IDS = list(TASKS)
 SCHEDULE = ["--warmup-iters", "2", "--lr-decay-iters", "8", "--eval-interval", "2",
             "--checkpoint-seconds", "0"]  # fmt: skip
 UNITS = {"lm": "tokens", "mlm": "tokens", "classify": "examples", "transformer": "pairs",
-         "lstm-attention": "pairs", "vit": "images"}  # fmt: skip
+         "lstm-attention": "pairs", "vit": "images", "induction": "tokens"}  # fmt: skip
 HEADLINE = {"lm": "val_bpc", "mlm": "val_masked_accuracy", "classify": "val_accuracy",
-            "transformer": "val_exact", "lstm-attention": "val_exact", "vit": "val_accuracy"}  # fmt: skip
+            "transformer": "val_exact", "lstm-attention": "val_exact", "vit": "val_accuracy",
+            "induction": "loss_repeated_half"}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,248 @@
+"""Snapshots during training (every task, bounded, exact across --resume), the timeline built
+from them (where each score rose fastest), and the `timeline` and `heads` verbs."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from attnlab import checkpoint as ckpt
+from attnlab.cli import main
+from attnlab.inspect.timeline import fastest_change, timeline
+from attnlab.training import FAULT_ENV
+from attnlab.training.snapshots import PATTERN_BUDGET, Snapshots, default_interval
+from lm_helpers import metrics
+from task_helpers import train_args, write_task_data
+
+SCHEDULE = ["--warmup-iters", "2", "--lr-decay-iters", "8", "--eval-interval", "4",
+            "--checkpoint-seconds", "0", "--snapshot-every", "2"]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _threads(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "1"))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_task_data(tmp_path_factory.mktemp("data"))
+
+
+# -- where a series changed fastest ------------------------------------------------------------
+
+
+def test_fastest_change_finds_the_biggest_step_up_or_down():
+    steps = [0, 10, 20, 30, 40]
+    rise = fastest_change(steps, [0.1, 0.15, 0.6, 0.7, 0.72])
+    assert rise["step"] == 20 and rise["from"] == 0.15 and rise["to"] == 0.6
+    assert rise["change"] == pytest.approx(0.45)
+    fall = fastest_change(steps, [4.2, 4.1, 3.0, 1.0, 0.9], rise=False)
+    assert fall["step"] == 30 and fall["change"] == pytest.approx(-2.0)
+
+
+def test_fastest_change_skips_gaps_ignores_the_other_direction_and_keeps_the_first_tie():
+    steps = [0, 5, 10, 15, 20]
+    gap = fastest_change(steps, [0.0, None, 0.5, 0.75, 1.0])  # no interval across the gap
+    assert gap["step"] == 15 and gap["change"] == 0.25  # two equal rises: the first
+    assert fastest_change(steps, [1.0, 0.8, 0.5, 0.2, 0.1]) is None  # never rose
+    assert fastest_change(steps, [0.0, 0.25, 0.5, 0.75, 1.0])["step"] == 5
+    assert fastest_change([0], [0.3]) is None
+    assert fastest_change(steps, [float("nan")] * 5) is None
+
+
+@pytest.mark.parametrize("every", [1, 7, 50])
+def test_default_interval_gives_about_forty_snapshots(every):
+    steps = every * 40
+    assert default_interval(steps) == every
+    assert default_interval(3) == 1
+
+
+def test_patterns_are_thinned_to_the_budget_and_scores_kept_at_every_snapshot(tmp_path):
+    """A model whose patterns would take 4x the budget over the run keeps them at every 4th
+    snapshot (and the last), and its scores at all."""
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=16, n_layer=2, n_head=4, d_model=16, block_size=48))
+    snaps = Snapshots(every=1, n_probe=2)
+    snaps.out_dir = tmp_path
+    snaps.repeat = torch.randint(0, 16, (2, 48))
+    per = 2 * 4 * 48 * 48 * 2  # maps x heads x T x T x 2 bytes (one probe)
+    max_iters = 4 * PATTERN_BUDGET // per
+    for step in (0, 1, 2, 3, 4, max_iters):
+        snaps.take(model, step, max_iters)
+    assert snaps.keep_every == 5  # ceil((max_iters + 1) * per / budget)
+    kept = [
+        s for s in ckpt.snapshot_steps(tmp_path) if ckpt.read_snapshot(tmp_path, s)[0]["patterns"]
+    ]
+    assert kept == [0, max_iters]
+    for s in ckpt.snapshot_steps(tmp_path):
+        meta, t = ckpt.read_snapshot(tmp_path, s)
+        assert t["scores.repeat.blocks.1.attn.weights"].shape == (4, 6)
+        assert ("patterns.repeat.blocks.1.attn.weights" in t) == meta["patterns"]
+
+
+# -- snapshots in training ---------------------------------------------------------------------
+
+
+def snapshots(run) -> dict[int, dict[str, torch.Tensor]]:
+    return {s: ckpt.read_snapshot(run, s)[1] for s in ckpt.snapshot_steps(run)}
+
+
+def same_snapshots(a, b) -> bool:
+    sa, sb = snapshots(a), snapshots(b)
+    return sa.keys() == sb.keys() and all(
+        sa[s].keys() == sb[s].keys() and all(torch.equal(sa[s][k], sb[s][k]) for k in sa[s])
+        for s in sa
+    )
+
+
+def train(data_dir, out, task_id="induction", *more) -> int:
+    return main(train_args(task_id, data_dir, out, *SCHEDULE, *more))
+
+
+@pytest.fixture(scope="module")
+def whole(data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole") / "induction"
+    assert train(data_dir, out, "induction", "--max-iters", "8") == 0
+    return out
+
+
+@pytest.mark.slow
+def test_snapshots_do_not_change_training(data_dir, whole, tmp_path):
+    out = tmp_path / "plain"
+    args = [a for a in train_args("induction", data_dir, out, *SCHEDULE, "--max-iters", "8")]
+    args[args.index("--snapshot-every") + 1] = "0"
+    assert main(args) == 0
+    assert ckpt.snapshot_steps(out) == [] and ckpt.snapshot_steps(whole) == [0, 2, 4, 6, 8]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "ms_per_iter")}
+                          for r in rows]  # fmt: skip
+    assert strip(metrics(out)) == strip(metrics(whole))
+
+
+@pytest.mark.slow
+def test_snapshots_survive_resume_exactly(data_dir, whole, tmp_path):
+    half = tmp_path / "induction"
+    assert train(data_dir, half, "induction", "--max-iters", "4") == 0
+    assert ckpt.snapshot_steps(half) == [0, 2, 4]
+    # a snapshot written after the last checkpoint (a crash in between) is taken again
+    meta, tensors = ckpt.read_snapshot(half, 4)
+    ckpt.write_snapshot(half, 6, {k: torch.zeros_like(v) for k, v in tensors.items()}, meta)
+    assert main(["train", "--out", str(half), "--resume", "--quiet", "--max-iters", "8"]) == 0
+    assert same_snapshots(half, whole)
+
+
+@pytest.mark.slow
+def test_a_signal_mid_run_then_resume_gives_the_same_snapshots(data_dir, whole, tmp_path,
+                                                              monkeypatch):  # fmt: skip
+    monkeypatch.setenv(FAULT_ENV, "sigint-at:3")
+    run = tmp_path / "induction"
+    assert train(data_dir, run, "induction", "--max-iters", "8") == 130
+    assert ckpt.snapshot_steps(run) == [0, 2]
+    monkeypatch.delenv(FAULT_ENV)
+    assert main(["train", "--out", str(run), "--resume", "--quiet"]) == 0
+    assert same_snapshots(run, whole)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", ["lm", "mlm", "classify", "transformer", "vit"])
+def test_every_task_with_self_attention_takes_snapshots_the_timeline_reads(
+    task_id, data_dir, tmp_path, capsys
+):
+    pytest.importorskip("sklearn")  # the ViT's digits
+    out = tmp_path / task_id
+    assert train(data_dir, out, task_id, "--max-iters", "4") == 0
+    assert ckpt.snapshot_steps(out) == [0, 2, 4]
+    meta, tensors = ckpt.read_snapshot(out, 4)
+    assert any(k.startswith("scores.") for k in tensors) and meta["patterns"]
+    capsys.readouterr()
+    assert main(["timeline", str(out), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["steps"] == [0, 2, 4] and data["heads"]
+    probe = "sample" if task_id == "vit" else "repeat"  # a ViT reads images, not token ids
+    assert data["probe"] == probe
+    for h in data["heads"]:
+        assert len(h["scores"]["previous-token"]) == 3
+        assert all(0 <= v <= 1 for v in h["scores"]["entropy"])
+
+
+def test_snapshots_of_an_lstm_are_refused_in_one_line(data_dir, tmp_path, capsys):
+    out = tmp_path / "lstm"
+    code = main(train_args("lstm-attention", data_dir, out, "--snapshot-every", "2"))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("attnlab: error: --snapshot-every records self-attention heads")
+    assert not out.exists()
+
+
+# -- the verbs ---------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_timeline_verb_prints_json_and_draws_a_png(whole, tmp_path, capsys):
+    png = tmp_path / "t.png"
+    assert main(["timeline", str(whole), "--json", "--png", str(png)]) == 0
+    out, err = capsys.readouterr()
+    data = json.loads(out)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote timeline {png}" in err
+    assert [h["name"] for h in data["heads"]] == ["0.0", "0.1", "1.0", "1.1"]
+    assert len(data["in_context"]["loss_repeated_half"]) == 5
+    tl = timeline(whole)
+    assert tl.to_dict()["steps"] == data["steps"]
+    for score, f in tl.fastest.items():
+        if score == "in-context loss":
+            continue
+        series = tl.head(f["head"])["scores"][score]
+        assert f["step"] in tl.steps and f["to"] == series[tl.steps.index(f["step"])]
+
+
+def test_timeline_and_heads_refuse_in_one_line(data_dir, tmp_path, capsys):
+    run = tmp_path / "plain"
+    assert main(train_args("lm", data_dir, run, "--max-iters", "2")) == 0
+    lstm = tmp_path / "lstm"
+    assert main(train_args("lstm-attention", data_dir, lstm, "--max-iters", "1")) == 0
+    capsys.readouterr()
+    for argv, msg in (
+        (["timeline", str(run)], "has no snapshots: train it with --snapshot-every N"),
+        (["timeline", str(run), "--png", str(tmp_path / "x.jpg")], "expected a .png"),
+        (["timeline", str(tmp_path / "nope")], "no such run directory"),
+        (["heads", str(lstm)], "no self-attention heads"),
+        (["eval", str(run), "--data", str(data_dir / "corpus.txt"), "--ablate", "0.0"],
+         "eval --ablate scores induction runs"),
+    ):  # fmt: skip
+        assert main(argv) == 2, argv
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and msg in lines[0] and lines[0].startswith("attnlab: error:")
+        assert out == ""
+
+
+@pytest.mark.slow
+def test_heads_verb_lists_every_head_with_scores_in_zero_one(whole, capsys):
+    assert main(["heads", str(whole), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["layer"], r["head"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for r in rows:
+        assert set(r) >= {"layer", "head", "scores", "kind"}
+        assert {"previous-token", "induction", "duplicate-token", "first-token", "self",
+                "entropy"} == set(r["scores"])  # fmt: skip
+        assert all(0 <= v <= 1 for v in r["scores"].values())
+    assert main(["heads", str(whole), "--json", "--all"]) == 0
+    full = json.loads(capsys.readouterr().out)
+    assert len(full["composition"]) == 4 and full["loss_repeated_half"] > 0
+
+
+@pytest.mark.slow
+def test_eval_of_an_induction_run_reports_both_halves_with_and_without_ablation(whole, capsys):
+    assert main(["eval", str(whole), "--json"]) == 0
+    clean = json.loads(capsys.readouterr().out)
+    assert set(clean) >= {"loss_first_half", "loss_repeated_half", "ln_vocab"}
+    assert clean["ln_vocab"] == pytest.approx(torch.log(torch.tensor(8.0)).item())
+    assert main(["eval", str(whole), "--json", "--ablate", "1.0,1.1", "--mode", "mean"]) == 0
+    ablated = json.loads(capsys.readouterr().out)
+    assert ablated["ablated"] == "1.0,1.1" and ablated["mode"] == "mean"
+    assert ablated["loss_repeated_half"] != clean["loss_repeated_half"]
+    assert main(["eval", str(whole), "--ablate", "1.7"]) == 2
+    assert "layer 1 has heads 0..1" in capsys.readouterr().err
