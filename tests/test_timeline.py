@@ -246,3 +246,51 @@ def test_eval_of_an_induction_run_reports_both_halves_with_and_without_ablation(
     assert ablated["loss_repeated_half"] != clean["loss_repeated_half"]
     assert main(["eval", str(whole), "--ablate", "1.7"]) == 2
     assert "layer 1 has heads 0..1" in capsys.readouterr().err
+
+
+# -- the step slider of `explore --steps` -------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_explore_steps_writes_a_page_of_every_snapshot(whole, tmp_path, capsys):
+    import re
+
+    out = tmp_path / "steps.html"
+    assert main(["explore", str(whole), "--steps", "--html", str(out)]) == 0
+    assert f"wrote step explorer {out}" in capsys.readouterr().err
+    html = out.read_text()
+    data = json.loads(re.search(r'type="application/json">(.*?)</script>', html, re.S).group(1))
+    rep = data["probes"]["repeat"]
+    assert [f["step"] for f in rep["frames"]] == [0, 2, 4, 6, 8] == rep["steps"]
+    assert [h["name"] for h in rep["heads"]] == ["0.0", "0.1", "1.0", "1.1"]
+    assert "http" not in html.split("<script")[0]  # nothing fetched
+    for argv, msg in ((["explore", str(whole), "--html", str(out)], "explore needs TEXT"),
+                      (["explore", str(whole), "abc", "--steps", "--html", str(out)], "give no TEXT")):  # fmt: skip
+        assert main(argv) == 2 and msg in capsys.readouterr().err
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_step_slider_in_chromium_redraws_the_head_at_each_step(whole, tmp_path):
+    from cdp import CHROMIUM, Browser
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("!!! BROWSER TEST SKIPPED: /usr/bin/chromium is missing !!!")
+    from attnlab.inspect.step_explorer import explore_steps
+
+    out = explore_steps(whole).save(tmp_path / "steps.html")
+    with Browser() as b:
+        b.open(out.as_uri())
+        state = lambda: json.loads(b.eval("JSON.stringify(window.attnlabSteps.state)"))  # noqa: E731
+        canvas = lambda: b.eval("document.getElementById('matrix').toDataURL()")  # noqa: E731
+        assert state()["frame"] == 4 and state()["draws"] >= 1  # opens at the last snapshot
+        last = canvas()
+        b.eval("window.attnlabSteps.setFrame(0)")
+        assert state()["frame"] == 0 and canvas() != last
+        assert "step 0 (1 of 5)" in b.eval("document.getElementById('status').textContent")
+        first_head = canvas()
+        b.eval("(() => { const s = document.getElementById('head'); s.value = '3'; "
+               "s.dispatchEvent(new Event('change')) })()")  # fmt: skip
+        assert state()["head"] == 3 and canvas() != first_head
+        b.drain(0.3)
+        assert b.errors() == []
