@@ -294,3 +294,24 @@ def test_step_slider_in_chromium_redraws_the_head_at_each_step(whole, tmp_path):
         assert state()["head"] == 3 and canvas() != first_head
         b.drain(0.3)
         assert b.errors() == []
+
+
+@pytest.mark.slow
+def test_induction_on_a_text_file_repeats_stretches_of_its_held_out_text(data_dir, tmp_path,
+                                                                         capsys):  # fmt: skip
+    from attnlab.tasks import open_task
+
+    out = tmp_path / "text"
+    args = ["train", "--task", "induction", "--data", str(data_dir / "corpus.txt"), "--out",
+            str(out), "--block-size", "16", "--d-model", "16", "--max-iters", "4", "--quiet"]  # fmt: skip
+    assert main(args) == 0
+    assert ckpt.snapshot_steps(out) == [0, 1, 2, 3, 4]  # max_iters // 40, at least 1
+    task = open_task(out, with_data=True)
+    x = task.eval_sequences(5)
+    text = task.tokenizer.decode(task.val_tokens.tolist())
+    for row in x:
+        assert torch.equal(row[:8], row[8:]) and task.tokenizer.decode(row[:8].tolist()) in text
+    capsys.readouterr()
+    assert main(["eval", str(out), "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["half"] == 8 and r["loss_first_half"] > 0 and r["loss_repeated_half"] > 0
