@@ -9,7 +9,8 @@ library, as the verbs do:
                heads named so (``attnlab heads``)
     eval       the in-context loss: next-token loss on the first half and on the repeated half
                of 64 sequences r r (r of 32 random tokens), and with the named induction heads,
-               the named previous-token heads, ablated (``attnlab eval --ablate``)
+               the named previous-token heads, zero-ablated (``attnlab eval --ablate``, through
+               ``attnlab.interventions.ablate``)
     timeline   the step where the induction score rose fastest and the step where the
                repeated-half loss fell fastest (``attnlab timeline``)
     composition  K-, Q- and V-composition (Elhage et al.) of the previous-token head with the
@@ -55,6 +56,7 @@ def measure(run: Path) -> dict:
     from attnlab.checkpoint import load_run
     from attnlab.inspect.heads import heads_of_run
     from attnlab.inspect.timeline import timeline
+    from attnlab.interventions import ablate
     from attnlab.tasks import open_task
 
     report = heads_of_run(run)
@@ -66,8 +68,14 @@ def measure(run: Path) -> dict:
     model, _ = load_run(run)
     clean = task.evaluate_in_context(model)
     lnv = clean["ln_vocab"]
-    ablate_ind = task.evaluate_in_context(model, ablate=",".join(ind)) if ind else None
-    ablate_prev = task.evaluate_in_context(model, ablate=",".join(prev)) if prev else None
+
+    def ablated(heads: list[str]) -> dict | None:
+        if not heads:
+            return None
+        with ablate(model, heads=",".join(heads), mode="zero"):
+            return task.evaluate_in_context(model)
+
+    ablate_ind, ablate_prev = ablated(ind), ablated(prev)
     tl = timeline(run)
     rise, fall = tl.fastest.get("induction"), tl.fastest.get("in-context loss")
     comp = report.composition or []

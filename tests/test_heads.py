@@ -13,13 +13,11 @@ from hypothesis import strategies as st
 from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.heads import (
     SCORES,
-    ablated,
     composition,
     composition_scores,
     head_matrices,
     head_scores,
     kind_of,
-    parse_heads,
     repeated_tokens,
     run_probe,
     score_heads,
@@ -183,35 +181,29 @@ def test_score_heads_refuses_a_model_without_self_attention():
         score_heads(model, n=2)
 
 
-# -- ablation through the hooks --------------------------------------------------------------
+# -- ablating what the scores name -------------------------------------------------------------
 
 
 @pytest.mark.parametrize("heads", [[(0, 1)], [(1, 0), (1, 1)], [(0, 0), (1, 1)]])
-def test_zero_ablation_equals_removing_the_heads_columns_of_w_o(heads):
-    """Zeroing head h's output z is the same as zeroing its d_v columns of W_O."""
+def test_ablating_heads_of_an_attention_only_gpt_removes_their_columns_of_w_o(heads):
+    """The names ``heads`` reports ("1.0") are what interventions.ablate takes; zeroing head
+    h's output z is the same as zeroing its d_v columns of W_O."""
+    from attnlab.interventions import ablate
+
     model = attn_only()
     x = torch.randint(0, 32, (3, 16))
+    names = [r["name"] for r in score_heads(model, n=2).rows]
     spec = ",".join(f"{layer}.{h}" for layer, h in heads)
-    with torch.no_grad(), ablated(model, parse_heads(spec, model)):
+    assert set(spec.split(",")) <= set(names)
+    with torch.no_grad(), ablate(model, heads=spec, mode="zero"):
         edited = model(x)
-    plain = model(x)
     cut = attn_only()
     D = 32  # head width of the preset (64 / 2)
     with torch.no_grad():
         for layer, h in heads:
             cut.blocks[layer].attn.out_proj.weight[:, h * D : (h + 1) * D] = 0
     torch.testing.assert_close(edited, cut(x), atol=1e-5, rtol=1e-5)
-    assert not torch.allclose(edited, plain)
-    torch.testing.assert_close(model(x), plain)  # the edit is gone after the block
-
-
-def test_parse_heads_names_what_is_wrong():
-    model = attn_only()
-    assert parse_heads("1.0,1.1,1.0", model) == {"blocks.1.attn.z": [0, 1]}
-    for bad, msg in (("2.0", "no layer 2"), ("0.5", "heads 0..1"), ("x", "LAYER.HEAD"),
-                     ("", "at least one head")):  # fmt: skip
-        with pytest.raises(InspectError, match=msg):
-            parse_heads(bad, model)
+    assert not torch.allclose(edited, model(x))
 
 
 # -- composition -----------------------------------------------------------------------------

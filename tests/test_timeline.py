@@ -209,8 +209,8 @@ def test_timeline_and_heads_refuse_in_one_line(data_dir, tmp_path, capsys):
         (["timeline", str(run), "--png", str(tmp_path / "x.jpg")], "expected a .png"),
         (["timeline", str(tmp_path / "nope")], "no such run directory"),
         (["heads", str(lstm)], "no self-attention heads"),
-        (["eval", str(run), "--data", str(data_dir / "corpus.txt"), "--ablate", "0.0"],
-         "eval --ablate scores induction runs"),
+        (["heads", str(run), "Some text"], "TEXT goes with --importance"),
+        (["heads", str(run), "--importance", "--all"], "--all go with the head scores"),
     ):  # fmt: skip
         assert main(argv) == 2, argv
         out, err = capsys.readouterr()
@@ -241,11 +241,12 @@ def test_eval_of_an_induction_run_reports_both_halves_with_and_without_ablation(
     assert set(clean) >= {"loss_first_half", "loss_repeated_half", "ln_vocab"}
     assert clean["ln_vocab"] == pytest.approx(torch.log(torch.tensor(8.0)).item())
     assert main(["eval", str(whole), "--json", "--ablate", "1.0,1.1", "--mode", "mean"]) == 0
-    ablated = json.loads(capsys.readouterr().out)
-    assert ablated["ablated"] == "1.0,1.1" and ablated["mode"] == "mean"
-    assert ablated["loss_repeated_half"] != clean["loss_repeated_half"]
+    r = json.loads(capsys.readouterr().out)
+    assert r["heads"] == ["1.0", "1.1"] and r["mode"] == "mean"
+    assert r["intact"]["loss_repeated_half"] == pytest.approx(clean["loss_repeated_half"])
+    assert r["ablated"]["loss_repeated_half"] != r["intact"]["loss_repeated_half"]
     assert main(["eval", str(whole), "--ablate", "1.7"]) == 2
-    assert "layer 1 has heads 0..1" in capsys.readouterr().err
+    assert "1.7" in capsys.readouterr().err
 
 
 # -- the step slider of `explore --steps` -------------------------------------------------------

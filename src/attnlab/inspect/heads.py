@@ -22,13 +22,13 @@ shows what the heads do on real input. A head is named after the score that is f
 its threshold (``THRESHOLDS``), on the repeated tokens.
 
 Used by training snapshots (``attnlab.training.snapshots``), ``attnlab heads`` and
-``attnlab timeline``. ``composition_scores`` gives Elhage et al.'s Q-, K- and V-composition
-between the heads of consecutive layers, read from the weights alone.
+``attnlab timeline``; a head named here is ablated with ``attnlab.interventions.ablate``.
+``composition_scores`` gives Elhage et al.'s Q-, K- and V-composition between the heads of
+consecutive layers, read from the weights alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -223,84 +223,6 @@ def half_losses(logits: Tensor, x: Tensor) -> tuple[float, float]:
         logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none"
     )  # (B, 2P - 1): position t predicts x[t + 1]
     return float(nll[:, : P - 1].mean()), float(nll[:, P - 1 :].mean())
-
-
-# ---------------------------------------------------------------------------------------------
-# Ablation through the hooks (zero or mean a head's output z before W_O mixes the heads)
-# ---------------------------------------------------------------------------------------------
-
-
-def parse_heads(spec: str | list, model: nn.Module) -> dict[str, list[int]]:
-    """``"1.0,1.1"`` (layer.head; an encoder-decoder: ``decoder.1.0``) -> {z hook name: heads}.
-    Every layer and head is checked against the model: an InspectError names the bad one."""
-    items = spec if isinstance(spec, list) else [s.strip() for s in str(spec).split(",")]
-    points = hooks.hook_points(model)
-    out: dict[str, list[int]] = {}
-    for item in items:
-        if not item:
-            continue
-        parts = item.split(".")
-        *stack, layer, head = parts if len(parts) in (2, 3) else ("x", "x")
-        if not (layer.isdigit() and head.isdigit()):
-            raise InspectError(f"--ablate {item!r}: expected LAYER.HEAD (e.g. 1.0)")
-        prefix = f"{stack[0]}.blocks" if stack else "blocks"
-        name = f"{prefix}.{int(layer)}.attn.z"
-        if name not in points:
-            layers = sorted({int(n.split(".")[-3]) for n in points
-                             if n.startswith(prefix + ".") and n.endswith(".attn.z")})  # fmt: skip
-            if not layers:
-                raise InspectError(f"--ablate {item!r}: this model has no {prefix}.N attention")
-            raise InspectError(f"--ablate {item!r}: no layer {layer}; layers are "
-                               f"{layers[0]}..{layers[-1]}")  # fmt: skip
-        n_heads = _heads_at(model, name)
-        if int(head) >= n_heads:
-            raise InspectError(f"--ablate {item!r}: layer {layer} has heads 0..{n_heads - 1}")
-        out.setdefault(name, [])
-        if int(head) not in out[name]:
-            out[name].append(int(head))
-    if not out:
-        raise InspectError("--ablate: name at least one head, LAYER.HEAD")
-    return out
-
-
-def _heads_at(model: nn.Module, z_name: str) -> int:
-    module = model.get_submodule(z_name.rsplit(".", 1)[0])
-    return int(module.n_heads)
-
-
-@contextlib.contextmanager
-def ablated(model: nn.Module, heads: dict[str, list[int]], mode: str = "zero",
-            means: dict[str, Tensor] | None = None):  # fmt: skip
-    """Inside the block, the heads ``heads`` ({z hook name: head indices}, see ``parse_heads``)
-    contribute nothing of their own: their output z (B, H, T, d_v) is replaced by 0 (``zero``)
-    or by its mean over the batch and positions of a reference run (``mean``: ``means`` holds
-    that mean per hook name, (H, d_v)). What the head would have written is gone; W_O's bias
-    and the other heads are untouched."""
-    if mode not in ("zero", "mean"):
-        raise InspectError(f"ablation mode must be zero or mean, got {mode!r}")
-
-    def edit_for(name: str, idx: list[int]):
-        def edit(z: Tensor, _name: str) -> Tensor:
-            z = z.clone()
-            if mode == "zero":
-                z[:, idx] = 0.0
-            else:
-                z[:, idx] = means[name][idx][None, :, None, :].to(z.dtype)  # (1, h, 1, d_v)
-            return z
-
-        return edit
-
-    with hooks.record(model, names=[], edit={n: edit_for(n, i) for n, i in heads.items()}):
-        yield
-
-
-@torch.no_grad()
-def mean_outputs(model: nn.Module, x: Tensor, names: list[str]) -> dict[str, Tensor]:
-    """Each head's mean output z over a reference batch: {z hook name: (H, d_v)} (what ``mean``
-    ablation puts in its place)."""
-    with hooks.record(model, names=names) as cache:
-        probe_forward(model)(x)
-    return {n: cache[n].float().mean(dim=(0, 2)) for n in names}
 
 
 # ---------------------------------------------------------------------------------------------

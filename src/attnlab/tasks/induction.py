@@ -21,8 +21,8 @@ occurrence of the current one. With 4 heads of width 16 per layer the previous-t
 split over several layer-0 heads (none above 0.44); with 2 heads of width 32 one head does it
 (0.5-0.6) and the circuit forms in 200-400 steps at lr 2e-3.
 
-``evaluate_in_context(model, ablate=...)`` is what ``attnlab eval`` reports, with heads
-ablated (``attnlab.inspect.heads.ablated``) or not.
+``evaluate_in_context(model)`` is what ``attnlab eval`` reports; ``eval --ablate`` reports the
+same figures (``evaluate``) intact and with heads ablated (``attnlab.interventions``).
 """
 
 from __future__ import annotations
@@ -201,31 +201,22 @@ class Induction(LanguageModel):
     # -- figures -------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def evaluate_in_context(self, model, ablate: str | None = None, mode: str = "zero",
-                            n: int = EVAL_SEQUENCES) -> dict:  # fmt: skip
-        """The next-token loss on each half of ``n`` once-repeated sequences; with ``ablate``
-        ("1.0,1.1") those heads ablated (``mode`` zero or mean: see
-        ``attnlab.inspect.heads.ablated``). Also ln V, the loss of a uniform guess."""
+    def evaluate_in_context(self, model, n: int = EVAL_SEQUENCES) -> dict:
+        """The next-token loss on each half of ``n`` once-repeated sequences, and ln V (the
+        loss of a uniform guess). With heads ablated: run it inside
+        ``attnlab.interventions.ablate(model, heads="1.0,1.1")`` (what ``eval --ablate``
+        does, through ``evaluate``)."""
         device = next(model.parameters()).device
         x = self.eval_sequences(n).to(device)
         was = model.training
         model.eval()
         try:
-            if ablate:
-                heads = head_tools.parse_heads(ablate, model)
-                means = head_tools.mean_outputs(model, x, list(heads)) if mode == "mean" else None
-                with head_tools.ablated(model, heads, mode, means):
-                    first, repeated = head_tools.half_losses(model(x), x)
-            else:
-                first, repeated = head_tools.half_losses(model(x), x)
+            first, repeated = head_tools.half_losses(model(x), x)
         finally:
             model.train(was)
-        out = {"loss_first_half": first, "loss_repeated_half": repeated,
-               "ln_vocab": math.log(model.config.vocab_size), "sequences": n,
-               "half": x.size(1) // 2}  # fmt: skip
-        if ablate:
-            out.update(ablated=ablate, mode=mode)
-        return out
+        return {"loss_first_half": first, "loss_repeated_half": repeated,
+                "ln_vocab": math.log(model.config.vocab_size), "sequences": n,
+                "half": x.size(1) // 2}  # fmt: skip
 
     def evaluate(self, model, val_loss):
         r = self.evaluate_in_context(model)
