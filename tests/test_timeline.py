@@ -34,21 +34,37 @@ def data_dir(tmp_path_factory):
 # -- where a series changed fastest ------------------------------------------------------------
 
 
-def test_fastest_change_finds_the_biggest_step_up_or_down():
+def test_fastest_change_is_the_midpoint_of_the_rise_or_fall():
     steps = [0, 10, 20, 30, 40]
-    rise = fastest_change(steps, [0.1, 0.15, 0.6, 0.7, 0.72])
+    rise = fastest_change(steps, [0.1, 0.15, 0.6, 0.7, 0.72])  # half way: 0.41
     assert rise["step"] == 20 and rise["from"] == 0.15 and rise["to"] == 0.6
-    assert rise["change"] == pytest.approx(0.45)
-    fall = fastest_change(steps, [4.2, 4.1, 3.0, 1.0, 0.9], rise=False)
-    assert fall["step"] == 30 and fall["change"] == pytest.approx(-2.0)
+    assert rise["change"] == pytest.approx(0.62)
+    fall = fastest_change(steps, [4.2, 4.1, 3.0, 1.0, 0.9], rise=False)  # half way: 2.55
+    assert fall["step"] == 30 and fall["change"] == pytest.approx(-3.3)
 
 
-def test_fastest_change_skips_gaps_ignores_the_other_direction_and_keeps_the_first_tie():
+def test_fastest_change_of_a_sigmoid_is_its_steepest_point_whatever_the_noise():
+    """A logistic rise centred on step c, sampled every 25 steps with noise, drifting slowly
+    afterwards: the midpoint lands within one interval of c."""
+    import math
+    import random
+
+    rng = random.Random(0)
+    for c in (150, 260, 410):
+        steps = list(range(0, 1001, 25))
+        ys = [0.05 + 0.7 / (1 + math.exp(-(s - c) / 30)) + 0.0001 * s + rng.gauss(0, 0.01)
+              for s in steps]  # fmt: skip
+        assert abs(fastest_change(steps, ys)["step"] - c) <= 25
+        down = [4.2 - y * 5 for y in ys]
+        assert abs(fastest_change(steps, down, rise=False)["step"] - c) <= 25
+
+
+def test_fastest_change_skips_gaps_and_ignores_the_other_direction():
     steps = [0, 5, 10, 15, 20]
-    gap = fastest_change(steps, [0.0, None, 0.5, 0.75, 1.0])  # no interval across the gap
-    assert gap["step"] == 15 and gap["change"] == 0.25  # two equal rises: the first
+    gap = fastest_change(steps, [0.0, None, 0.25, 0.75, 1.0])
+    assert gap["step"] == 15 and gap["from"] == 0.25  # the value before, across the gap
     assert fastest_change(steps, [1.0, 0.8, 0.5, 0.2, 0.1]) is None  # never rose
-    assert fastest_change(steps, [0.0, 0.25, 0.5, 0.75, 1.0])["step"] == 5
+    assert fastest_change(steps, [0.0, 0.5, 0.5, 0.5, 0.5])["step"] == 5
     assert fastest_change([0], [0.3]) is None
     assert fastest_change(steps, [float("nan")] * 5) is None
 
