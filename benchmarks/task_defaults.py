@@ -41,6 +41,7 @@ def runs(text: str) -> dict[str, list[str]]:
             "lstm-attention",
         ],
         "digits": ["--task", "classify", "--data", "digits", "--arch", "vit"],
+        "induction": ["--task", "induction"],
     }
 
 
@@ -59,6 +60,9 @@ def figure(name: str, run: Path) -> str:
         return f"masked accuracy {m['val_masked_accuracy']:.1%} (val loss {m['val_loss']:.3f})"
     if name == "classify":
         return f"held-out accuracy {m['val_accuracy']:.1%} ({m['val_correct']}/{m['val_examples']})"
+    if name == "induction":
+        return (f"repeated-half loss {m['loss_repeated_half']:.3f} nats, first half "
+                f"{m['loss_first_half']:.3f} (ln 64 = 4.159)")  # fmt: skip
     if name == "digits":
         return f"test accuracy {cfg['test_accuracy']:.1%} ({cfg['test_correct']}/{cfg['n_test']})"
     r = attnlab("eval", str(run), "--json")  # the test split, never trained on

@@ -24,6 +24,11 @@ TASKS = {
         COPY,
         ["--arch", "lstm-attention", "--d-model", "16", "--dropout", "0.1"],
     ),  # fmt: skip
+    "induction": (
+        "induction",
+        "repeat:vocab=8,min_period=2,max_period=6",
+        ["--d-model", "16", "--n-head", "2", "--block-size", "16", "--dropout", "0.1"],
+    ),  # fmt: skip
     "vit": (
         "classify",
         "digits",

@@ -28,9 +28,10 @@ IDS = list(TASKS)
 SCHEDULE = ["--warmup-iters", "2", "--lr-decay-iters", "8", "--eval-interval", "2",
             "--checkpoint-seconds", "0"]  # fmt: skip
 UNITS = {"lm": "tokens", "mlm": "tokens", "classify": "examples", "transformer": "pairs",
-         "lstm-attention": "pairs", "vit": "images"}  # fmt: skip
+         "lstm-attention": "pairs", "vit": "images", "induction": "tokens"}  # fmt: skip
 HEADLINE = {"lm": "val_bpc", "mlm": "val_masked_accuracy", "classify": "val_accuracy",
-            "transformer": "val_exact", "lstm-attention": "val_exact", "vit": "val_accuracy"}  # fmt: skip
+            "transformer": "val_exact", "lstm-attention": "val_exact", "vit": "val_accuracy",
+            "induction": "loss_repeated_half"}  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -263,7 +264,8 @@ def test_kill_9_while_installing_a_checkpoint_leaves_a_run_that_loads_and_resume
 
 
 PROBES = {"lm": "First", "mlm": "Spe[MASK]k.", "classify": "the day was good indeed",
-          "transformer": "abcd", "lstm-attention": "abcd", "vit": "test:0"}  # fmt: skip
+          "transformer": "abcd", "lstm-attention": "abcd", "vit": "test:0",
+          "induction": "0123012"}  # fmt: skip
 
 
 @pytest.mark.slow
@@ -284,7 +286,7 @@ def test_a_run_rebuilds_its_task_which_scores_and_predicts_as_in_training(task_i
     if task_id in ("classify", "vit"):
         assert {c["label"] for c in pred["classes"]} <= set(cfg["labels"])
         assert len(pred["classes"]) == 2 and 0 < sum(c["p"] for c in pred["classes"]) <= 1 + 1e-6
-    elif task_id == "lm":
+    elif task_id in ("lm", "induction"):
         assert len(pred["next"]) == 2 and pred["next"][0]["p"] >= pred["next"][1]["p"]
     elif task_id == "mlm":
         assert len(pred["masks"]) == 1 and len(pred["masks"][0]) == 2

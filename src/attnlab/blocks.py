@@ -4,7 +4,9 @@ A block is two sublayers, each wrapped in a residual connection and a LayerNorm:
     pre-norm  (GPT-2, default):  x = x + Sublayer(LN(x))
     post-norm (the paper, BERT): x = LN(x + Sublayer(x))
 The sublayers are (masked) self-attention, optionally cross-attention over an encoder's output,
-then a position-wise feed-forward network FFN(x) = W_2 act(W_1 x + b_1) + b_2.
+then a position-wise feed-forward network FFN(x) = W_2 act(W_1 x + b_1) + b_2. An
+attention-only block (``mlp=False``, the models of Elhage et al. 2021) has no FFN sublayer:
+x = x + Attention(LN(x)) is all it does.
 """
 
 from __future__ import annotations
@@ -42,11 +44,12 @@ class FeedForward(nn.Module):
 
 
 class Block(nn.Module):
-    """Self-attention (causal or not), optional cross-attention, then the feed-forward network.
+    """Self-attention (causal or not), optional cross-attention, then the feed-forward network
+    (none when ``mlp=False``: an attention-only block).
 
     Recorded: resid_pre, ln1 (normalised input to attention), attn.*, resid_mid (after
-    attention), cross.* and resid_cross when cross-attending, ln2, mlp.hidden, mlp_out,
-    resid_post (after the feed-forward network).
+    attention), cross.* and resid_cross when cross-attending, ln2, mlp.hidden, mlp_out (with
+    an FFN), resid_post (the block's output).
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class Block(nn.Module):
         ln_eps: float = 1e-5,
         bias: bool = True,
         rotary: nn.Module | None = None,
+        mlp: bool = True,
     ):
         super().__init__()
         self.causal = causal
@@ -74,12 +78,18 @@ class Block(nn.Module):
             self.hook_resid_cross = Hook()
         else:
             self.cross = None
-        self.ln2 = nn.LayerNorm(d_model, eps=ln_eps, bias=bias)
-        self.mlp = FeedForward(d_model, d_ff or 4 * d_model, activation, bias)
+        if mlp:
+            self.ln2 = nn.LayerNorm(d_model, eps=ln_eps, bias=bias)
+            self.mlp = FeedForward(d_model, d_ff or 4 * d_model, activation, bias)
+        else:
+            self.ln2 = self.mlp = None  # attention-only
         # residual dropout; with p = 0 an Identity (F.dropout's call costs ~5 us per sublayer,
         # a few percent of a one-token decoding step)
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        for name in ("resid_pre", "ln1", "resid_mid", "ln2", "mlp_out", "resid_post"):
+        names = ("resid_pre", "ln1", "resid_mid", "resid_post") + (
+            ("ln2", "mlp_out") if mlp else ()
+        )
+        for name in names:
             setattr(self, f"hook_{name}", Hook())
 
     def _sublayer(self, x, ln, fn, hook_ln=None):
@@ -104,16 +114,19 @@ class Block(nn.Module):
         if self.cross is not None:
             cross = lambda h: self.cross(h, kv=memory, mask=memory_mask, cache=cross_cache)
             x = self.hook_resid_cross(self._sublayer(x, self.ln_cross, cross))
-        mlp = lambda h: self.hook_mlp_out(self.mlp(h))
-        x = self.hook_resid_post(self._sublayer(x, self.ln2, mlp, self.hook_ln2))
-        return x
+        if self.mlp is not None:
+            mlp = lambda h: self.hook_mlp_out(self.mlp(h))
+            x = self._sublayer(x, self.ln2, mlp, self.hook_ln2)
+        return self.hook_resid_post(x)
 
 
 def block_stack(c, causal: bool, rotary: nn.Module | None = None) -> nn.ModuleList:
     """``c.n_layer`` Blocks sized by a model config (d_model, n_head, d_ff, dropout, norm_first,
-    activation, ln_eps, bias): the stack of a GPT (causal), a BERT-style encoder or a ViT."""
+    activation, ln_eps, bias, and ``mlp`` where the config has it): the stack of a GPT
+    (causal), a BERT-style encoder or a ViT."""
+    mlp = getattr(c, "mlp", True)
     return nn.ModuleList(
         Block(c.d_model, c.n_head, c.d_ff, c.dropout, causal=causal, norm_first=c.norm_first,
-              activation=c.activation, ln_eps=c.ln_eps, bias=c.bias, rotary=rotary)
+              activation=c.activation, ln_eps=c.ln_eps, bias=c.bias, rotary=rotary, mlp=mlp)
         for _ in range(c.n_layer)
     )  # fmt: skip

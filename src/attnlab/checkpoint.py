@@ -10,6 +10,7 @@ last section here):
     trainer_state.json      step, train config, RNG states, data position, best metric so far
     best/                   config.json, tokenizer.json, model.safetensors of the best evaluation
     metrics.jsonl, loss.png one JSON line per log or evaluation; the loss curve
+    snapshots/              attention and head scores every --snapshot-every steps
 
 Every file is written to a temporary name in the same directory, fsynced, then renamed, so a
 crash never leaves half a file. Only safetensors and JSON are ever read: nothing is unpickled.
@@ -851,6 +852,7 @@ OPTIMIZER_FILE = "optimizer.safetensors"
 STATE_FILE = "trainer_state.json"
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "loss.png"
+SNAPSHOT_DIR, SNAPSHOT_PREFIX = "snapshots", "step-"  # snapshots/step-00000250.safetensors
 STAGING, READY = "ckpt-tmp", "ckpt-ready"
 CHECKPOINT_FILES = (OPTIMIZER_FILE, MODEL_FILE, STATE_FILE)  # install order: state last
 # what makes a directory a run (one of these, and starting a new run there is refused)
@@ -923,7 +925,7 @@ def remove_partial_run(run_dir: str | Path, created: bool, names: tuple[str, ...
         for tmp in d.glob(f".{name}.*tmp"):
             tmp.unlink(missing_ok=True)
     shutil.rmtree(d / "best", ignore_errors=True)
-    for name in (STAGING, READY):
+    for name in (STAGING, READY, SNAPSHOT_DIR):
         shutil.rmtree(d / name, ignore_errors=True)
 
 
@@ -1088,3 +1090,70 @@ def clear_metrics(run_dir: str | Path) -> None:
     """A run starting from step 0 begins with no metrics and no curve."""
     for name in (METRICS_FILE, CURVE_FILE):
         (Path(run_dir) / name).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training snapshots: attention and head scores recorded during training
+# (written by attnlab.training.snapshots, read by attnlab timeline)
+# ---------------------------------------------------------------------------------------------
+
+
+def snapshot_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / SNAPSHOT_DIR / f"{SNAPSHOT_PREFIX}{step:08d}.safetensors"
+
+
+def write_snapshot(run_dir: str | Path, step: int, tensors: dict[str, torch.Tensor],
+                   meta: dict) -> Path:  # fmt: skip
+    """``snapshots/step-NNNNNNNN.safetensors``: ``tensors`` and ``meta`` (JSON, in the file's
+    metadata), written whole or not at all."""
+    path = snapshot_path(run_dir, step)
+    path.parent.mkdir(exist_ok=True)
+    save_tensors(path, tensors, {"format": "pt", "snapshot": json.dumps({"step": step, **meta})})
+    return path
+
+
+def snapshot_steps(run_dir: str | Path) -> list[int]:
+    """The steps that have a snapshot, in order."""
+    d = Path(run_dir) / SNAPSHOT_DIR
+    steps = []
+    for p in d.glob(f"{SNAPSHOT_PREFIX}*.safetensors") if d.is_dir() else ():
+        number = p.name[len(SNAPSHOT_PREFIX) : -len(".safetensors")]
+        if number.isdigit():
+            steps.append(int(number))
+    return sorted(steps)
+
+
+def read_snapshot(run_dir: str | Path, step: int, keys=None) -> tuple[dict, dict]:
+    """(meta, tensors) of the snapshot of ``step``: every tensor, or those whose name starts
+    with one of ``keys`` (the scores alone, without the patterns). A RunError names a damaged
+    file."""
+    from safetensors import safe_open
+
+    path = snapshot_path(run_dir, step)
+    try:
+        with safe_open(str(path), "pt") as f:
+            meta = json.loads((f.metadata() or {}).get("snapshot", "null"))
+            names = [k for k in f.keys() if keys is None or k.startswith(tuple(keys))]  # noqa: SIM118
+            tensors = {k: f.get_tensor(k) for k in names}
+    except FileNotFoundError:
+        raise RunError(f"{path}: file not found") from None
+    except Exception as e:  # safetensors' own error types, bad JSON
+        raise RunError(f"{path}: not a valid snapshot ({_short(e)})") from None
+    if not isinstance(meta, dict) or meta.get("step") != step:
+        raise RunError(f"{path}: not a valid snapshot (its metadata names no step {step})")
+    return meta, tensors
+
+
+def truncate_snapshots(run_dir: str | Path, step: int) -> None:
+    """Remove the snapshots after ``step`` (a resumed run takes them again)."""
+    for s in snapshot_steps(run_dir):
+        if s > step:
+            snapshot_path(run_dir, s).unlink(missing_ok=True)
+    d = Path(run_dir) / SNAPSHOT_DIR
+    for tmp in d.glob(".*.tmp") if d.is_dir() else ():
+        tmp.unlink(missing_ok=True)
+
+
+def clear_snapshots(run_dir: str | Path) -> None:
+    """A run starting from step 0 begins with no snapshots."""
+    shutil.rmtree(Path(run_dir) / SNAPSHOT_DIR, ignore_errors=True)

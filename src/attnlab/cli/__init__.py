@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision", "intervene")
+AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline")
 
 
 class UsageError(ValueError):

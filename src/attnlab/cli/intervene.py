@@ -12,7 +12,7 @@ import functools
 import sys
 from pathlib import Path
 
-from attnlab.cli import UsageError
+from attnlab.cli import UsageError, int_at_least
 
 
 def _user_errors(fn):
@@ -180,9 +180,18 @@ def cmd_heads(args) -> int:
     from attnlab.interventions import corpus_loss, head_importance, text_loss
     from attnlab.interventions.importance import inputs_loss
 
+    if not args.importance:  # every head's scores and kind (cli/timeline.py)
+        from attnlab.cli.timeline import cmd_head_scores
+
+        given = [o for o, v in (("TEXT", args.text), ("--data", args.data), ("--inputs", args.inputs),
+                                ("--png", args.png), ("--no-prune", args.no_prune)) if v]  # fmt: skip
+        if given:
+            raise UsageError(f"{given[0]} goes with --importance; without it, heads scores every "
+                             "head on repeated random tokens and the run's held-out sample")  # fmt: skip
+        return cmd_head_scores(args)
+    if args.all or args.sequences != 16:
+        raise UsageError("--sequences and --all go with the head scores, not --importance")
     args._png = _png(args.png)
-    if not args.importance:
-        raise UsageError("say what to compute about the heads: --importance")
     given = [x for x in (args.text, args.data, args.inputs) if x is not None]
     if len(given) > 1:
         raise UsageError("--importance measures the loss on TEXT, on --data FILE (a GPT: windows "
@@ -300,8 +309,14 @@ def register(sub) -> None:
     position(p)
     p.set_defaults(func=cmd_attribute)
 
-    p = sub.add_parser("heads", help="facts about every head: --importance",
-                       description="--importance: the loss change when each head is ablated "
+    p = sub.add_parser("heads", help="every head's scores (previous-token, induction, ...) and "
+                       "kind; --importance: the loss without it",
+                       description="Without --importance: score every self-attention head on "
+                       "random token sequences repeated once (and on a held-out sample of the "
+                       "run's data): previous-token, duplicate-token, induction, first-token "
+                       "(sink), self, entropy, each in [0, 1]; name each head after the score "
+                       "over its threshold; Q/K/V composition between consecutive layers. "
+                       "--importance: the loss change when each head is ablated "
                        "(a table and a heatmap), then pruning by that ranking with the loss "
                        "after each removal (a curve). The loss is measured on TEXT, --data or "
                        "--inputs; given none, on the run's held-out split, as training "
@@ -319,5 +334,11 @@ def register(sub) -> None:
     p.add_argument("--no-prune", action="store_true", help="skip the pruning curve")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--png", metavar="FILE", help="heatmap and pruning curve")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as JSON (the scores: [{layer, head, scores, kind}])")  # fmt: skip
+    p.add_argument("--sequences", type=int_at_least(1), default=16,
+                   help="scores: random sequences r r (default 16)")  # fmt: skip
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="scores: their seed")
+    p.add_argument("--all", action="store_true",
+                   help="scores with --json: also the sample scores, losses and composition")  # fmt: skip
     p.set_defaults(func=cmd_heads)

@@ -187,9 +187,14 @@ def eval_(args: argparse.Namespace) -> int:
     from attnlab import data
     from attnlab.checkpoint import read_run_config
 
-    model_type = read_run_config(args.run).get("model_type")
+    cfg = read_run_config(args.run)
+    model_type = cfg.get("model_type")
     if args.ablate:
         return _eval_ablated(args, model_type)
+    if cfg.get("task") == "induction" and args.data is None:  # in-context loss on r r
+        from attnlab.cli.timeline import eval_induction
+
+        return eval_induction(args)
     if model_type in ("seq2seq", "rnn"):
         from attnlab.cli.seq2seq import evaluate
 
@@ -370,7 +375,7 @@ def register(sub) -> None:
     a("--beam", type=int, default=1, help="seq2seq: beam width (1 = greedy)")
     a("--alpha", type=float, default=0.6, help="seq2seq: length penalty exponent")
     a("--limit", type=int, default=0, help="seq2seq: evaluate only the first N pairs")
-    a("--json", action="store_true", help="seq2seq and --ablate: print one JSON object")
+    a("--json", action="store_true", help="seq2seq, induction and --ablate: print one JSON object")
     a("--ablate", metavar="L.H[,L.H...]",
       help="the figures intact and with these heads ablated (1.2; decoder.0.1, cross.1.0, "
       "encoder.0.3 in an encoder-decoder; context for an LSTM); without --data, on the run's "

@@ -134,6 +134,19 @@ def cmd_explore(args) -> int:
     from attnlab.inspect.explorer import explore
 
     out = _out_path(args.html, ".html", "--html")
+    if args.steps:  # the run's snapshots on a step slider: no text, no forward pass
+        from attnlab.inspect.step_explorer import explore_steps
+
+        if args.text is not None or args.interventions:
+            what = "TEXT" if args.text is not None else "--interventions"
+            raise UsageError(
+                f"--steps shows the run's snapshots on their own probes: give no {what}"
+            )
+        explore_steps(args.run).save(out)
+        _wrote(out, "step explorer")
+        return 0
+    if args.text is None:
+        raise UsageError("explore needs TEXT (or --steps for the run's snapshots over training)")
     model, tokenizer, rec = _record(args)
     tabs = _intervention_tabs(model, tokenizer, args) if args.interventions else None
     page = explore(
@@ -249,8 +262,16 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the whole table as JSON")
     p.set_defaults(func=cmd_influence)
 
-    p = sub.add_parser("explore", help="write a self-contained HTML explorer (no network)")
-    _run_and_text(p)
+    p = sub.add_parser(
+        "explore",
+        help="write a self-contained HTML explorer (no network)",
+        description="An offline page to explore TEXT's attention; or, with --steps, one "
+        "head's attention at every snapshot of a run (train --snapshot-every) on a step slider.",
+    )
+    p.add_argument("run", help="run directory (written by `attnlab train` or `import-hf`)")
+    p.add_argument("text", nargs="?", help="the text to run through the model")
+    p.add_argument("--steps", action="store_true",
+                   help="the run's snapshots on a step slider instead of TEXT")  # fmt: skip
     p.add_argument("--html", metavar="FILE", required=True, help="the page to write")
     p.add_argument(
         "--max-tokens",

@@ -72,10 +72,11 @@ def register(sub) -> None:
     from attnlab.tasks import TASKS
 
     a("--task", choices=list(TASKS), help="what to train (default lm; classify on images trains a ViT)")  # fmt: skip
-    a("--data", required=True,
+    a("--data",
       help="a text file, a directory of .txt files, a built-in corpus (shakespeare), a "
       "label<TAB>text or source<TAB>target file, a generated task (dates, copy, reverse, sort, "
-      "addition) or images (digits, DIR/<label>/*.png)")  # fmt: skip
+      "addition), repeating random tokens (--task induction: repeat, "
+      "repeat:vocab=64,min_period=8,max_period=40) or images (digits, DIR/<label>/*.png)")  # fmt: skip
     a("--out", help="run directory to write (default runs/<data name>)")
     a("--encoding", help="text encoding of the data files (utf-8)")
     a("--token-cache", metavar="DIR",
@@ -116,6 +117,9 @@ def register(sub) -> None:
     a("--device", help="cpu, cuda, or auto (auto)")
     a("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="autocast dtype (auto)")
     a("--compile", action="store_true", help="torch.compile the model")
+    a("--snapshot-every", type=int, metavar="N",
+      help="every N steps, record each head's attention and scores into snapshots/ (read by "
+      "attnlab timeline; 0: never; --task induction: max_iters // 40)")  # fmt: skip
     a("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     a("--quiet", action="store_true", help="no progress on stderr")
     # encoder-decoder and vision

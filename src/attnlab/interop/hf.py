@@ -300,6 +300,8 @@ def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
         problems.append("post-norm blocks (GPT-2 is pre-norm)")
     if not config.bias:
         problems.append("bias=False (GPT-2 has biases)")
+    if not config.mlp:
+        problems.append("attention-only blocks (every GPT-2 block has an MLP)")
     if config.activation not in GPT2_ACTIVATIONS:
         problems.append(f"activation={config.activation!r}")
     if problems:

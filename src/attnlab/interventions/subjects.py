@@ -328,7 +328,8 @@ class Subject:
         return p
 
     def _prepare_pair(self, text: str, like: Prepared | None) -> Prepared:
-        from attnlab.decoding import BOS, EOS, greedy, pad_ids
+        from attnlab.generation import greedy, pad_ids
+        from attnlab.tokenizers import BOS, EOS
 
         tok, dev = self.tokenizer, self.device
         src_ids = tok.encode_source(text)

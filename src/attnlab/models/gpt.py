@@ -2,6 +2,8 @@
 
 ids (B, T) -> token embedding (B, T, C) + positions -> n_layer causal blocks
            -> final LayerNorm -> LM head tied to the embedding -> logits (B, T, vocab)
+
+``GPTConfig(mlp=False)`` (the ``attn-only-2l`` preset) makes every block attention-only.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class GPTConfig(BaseConfig):
     activation: str = "gelu"
     ln_eps: float = 1e-5
     tie_weights: bool = True
+    mlp: bool = True  # False: attention-only blocks (no feed-forward network)
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
@@ -63,6 +66,11 @@ PRESETS: dict[str, dict] = {
     "baby": dict(n_layer=4, n_head=4, d_model=128, block_size=64),  # nanoGPT's CPU config
     "small": dict(n_layer=6, n_head=6, d_model=384, block_size=256),
     "gpt2": dict(n_layer=12, n_head=12, d_model=768, block_size=1024),
+    # Elhage et al. (2021)'s two-layer attention-only transformer, with rotary positions (with
+    # learned ones the induction task finds a positional shortcut: see attnlab.tasks.induction)
+    "attn-only-2l": dict(
+        n_layer=2, n_head=2, d_model=64, block_size=64, mlp=False, pos="rotary", tie_weights=False
+    ),
 }
 
 

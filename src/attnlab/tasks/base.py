@@ -39,6 +39,7 @@ TASKS: dict[str, str] = {
     "classify": "attnlab.tasks.classify:TextClassifier",
     "seq2seq": "attnlab.tasks.seq2seq:Seq2Seq",
     "vision": "attnlab.tasks.vision:ImageClassifier",
+    "induction": "attnlab.tasks.induction:Induction",
 }
 
 
@@ -158,6 +159,18 @@ class Task:
     def restore(self, cfg: dict) -> None:
         """What a run's config.json says that prediction needs without the data (the class
         names of a classifier)."""
+
+    @classmethod
+    def self_attention(cls, options: BaseConfig) -> bool:
+        """Does the model these options build have self-attention heads (what snapshots and
+        ``attnlab heads`` score)? An LSTM's attention reads the encoder from the decoder."""
+        return True
+
+    def sample_inputs(self, n: int, max_len: int) -> tuple[Tensor, bool] | None:
+        """A few held-out inputs, fixed, that the model's probe forward reads (see
+        ``attnlab.inspect.heads.probe_forward``): (inputs, True when they are token ids
+        (n, <= max_len)); None when the task has none to give."""
+        return None
 
     # -- what the Trainer calls ----------------------------------------------------------------
 

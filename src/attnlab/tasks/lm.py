@@ -230,6 +230,15 @@ class LanguageModel(Task):
     def loss(self, model, batch):
         return next_token_loss(model, batch)
 
+    def sample_inputs(self, n, max_len):
+        """The first ``n`` windows of the held-out text (of the training text if none is held
+        out), ``min(max_len, block_size)`` tokens each."""
+        tokens = self.val_tokens if len(self.val_tokens) > 1 else self.train_tokens
+        T = min(max_len, self.block_size, len(tokens))
+        n = max(1, min(n, len(tokens) // T))
+        rows = np.asarray(tokens[: n * T], dtype=np.int64).reshape(n, T)
+        return torch.from_numpy(rows), True
+
     def count(self, batch) -> int:
         return int(batch[0].numel())
 

@@ -157,6 +157,10 @@ class Seq2Seq(Task):
         self._t0 = time.monotonic()
 
     @classmethod
+    def self_attention(cls, options) -> bool:
+        return options.arch == "transformer"
+
+    @classmethod
     def defaults_for(cls, given: dict) -> dict:
         """The LSTMs learn dates more slowly than the Transformer: 3000 steps, not 2000."""
         arch = given.get("arch", "transformer") if isinstance(given, dict) else given.arch

@@ -121,6 +121,10 @@ class ImageClassifier(Task):
         x, y = batch
         return F.cross_entropy(model(x).float(), y)  # (B, n_classes) logits
 
+    def sample_inputs(self, n, max_len):
+        """The first ``n`` held-out images (B, C, H, W): their patches are the tokens."""
+        return self.images.images[self.val_idx[:n]], False
+
     def accuracy(self, model, idx) -> tuple[int, int]:
         X, Y = self.images.images, self.images.labels
         device = next(model.parameters()).device

@@ -50,6 +50,7 @@ class TrainConfig(BaseConfig):
     dtype: str = "auto"  # autocast: auto, float32, bfloat16, float16
     compile: bool = False
     compile_backend: str = "inductor"  # torch.compile backend ("aot_eager" compiles in seconds)
+    snapshot_every: int = 0  # record attention and head scores every N steps (0: never)
 
     def __post_init__(self):
         n = self.max_iters if isinstance(self.max_iters, int) else 0
@@ -71,7 +72,7 @@ class TrainConfig(BaseConfig):
         self._one_of("schedule", SCHEDULES)
         if self.schedule == "noam" and self.warmup_iters < 1:
             raise ConfigError("schedule noam needs warmup_iters >= 1")
-        for name in ("weight_decay", "grad_clip", "checkpoint_seconds"):
+        for name in ("weight_decay", "grad_clip", "checkpoint_seconds", "snapshot_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         self._fraction("beta1", "beta2")

@@ -22,6 +22,13 @@ checkpoint; also a checkpoint whenever ``checkpoint_seconds`` have passed since 
 run killed early still leaves one. A checkpoint is written whole or not at all
 (``attnlab.checkpoint.write_checkpoint``); rank 0 alone writes.
 
+Callbacks (``callbacks=``) see the run without the loop knowing what they do: each may define
+    on_open(trainer, resumed)   once the run directory is open (resumed: continuing a checkpoint)
+    on_step(trainer)            at every step, before its update (``trainer.step`` updates done,
+                                ``trainer.raw_model`` the model); also at the last step
+Training snapshots (``attnlab.training.snapshots``) are one. A callback must not draw from the
+global RNGs, so that a run with callbacks trains exactly as one without.
+
 SIGINT (Ctrl-C) and SIGTERM finish the step in progress, save it, and return with
 ``interrupted`` set to the signal's name; the same signal again stops at once. A NaN loss or
 gradient stops with a TrainingError; the last good checkpoint stays.
@@ -36,7 +43,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +100,10 @@ class Trainer:
         dist_info: DistInfo | None = None,
         quiet: bool = False,
         log: Callable[[str], None] | None = None,
+        callbacks: Sequence[Any] = (),
     ):
         self.config = c = config
+        self.callbacks = list(callbacks)
         self.task = task
         self.device = resolve_device(c.device)
         self.amp_dtype = resolve_dtype(c.dtype, self.device)
@@ -435,6 +444,7 @@ class Trainer:
     def _fit(self, resume: bool) -> TrainResult:
         c = self.config
         resumed = self._open_run(resume)
+        self._notify("on_open", resumed)
         start = self.step
         progress = Progress(c.max_iters, start, self.task.unit, self.threads.threads,
                             enabled=self.dist.is_main and not self.quiet, log=self._log)  # fmt: skip
@@ -447,6 +457,7 @@ class Trainer:
                         if self.last_saved_step != self.step:
                             self.save_checkpoint()
                         break
+                    self._notify("on_step")
                     at_eval = self.step % c.eval_interval == 0 or self.step >= c.max_iters
                     if at_eval and not (resumed and self.step == start):
                         self._evaluate_and_save(progress)
@@ -469,6 +480,12 @@ class Trainer:
         last_eval = next((r for r in reversed(self.history) if "val_loss" in r), {})
         return TrainResult(self.step, last_train, last_eval.get("val_loss"), self.best,
                            self._stop_all, self.out_dir, self.history, last_eval)  # fmt: skip
+
+    def _notify(self, event: str, *args) -> None:
+        for cb in self.callbacks:
+            fn = getattr(cb, event, None)
+            if fn is not None:
+                fn(self, *args)
 
     def _plot(self) -> None:
         if not (self.writes and self.history):

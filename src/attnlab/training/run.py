@@ -103,6 +103,13 @@ def plan(given: dict) -> TrainPlan:
         resolve_device(config.device)  # --device cuda without a GPU: said before any work
     except ConfigError as e:
         raise ConfigError(as_flags(str(e), names)) from None
+    if not options.data and not given.get("resume"):
+        raise ConfigError(f"{cls.label} needs --data (see attnlab train --help)")
+    if config.snapshot_every and not cls.self_attention(options):
+        raise ConfigError(
+            f"--snapshot-every records self-attention heads, and this {cls.label} model has "
+            "none (an LSTM's attention reads the encoder from the decoder)"
+        )
     out = Path(given["out"]) if given.get("out") else cls.default_out(options)
     return TrainPlan(cls, options, config, given, out, bool(given.get("resume")),
                      bool(given.get("quiet")))  # fmt: skip
@@ -137,7 +144,8 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
         if model is None:  # the other processes read what rank 0 prepared
             task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
             model = _build(task, config)
-    trainer = Trainer(model, task, config, p.out, dist_info=dist, quiet=p.quiet, log=log)
+    trainer = Trainer(model, task, config, p.out, dist_info=dist, quiet=p.quiet, log=log,
+                      callbacks=_callbacks(task, config))  # fmt: skip
     if p.resume:  # a checkpoint that cannot be continued: one line, before anything else
         trainer.load_checkpoint()
         if task.model_config().to_dict() != model.config.to_dict():
@@ -156,6 +164,17 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
         ckpt.write_run_config(p.out, trainer.raw_model, extra)  # the final figures too
     summary = task.summary(result, final)
     return TrainOutcome(result, task, final, summary, p.out, dist.is_main)
+
+
+def _callbacks(task: Task, config: TrainConfig) -> list:
+    """What watches the run besides the loop: snapshots when ``snapshot_every`` asks."""
+    if not config.snapshot_every:
+        return []
+    from attnlab.training.snapshots import PATTERN_TOKENS, Snapshots
+
+    sample = task.sample_inputs(4, PATTERN_TOKENS)
+    inputs, ids = sample if sample is not None else (None, True)
+    return [Snapshots(config.snapshot_every, inputs, ids, seed=config.seed)]
 
 
 def _build(task: Task, config: TrainConfig):

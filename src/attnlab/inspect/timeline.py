@@ -1,0 +1,231 @@
+"""Attention over training time: the loss curve beside every head's scores, read from a run's
+snapshots (``attnlab.training.snapshots``) and metrics.jsonl.
+
+    tl = timeline("runs/induction")
+    tl.fastest["induction"]          # {"head": "1.0", "step": 275, "from": 0.46, "to": 0.78, ...}
+    tl.fastest["in-context loss"]    # {"step": 275, "from": 2.8, "to": 1.3, ...}: the fall
+    tl.save_png("timeline.png"); tl.to_dict()
+
+The step where a series changed fastest is the midpoint of its change:
+``fastest_change(steps, values)``, the first snapshot by which it has covered half of the way
+from its first value to its highest (for a score) or lowest (for the in-context loss, the loss
+on the repeated half of the probe r r). Olsson et al. (2022) saw both at the same step, the
+phase change in which induction heads form.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from attnlab import checkpoint as ckpt
+from attnlab.inspect.display import Result
+from attnlab.inspect.heads import SCORES, head_label
+from attnlab.inspect.recording import InspectError
+
+# the score a head's curve shows in the figure, and the head named in the summary
+FIGURE_SCORES = ("induction", "previous-token", "duplicate-token", "first-token")
+
+
+def fastest_change(steps: list[int], values: list[float | None], rise: bool = True) -> dict | None:
+    """Where ``values`` rose (``rise``) or fell fastest: the midpoint of its change, the first
+    snapshot at which it has covered half of the way from its first value to its highest
+    (lowest, for a fall). For the S-shaped change of a phase change that is the steepest point,
+    and it does not move with the noise of one interval the way the largest single step does
+    (a transition that spans several snapshots has several near-equal steps).
+
+    Returns {"step": that snapshot, "from": the value before it, "to": its value, "change":
+    highest (lowest) minus first}; None when the series never moved that way. Missing values
+    (None, NaN) are skipped."""
+    pts = [(s, v) for s, v in zip(steps, values)
+           if v is not None and not math.isnan(v)]  # fmt: skip
+    if len(pts) < 2:
+        return None
+    first = pts[0][1]
+    extreme = max(v for _, v in pts) if rise else min(v for _, v in pts)
+    total = extreme - first
+    if (total <= 0) if rise else (total >= 0):
+        return None
+    for i in range(1, len(pts)):
+        if (pts[i][1] - first) / total >= 0.5:
+            return {"step": pts[i][0], "from": pts[i - 1][1], "to": pts[i][1], "change": total}
+    return None  # unreachable: the extreme itself covers the whole way
+
+
+@dataclass
+class Timeline(Result):
+    """Scores of every head at every snapshot, the loss curve, and where each changed fastest."""
+
+    run: str
+    steps: list[int]  # the snapshot steps
+    every: int | None
+    heads: list[dict]  # {"name", "layer", "head", "map", "scores": {score: [value per step]},
+    #                     "fastest_rise": {score: fastest_change or None}}
+    in_context: dict  # {"loss_first_half": [...], "loss_repeated_half": [...]} per step
+    loss: list[dict]  # metrics.jsonl rows with a train_loss: {"step", "train_loss"}
+    evals: list[dict]  # metrics.jsonl evaluation rows
+    fastest: dict = field(default_factory=dict)
+    probe: str = "repeat"
+
+    def to_dict(self) -> dict:
+        return {
+            "run": self.run, "probe": self.probe, "every": self.every, "steps": self.steps,
+            "heads": self.heads, "in_context": self.in_context, "fastest": self.fastest,
+            "loss": self.loss, "evals": self.evals,
+        }  # fmt: skip
+
+    def head(self, name: str) -> dict:
+        for h in self.heads:
+            if h["name"] == name:
+                return h
+        raise InspectError(f"no head {name!r}; heads: {', '.join(h['name'] for h in self.heads)}")
+
+    def __rich__(self):
+        from rich.console import Group
+        from rich.table import Table
+        from rich.text import Text
+
+        first, last = (self.steps[0], self.steps[-1]) if self.steps else (0, 0)
+        head = Text(f"{self.run}: {len(self.steps)} snapshots, steps {first}..{last}"
+                    + (f" (every {self.every})" if self.every else ""), style="bold")  # fmt: skip
+        t = Table(title=f"each head's scores at the last snapshot, and the step each rose "
+                  f"fastest (on {self.probe})", box=None)  # fmt: skip
+        t.add_column("head")
+        for name in FIGURE_SCORES:
+            t.add_column(name.replace("-token", ""), justify="right")
+            t.add_column("rose at", justify="right")
+        for h in self.heads:
+            cells = []
+            for name in FIGURE_SCORES:
+                series = h["scores"].get(name) or []
+                v = series[-1] if series else None
+                f = h["fastest_rise"].get(name)
+                cells += ["-" if v is None else f"{v:.2f}", "-" if f is None else str(f["step"])]
+            t.add_row(h["name"], *cells)
+        parts = [head, t]
+        for key, what in (("induction", "induction score"), ("previous-token", "previous-token score"),
+                          ("in-context loss", "in-context loss (repeated half)")):  # fmt: skip
+            f = self.fastest.get(key)
+            if f:
+                who = f" (head {f['head']})" if "head" in f else ""
+                verb = "fell" if key == "in-context loss" else "rose"
+                parts.append(Text(f"{what}{who} {verb} fastest at step {f['step']}: "
+                                  f"{f['from']:.3f} -> {f['to']:.3f}"))  # fmt: skip
+        return Group(*parts)
+
+    # -- the figure ----------------------------------------------------------------------------
+
+    def figure(self):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        shown = [s for s in FIGURE_SCORES if any(h["scores"].get(s) for h in self.heads)][:3]
+        fig, axes = plt.subplots(1 + len(shown), 1, figsize=(7.5, 2.1 * (1 + len(shown)) + 0.4),
+                                 sharex=True)  # fmt: skip
+        axes = list(axes) if len(shown) else [axes]
+        ax = axes[0]
+        if self.loss:
+            ax.plot([r["step"] for r in self.loss], [r["train_loss"] for r in self.loss],
+                    color="0.6", lw=1, label="train loss")  # fmt: skip
+        for key, color, label in (("loss_first_half", "#1f77b4", "first half of r r"),
+                                  ("loss_repeated_half", "#d62728", "repeated half of r r")):  # fmt: skip
+            ys = self.in_context.get(key) or []
+            if any(y is not None for y in ys):
+                ax.plot(self.steps, ys, color=color, lw=1.6, label=label)
+        ax.set_ylabel("loss (nats)")
+        ax.legend(fontsize=7, loc="upper right", frameon=False)
+        marks = {"in-context loss": "#d62728", "induction": "#2ca02c"}
+        for key, color in marks.items():
+            f = self.fastest.get(key)
+            if f:
+                for a in axes:
+                    a.axvline(f["step"], color=color, ls="--", lw=0.8)
+        ax.set_title(f"{Path(self.run).name}: loss and head scores over training", fontsize=10)
+        cmap = plt.get_cmap("tab10")
+        for a, score in zip(axes[1:], shown):
+            for i, h in enumerate(self.heads):
+                ys = h["scores"].get(score)
+                if ys:
+                    a.plot(self.steps, [math.nan if y is None else y for y in ys],
+                           color=cmap(i % 10), lw=1.2, label=h["name"])  # fmt: skip
+            a.set_ylabel(f"{score}\nscore", fontsize=8)
+            a.set_ylim(-0.02, 1.02)
+            a.legend(fontsize=6, ncol=min(8, len(self.heads)), loc="upper left", frameon=False)
+        axes[-1].set_xlabel("step")
+        fig.tight_layout()
+        return fig
+
+    def save_png(self, path) -> Path:
+        import matplotlib.pyplot as plt
+
+        fig = self.figure()
+        path = Path(path)
+        ckpt.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        plt.close(fig)
+        return path
+
+
+def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
+    """Read every snapshot of a run (its scores only; the patterns stay on disk) and its
+    metrics, and find where each series changed fastest. An InspectError if it has none."""
+    run_dir = Path(run_dir)
+    ckpt.read_run_config(run_dir)  # a run directory at all (a RunError says why not)
+    steps = ckpt.snapshot_steps(run_dir)
+    if not steps:
+        raise InspectError(f"{run_dir} has no snapshots: train it with --snapshot-every N "
+                           "(--task induction takes them by default)")  # fmt: skip
+    rows, every, maps = [], None, None
+    for s in steps:
+        meta, tensors = ckpt.read_snapshot(run_dir, s, keys=(f"scores.{probe}.",))
+        if not tensors and probe == "repeat":  # a model that reads no token ids: the sample
+            return timeline(run_dir, "sample")
+        rows.append((meta, tensors))
+        every = meta.get("every", every)
+        maps = maps or (meta.get("maps") or {}).get(probe)
+    maps = maps or sorted({k[len(f"scores.{probe}.") :] for _, t in rows for k in t})
+    heads = []
+    for name in maps:
+        key = f"scores.{probe}.{name}"
+        n_heads = next((t[key].size(0) for _, t in rows if key in t), 0)
+        stack, layer, label = head_label(name)
+        for h in range(n_heads):
+            series = {}
+            for k, score in enumerate(SCORES):
+                vals = []
+                for _, t in rows:
+                    v = float(t[key][h, k]) if key in t else math.nan
+                    vals.append(None if math.isnan(v) else round(v, 4))
+                series[score] = vals if any(v is not None for v in vals) else None
+            rises = {score: fastest_change(steps, vals) if vals else None
+                     for score, vals in series.items()}  # fmt: skip
+            heads.append({"name": f"{label}.{h}", "layer": layer, "head": h, "map": name,
+                          "scores": series, "fastest_rise": rises})  # fmt: skip
+    in_context = {k: [m.get(k) for m, _ in rows] for k in ("loss_first_half", "loss_repeated_half")}
+    metrics = ckpt.read_metrics(run_dir)
+    loss = [{"step": r["step"], "train_loss": r["train_loss"]} for r in metrics
+            if "train_loss" in r and "val_loss" not in r]  # fmt: skip
+    evals = [r for r in metrics if "val_loss" in r]
+    tl = Timeline(str(run_dir), steps, every, heads, in_context, loss, evals, probe=probe)
+    tl.fastest = _fastest(tl)
+    return tl
+
+
+def _fastest(tl: Timeline) -> dict:
+    """For each score: the head whose score ends highest, and its fastest rise; and the
+    in-context loss's fastest fall."""
+    out = {}
+    for score in ("induction", "previous-token", "duplicate-token", "first-token"):
+        best = None
+        for h in tl.heads:
+            ys = h["scores"].get(score)
+            if ys and ys[-1] is not None and (best is None or ys[-1] > best[0]):
+                best = (ys[-1], h)
+        if best is not None and best[1]["fastest_rise"].get(score):
+            out[score] = {"head": best[1]["name"], **best[1]["fastest_rise"][score]}
+    fall = fastest_change(tl.steps, tl.in_context.get("loss_repeated_half") or [], rise=False)
+    if fall:
+        out["in-context loss"] = fall
+    return out
