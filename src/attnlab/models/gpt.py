@@ -341,7 +341,8 @@ class FastForward:
     block leans on it (benchmarks/sample_speed.py). What keeps the two from drifting apart:
     - it shares what it can: the positional modules, rotary, the KV caches, the attention
       kernel and the activation functions are the model's own;
-    - ``applies`` hands anything it does not restate back to ``forward``: a module of a kind
+    - ``applies`` hands anything it does not restate back to ``forward``: attention-only
+      blocks (``mlp=False``), a module of a kind
       not listed in ``MIRRORS`` (a subclass, a new norm, cross-attention), a GPT whose
       ``forward`` is overridden, training mode, hooks, reference attention;
     - tests check it against ``forward`` to 1e-5 on random models drawn over every
@@ -376,6 +377,8 @@ class FastForward:
         if type(model).forward is not GPT.forward:
             return False
         c = model.config
+        if not c.mlp:  # attention-only blocks: not restated here, forward decodes them
+            return False
         H, D, pre = c.n_head, c.d_model // c.n_head, c.norm_first
         for m in model.modules():
             if m is not model and (type(m) not in MIRRORS or "forward" in vars(m)):
