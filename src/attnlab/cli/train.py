@@ -115,7 +115,10 @@ def register(sub) -> None:
     a("--seed", type=int, help="seed of the data split, the initial weights and the batches (1337)")  # fmt: skip
     a("--device", help="cpu, cuda, or auto (auto)")
     a("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="autocast dtype (auto)")
-    a("--compile", action="store_true", help="torch.compile the model")
+    a("--compile", action=argparse.BooleanOptionalAction,
+      help="torch.compile the model (default: when the run is long enough to repay it)")  # fmt: skip
+    a("--fsdp", action="store_true",
+      help="under torchrun: shard parameters, gradients and optimizer state (FSDP)")  # fmt: skip
     a("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     a("--quiet", action="store_true", help="no progress on stderr")
     # encoder-decoder and vision
