@@ -152,7 +152,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
         # a fused AdamW skips a non-finite step on the device: nothing waits for the device
         fused = bool(self.optimizer.defaults.get("fused"))
-        self._deferred = fused and self.scaler is None and not self.dist.enabled
+        self.defers_readback = fused and self.scaler is None and not self.dist.enabled
         self._pending: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
         self._window: list[float] = []  # losses read back since the last log line
         self._last_loss: float | None = None
@@ -469,7 +469,7 @@ class Trainer:
             total += loss.detach()
             self._counted += self.task.count(batch) * self.dist.world_size
         step = self.step + 1
-        if not self._deferred:  # read back now: several processes agree on it every step
+        if not self.defers_readback:  # read back now: several processes agree on it every step
             value = self._agree(float(total))
             if not math.isfinite(value):
                 self._nan(value, "loss", step)
@@ -483,19 +483,24 @@ class Trainer:
                 norm = norm.full_tensor()
             if self.scaler is not None:
                 norm = None  # fp16: an overflow is the scaler's to skip, not an error
-            elif not self._deferred and not math.isfinite(float(norm)):
+            elif not self.defers_readback and not math.isfinite(float(norm)):
                 self._nan(float(norm), "gradient norm", step)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
-            if self._deferred:  # the fused kernel skips the update if the step is not finite
+            if self.defers_readback:  # the fused kernel skips the update if the step is not finite
                 bad = ~torch.isfinite(total) if norm is None else ~torch.isfinite(total + norm)
                 self.optimizer.found_inf = bad.float()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._pending.append((step, total.detach(), None if norm is None else norm.detach()))
         return total
+
+    def read_back(self) -> list[float]:
+        """The losses of the steps since the last log line, read back from the device now."""
+        self._flush()
+        return list(self._window)
 
     def _flush(self) -> None:
         """Read back the losses (and gradient norms) of the steps since the last flush, in one
