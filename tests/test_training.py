@@ -368,3 +368,20 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted(tmp_path, uninterrupte
     r = run_cli("train", "--data", data, "--out", run, *ARGS, "--resume")
     assert r.returncode == 0, r.stderr
     assert train_losses(run) == whole
+
+
+def test_the_fast_preset_is_baby_with_rotary_trained_by_its_own_recipe_that_flags_override():
+    from attnlab.models.gpt import PRESETS
+    from attnlab.tasks.lm import PRESET_TRAINING
+    from attnlab.training import run
+
+    fast = run.plan({"data": "input.txt", "preset": "fast", "out": "r"})
+    recipe = PRESET_TRAINING["fast"]
+    assert {k: getattr(fast.config, k) for k in recipe} == recipe
+    model = fast.options.model_config(65)
+    assert model.pos == "rotary" and (model.n_layer, model.d_model) == (4, 128)
+    assert PRESETS["fast"]["block_size"] == PRESETS["baby"]["block_size"]
+    mine = run.plan({"data": "input.txt", "preset": "fast", "out": "r", "lr": 1e-3})
+    assert mine.config.lr == 1e-3 and mine.config.max_iters == recipe["max_iters"]
+    baby = run.plan({"data": "input.txt", "out": "r"})
+    assert (baby.config.lr, baby.config.max_iters) == (1e-3, 2000)

@@ -86,7 +86,8 @@ def register(sub) -> None:
       help="tokenizer to build (char; wordpiece: encoder tasks only)")  # fmt: skip
     a("--vocab-size", type=int, help="BPE / WordPiece vocabulary size (512)")
     a("--min-freq", type=int, help="word tokenizer: rarer words become <unk> (1)")
-    a("--preset", help="GPT or encoder size preset: baby, small, gpt2 / bert-base")
+    a("--preset", help="GPT or encoder size preset: baby, fast (rotary, trained hot and short), "
+      "small, gpt2 / bert-base")  # fmt: skip
     a("--n-layer", type=int, help="layers (default: the preset's or the architecture's)")
     a("--n-head", type=int, help="attention heads")
     a("--d-model", type=int, help="model width (an LSTM's hidden units)")
