@@ -35,6 +35,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="steps per side per round")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--bias", type=int, default=1, help="nanoGPT bias (ours always has biases)")
+    p.add_argument("--pos", default="learned", help="attnlab's positions (rotary: --preset fast)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -66,7 +67,9 @@ def main() -> None:
     )
     theirs = nano.GPT(cfg)
     their_opt = theirs.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
-    ours = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=4, n_head=4, d_model=128))
+    ours = GPT(
+        GPTConfig(vocab_size=V, block_size=T, n_layer=4, n_head=4, d_model=128, pos=args.pos)
+    )
     tc = TrainConfig(lr=1e-3, beta2=0.99, weight_decay=0.1)
     our_opt = make_optimizer(ours, tc)
     our_params = list(ours.parameters())

@@ -114,3 +114,29 @@ def test_checkpoint_save_load_is_bit_exact(tmp_path, pos):
     with torch.no_grad():
         assert torch.equal(model(ids), loaded(ids))
     assert tok2.encode("abc") == tok.encode("abc")
+
+
+@given(
+    offset=st.integers(0, 8),
+    t=st.integers(1, 8),
+    seed=st.integers(0, 1000),
+)
+@settings(max_examples=25, deadline=None)
+def test_rotary_rotates_each_channel_pair_by_position_times_its_frequency(offset, t, seed):
+    """(x1, x2) -> (x1 cos - x2 sin, x1 sin + x2 cos) at angle position * w_i, on a transposed
+    (non-contiguous) head view as attention passes it; and q.k depends only on the distance."""
+    from attnlab.positional import Rotary
+
+    g = torch.Generator().manual_seed(seed)
+    rot = Rotary(8, 16)
+    x = torch.randn(2, t, 3, 8, generator=g).transpose(1, 2)  # (B, H, T, D), as _heads makes
+    pos = torch.arange(offset, offset + t, dtype=torch.float32)[:, None]  # (T, 1)
+    w = 1.0 / 10000 ** (torch.arange(0, 8, 2, dtype=torch.float32) / 8)  # (D/2,)
+    cos, sin = torch.cos(pos * w), torch.sin(pos * w)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    expected = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    torch.testing.assert_close(rot(x, offset), expected, atol=1e-5, rtol=1e-5)
+    q, k = torch.randn(1, 1, 1, 8, generator=g), torch.randn(1, 1, 1, 8, generator=g)
+    near = (rot(q, offset + 3) * rot(k, offset)).sum()
+    far = (rot(q, 3) * rot(k, 0)).sum()
+    torch.testing.assert_close(near, far, atol=1e-5, rtol=1e-5)

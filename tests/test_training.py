@@ -141,6 +141,42 @@ def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, monkeypa
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_a_non_finite_step_is_skipped_on_the_device_and_named_when_read_back(monkeypatch):
+    """The loss is read back only at log lines: the NaN step's update is skipped by the fused
+    AdamW itself, so the model in memory stays finite, and the error names that step."""
+    monkeypatch.setenv(FAULT_ENV, "nan-at:2")  # the 3rd step
+    trainer = make_trainer(max_iters=8, log_interval=5, eval_interval=100)
+    assert trainer.defers_readback
+    for _ in range(4):  # nothing read back, nothing raised yet
+        trainer.train_step()
+        trainer.step += 1
+    with pytest.raises(TrainingError, match="loss became nan at step 3"):
+        trainer.read_back()
+    assert all(torch.isfinite(p).all() for p in trainer.raw_model.parameters())
+    steps = {int(s["step"]) for s in trainer.optimizer.state.values()}
+    assert steps == {3}  # 4 steps taken, the non-finite one not counted
+
+
+def test_a_run_reads_the_loss_back_only_at_log_lines_evaluations_and_checkpoints(monkeypatch):
+    trainer = make_trainer(max_iters=20, log_interval=10, eval_interval=20)
+    calls = []
+    real = trainer._flush
+    monkeypatch.setattr(trainer, "_flush", lambda: (calls.append(trainer.step), real())[1])
+    result = trainer.fit()
+    assert result.step == 20 and len(losses(result)) == 2  # two log lines
+    assert set(calls) <= {0, 10, 20} and len(calls) <= 5  # not once a step
+
+
+def test_compile_pays_only_when_the_steps_left_repay_it():
+    from attnlab.training.loop import COMPILE_COST, compile_pays
+
+    cost, factor = COMPILE_COST["cpu"]
+    assert not compile_pays("cpu", 2000, 0.045)  # the baby GPT's 2000 steps: 90 s
+    assert compile_pays("cpu", 100_000, 0.045)
+    assert compile_pays("cpu", 1000, factor * cost / 1000 + 1e-9)
+    assert compile_pays("cuda", 2000, 0.1) and not compile_pays("cuda", 200, 0.1)
+
+
 def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "disk-full-at-checkpoint:3")
     with pytest.raises(TrainingError, match=r"step 8.*No space left.*step 4\) is kept"):
@@ -332,3 +368,20 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted(tmp_path, uninterrupte
     r = run_cli("train", "--data", data, "--out", run, *ARGS, "--resume")
     assert r.returncode == 0, r.stderr
     assert train_losses(run) == whole
+
+
+def test_the_fast_preset_is_baby_with_rotary_trained_by_its_own_recipe_that_flags_override():
+    from attnlab.models.gpt import PRESETS
+    from attnlab.tasks.lm import PRESET_TRAINING
+    from attnlab.training import run
+
+    fast = run.plan({"data": "input.txt", "preset": "fast", "out": "r"})
+    recipe = PRESET_TRAINING["fast"]
+    assert {k: getattr(fast.config, k) for k in recipe} == recipe
+    model = fast.options.model_config(65)
+    assert model.pos == "rotary" and (model.n_layer, model.d_model) == (4, 128)
+    assert PRESETS["fast"]["block_size"] == PRESETS["baby"]["block_size"]
+    mine = run.plan({"data": "input.txt", "preset": "fast", "out": "r", "lr": 1e-3})
+    assert mine.config.lr == 1e-3 and mine.config.max_iters == recipe["max_iters"]
+    baby = run.plan({"data": "input.txt", "out": "r"})
+    assert (baby.config.lr, baby.config.max_iters) == (1e-3, 2000)

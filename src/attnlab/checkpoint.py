@@ -489,10 +489,13 @@ def unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)  # DistributedDataParallel wrapper
 
 
-def state_dict_for_saving(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The unwrapped model's state dict with tied copies dropped (stored once)."""
+def state_dict_for_saving(
+    model: nn.Module, sd: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """The unwrapped model's state dict (or ``sd``, one gathered from a sharded model) with
+    tied copies dropped (stored once)."""
     model = unwrap(model)
-    sd = model.state_dict()
+    sd = model.state_dict() if sd is None else sd
     tied = (
         getattr(model, "tied_weights_keys", ())
         if getattr(model.config, "tie_weights", False)

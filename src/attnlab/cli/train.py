@@ -87,7 +87,8 @@ def register(sub) -> None:
       help="tokenizer to build (char; wordpiece: encoder tasks only)")  # fmt: skip
     a("--vocab-size", type=int, help="BPE / WordPiece vocabulary size (512)")
     a("--min-freq", type=int, help="word tokenizer: rarer words become <unk> (1)")
-    a("--preset", help="GPT or encoder size preset: baby, small, gpt2 / bert-base")
+    a("--preset", help="GPT or encoder size preset: baby, fast (rotary, trained hot and short), "
+      "small, gpt2 / bert-base")  # fmt: skip
     a("--n-layer", type=int, help="layers (default: the preset's or the architecture's)")
     a("--n-head", type=int, help="attention heads")
     a("--d-model", type=int, help="model width (an LSTM's hidden units)")
@@ -116,7 +117,10 @@ def register(sub) -> None:
     a("--seed", type=int, help="seed of the data split, the initial weights and the batches (1337)")  # fmt: skip
     a("--device", help="cpu, cuda, or auto (auto)")
     a("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="autocast dtype (auto)")
-    a("--compile", action="store_true", help="torch.compile the model")
+    a("--compile", action=argparse.BooleanOptionalAction,
+      help="torch.compile the model (default: when the run is long enough to repay it)")  # fmt: skip
+    a("--fsdp", action="store_true",
+      help="under torchrun: shard parameters, gradients and optimizer state (FSDP)")  # fmt: skip
     a("--snapshot-every", type=int, metavar="N",
       help="every N steps, record each head's attention and scores into snapshots/ (read by "
       "attnlab timeline; 0: never; --task induction: max_iters // 40)")  # fmt: skip

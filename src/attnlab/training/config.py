@@ -48,9 +48,10 @@ class TrainConfig(BaseConfig):
     seed: int = 1337
     device: str = "auto"
     dtype: str = "auto"  # autocast: auto, float32, bfloat16, float16
-    compile: bool = False
+    compile: bool | None = None  # None: when the run is long enough to repay it (loop.py)
     compile_backend: str = "inductor"  # torch.compile backend ("aot_eager" compiles in seconds)
     snapshot_every: int = 0  # record attention and head scores every N steps (0: never)
+    fsdp: bool = False  # under torchrun: shard parameters, gradients, optimizer state (FSDP)
 
     def __post_init__(self):
         n = self.max_iters if isinstance(self.max_iters, int) else 0
@@ -76,6 +77,8 @@ class TrainConfig(BaseConfig):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         self._fraction("beta1", "beta2")
+        if self.compile not in (None, True, False):
+            raise ConfigError(f"compile must be true, false or null (auto), got {self.compile!r}")
         if self.dtype not in DTYPES:
             raise ConfigError(
                 f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype!r}"

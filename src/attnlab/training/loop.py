@@ -16,7 +16,12 @@ The task (see ``attnlab.tasks.base.Task``) says what is trained; the Trainer onl
     task.tokenizer, task.run_config()                       what goes into the run directory
 
 Per step: the learning rate of the schedule (``attnlab.training.optim``); ``grad_accum``
-micro-batches; optional bf16/fp16 autocast; gradient clipping; AdamW. Every ``eval_interval``
+micro-batches; optional bf16/fp16 autocast; gradient clipping; AdamW. The step never waits for
+the device: the loss and the gradient norm stay device tensors, a step whose loss or norm is not
+finite is skipped by the fused AdamW kernel itself (its ``found_inf``), and they are read back
+(one host sync) only every ``log_interval`` steps and before an evaluation or a checkpoint,
+where a non-finite value stops training naming its step. (Several processes agree on the loss
+and on a signal at every step, so they read it back every step.) Every ``eval_interval``
 steps (and at step 0 and the last step): an evaluation, best/ if it is the best so far, and a
 checkpoint; also a checkpoint whenever ``checkpoint_seconds`` have passed since the last, so a
 run killed early still leaves one. A checkpoint is written whole or not at all
@@ -32,6 +37,10 @@ global RNGs, so that a run with callbacks trains exactly as one without.
 SIGINT (Ctrl-C) and SIGTERM finish the step in progress, save it, and return with
 ``interrupted`` set to the signal's name; the same signal again stops at once. A NaN loss or
 gradient stops with a TrainingError; the last good checkpoint stays.
+
+``compile=None`` (the default) compiles the model once the run has shown, by the time its first
+steps took, that the steps left would repay the compilation (``compile_pays``); True compiles
+from the start, False never. ``fsdp`` under torchrun shards the model (``distributed.shard``).
 """
 
 from __future__ import annotations
@@ -53,7 +62,17 @@ from torch import nn
 from attnlab import checkpoint as ckpt
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.training.config import TrainConfig
-from attnlab.training.distributed import DistInfo, all_sum
+from attnlab.training.distributed import (
+    DistInfo,
+    all_sum,
+    full_optimizer_state_dict,
+    full_state_dict,
+    held_bytes,
+    load_full_state_dicts,
+    set_gradient_sync,
+    shard,
+    unsharded,
+)
 from attnlab.training.faults import Faults
 from attnlab.training.metrics import Metric, val_loss_metric
 from attnlab.training.optim import (
@@ -61,6 +80,7 @@ from attnlab.training.optim import (
     load_optimizer,
     lr_at,
     make_optimizer,
+    optimizer_state_dict,
     optimizer_tensors,
 )
 from attnlab.training.plots import plot_metrics
@@ -68,6 +88,20 @@ from attnlab.training.progress import Progress, eval_line, log_line
 from attnlab.training.state import check_rng_state, rng_state, set_rng_state
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+# torch.compile, when not chosen (compile=None): by device type, (seconds a first compilation
+# takes, how many times that the eager steps left must take for it to pay). Measured on the baby
+# GPT: on 2 CPU cores inductor takes ~55 s and makes a step 5-8% faster; on a GPU it takes
+# ~40 s and makes a small model's step several times faster (benchmarks/bench.py).
+COMPILE_COST = {"cpu": (60.0, 20.0), "cuda": (45.0, 3.0)}
+COMPILE_DECIDE_AFTER = 20  # steps timed before deciding
+
+
+def compile_pays(device_type: str, steps_left: int, seconds_per_step: float) -> bool:
+    """Whether compiling now pays: the eager steps left take at least ``factor`` times the
+    compilation (COMPILE_COST)."""
+    cost, factor = COMPILE_COST.get(device_type, COMPILE_COST["cpu"])
+    return steps_left * seconds_per_step >= factor * cost
 
 
 class TrainingError(RuntimeError):
@@ -119,10 +153,22 @@ class Trainer:
         self.train_eval_batches = task.train_eval_batches(c.batch_size, c.eval_iters)
         self.metrics: tuple[Metric, ...] = (val_loss_metric(task.loss_unit), *task.metrics)
         self.best_metric = next(m for m in self.metrics if m.name == task.best)
+        self.sharded = c.fsdp and self.dist.enabled
+        if self.sharded:  # before the optimizer: it must hold the sharded parameters
+            shard(self.raw_model, self.device)
         self.optimizer = make_optimizer(self.raw_model, c)
         # listed once: model.parameters() walks every submodule (~0.6 ms a step for the baby GPT)
         self._params = [p for p in self.raw_model.parameters() if p.requires_grad]
         self.scaler = torch.amp.GradScaler("cuda") if self.amp_dtype == torch.float16 else None
+        # a fused AdamW skips a non-finite step on the device: nothing waits for the device
+        fused = bool(self.optimizer.defaults.get("fused"))
+        self.defers_readback = fused and self.scaler is None and not self.dist.enabled
+        self._pending: list[tuple[int, torch.Tensor, torch.Tensor | None]] = []
+        self._window: list[float] = []  # losses read back since the last log line
+        self._last_loss: float | None = None
+        self._due_all = False  # several processes: a time-based checkpoint all agreed on
+        self._compiled = bool(c.compile)
+        self._timed: tuple[int, float] | None = None  # (step, time) where timing began
         self.step = 0
         self.best: dict | None = None
         self.last_saved_step: int | None = None
@@ -143,7 +189,7 @@ class Trainer:
         return self.out_dir is not None and self.dist.is_main
 
     def _wrap(self, model: nn.Module) -> nn.Module:
-        if self.dist.enabled:
+        if self.dist.enabled and not self.sharded:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.dist.local_rank] if self.device.type == "cuda" else None
@@ -151,6 +197,36 @@ class Trainer:
         if self.config.compile:
             model = torch.compile(model, backend=self.config.compile_backend)
         return model
+
+    def held_bytes(self) -> int:
+        """Bytes of parameters, gradients and optimizer state this process holds (its shards
+        under FSDP)."""
+        return held_bytes(self.raw_model, self.optimizer)
+
+    def unsharded(self):
+        """A context in which every method of the raw model runs (FSDP: all processes enter
+        it together and every parameter is whole inside); a no-op otherwise."""
+        return unsharded(self.raw_model) if self.sharded else contextlib.nullcontext()
+
+    def _maybe_compile(self) -> None:
+        """compile=None: once COMPILE_DECIDE_AFTER steps are timed, compile if it pays."""
+        c = self.config
+        if c.compile is not None or self._compiled or self._timed is None:
+            return
+        first, t0 = self._timed
+        if self.step - first < COMPILE_DECIDE_AFTER:
+            return
+        per_step = (time.perf_counter() - t0) / (self.step - first)
+        pays = compile_pays(self.device.type, c.max_iters - self.step, per_step)
+        if self.dist.enabled:  # every process decides alike
+            pays = all_sum([float(pays)], self.dist, self.device)[0] > 0
+        self._compiled = True  # decided, either way
+        if not pays:
+            return
+        if self.dist.is_main and not self.quiet:
+            self._log(f"compiling the model (torch.compile): {c.max_iters - self.step} steps of "
+                      f"{1000 * per_step:.0f} ms are left, enough to repay it")  # fmt: skip
+        self.model = torch.compile(self.model, backend=c.compile_backend)
 
     def _autocast(self):
         if self.amp_dtype == torch.float32:
@@ -193,13 +269,26 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------------
 
+    def _gathered(self) -> tuple[dict, dict | None]:
+        """The whole model state dict (tied copies dropped) and optimizer state dict of this
+        process, or gathered from every process's shards (FSDP: all of them call this)."""
+        if not self.sharded:
+            return ckpt.state_dict_for_saving(self.raw_model), None
+        model_sd = full_state_dict(self.raw_model)
+        opt_sd = full_optimizer_state_dict(self.raw_model, self.optimizer)
+        return ckpt.state_dict_for_saving(self.raw_model, model_sd), opt_sd
+
     def save_checkpoint(self) -> None:
         """Write model, optimizer and trainer state of this step as one checkpoint."""
+        if self.out_dir is None or not (self.writes or self.sharded):
+            return
+        self._flush()  # a step that was not finite is never saved
+        t0 = time.monotonic()
+        model_tensors, opt_sd = self._gathered()
         if not self.writes:
             return
-        t0 = time.monotonic()
         self._n_saves += 1
-        opt_tensors, opt_meta = optimizer_tensors(self.optimizer)
+        opt_tensors, opt_meta = optimizer_tensors(self.optimizer, opt_sd)
         data = self.train_batches
         state = {
             "step": self.step,
@@ -211,7 +300,6 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "world_size": self.dist.world_size,
         }
-        model_tensors = ckpt.state_dict_for_saving(self.raw_model)
         try:
             ckpt.write_checkpoint(self.out_dir, model_tensors, opt_tensors, state,
                                   fault=self._faults.checkpoint_hook(self._n_saves))  # fmt: skip
@@ -231,16 +319,27 @@ class Trainer:
 
     def _checkpoint_due(self) -> bool:
         """Time-based: ``checkpoint_seconds`` since the last save (and at least ten times what
-        the last save took, so that a big model does not spend its time saving)."""
+        the last save took, so that a big model does not spend its time saving). Sharded, by
+        rank 0's clock, as all processes agreed at this step (they all gather it)."""
+        if self.sharded:
+            return self._due_all
+        return self.writes and self._due_here()
+
+    def _due_here(self) -> bool:
         every = self.config.checkpoint_seconds
         since = time.monotonic() - self._last_save_at
-        return self.writes and every > 0 and since >= max(every, 10 * self._last_save_cost)
+        return every > 0 and since >= max(every, 10 * self._last_save_cost)
 
     def save_best(self) -> None:
+        if self.out_dir is None or not (self.writes or self.sharded):
+            return
+        model_tensors = self._gathered()[0] if self.sharded else None
         if not self.writes:
             return
+        if model_tensors is None:
+            model_tensors = ckpt.state_dict_for_saving(self.raw_model)
         try:
-            ckpt.write_best(self.out_dir, ckpt.state_dict_for_saving(self.raw_model), self.best)
+            ckpt.write_best(self.out_dir, model_tensors, self.best)
         except OSError as e:
             raise TrainingError(
                 f"could not write the best model of step {self.step}: {e.strerror or e}"
@@ -270,11 +369,16 @@ class Trainer:
         state, tensors, opt_tensors = found
         ckpt.check_state_dict(self.raw_model, tensors, str(d / ckpt.MODEL_FILE))
         check_optimizer_tensors(self.optimizer, opt_tensors, str(d / ckpt.OPTIMIZER_FILE))
-        self.raw_model.load_state_dict(tensors, strict=False)
+        if not self.sharded:
+            self.raw_model.load_state_dict(tensors, strict=False)
         state_path = d / ckpt.STATE_FILE
         try:  # the model and optimizer are fresh: a failure here loses nothing
             opt_tensors = {k: v.to(self.device) for k, v in opt_tensors.items()}
-            load_optimizer(self.optimizer, opt_tensors, state["optimizer"])
+            if self.sharded:  # each process keeps its shard of the whole checkpoint
+                opt_sd = optimizer_state_dict(opt_tensors, state["optimizer"])
+                load_full_state_dicts(self.raw_model, self.optimizer, tensors, opt_sd)
+            else:
+                load_optimizer(self.optimizer, opt_tensors, state["optimizer"])
             check_rng_state(state["rng"])
             data = state.get("data")
             if data is not None and hasattr(self.train_batches, "load_state_dict"):
@@ -322,23 +426,27 @@ class Trainer:
             out["train_loss"] = self.mean_loss(self.train_eval_batches)
         if self.val_batches:
             out["val_loss"] = self.mean_loss(self.val_batches)
-            with self._eval_mode(self.raw_model):
+            with self._eval_mode(self.raw_model), self.unsharded():
                 out.update(self.task.evaluate(self.raw_model, out["val_loss"]))
         return out
 
     def _evaluate_and_save(self, progress: Progress) -> dict:
+        self._flush()
         with progress.evaluating(self.step, first=not self.history):
             ev = self.evaluate()
         row = {"step": self.step, **ev, "lr": lr_at(self.step, self.config)}
         self._write_metrics(row)
         progress.note(eval_line(row, self.metrics))
-        if progress.enabled:
-            with self._eval_mode(self.raw_model):
-                example = self.task.example(self.raw_model)
+        if progress.enabled or self.sharded:  # sharded: every process gathers the weights
+            with self._eval_mode(self.raw_model), self.unsharded():
+                example = self.task.example(self.raw_model) if progress.enabled else None
             if example:
                 progress.note(f"      {example}")
         value = ev.get(self.best_metric.name)
-        if value is not None and self.step > 0 and self._improves(value, ev.get("val_loss")):
+        better = value is not None and self.step > 0 and self._improves(value, ev.get("val_loss"))
+        if self.sharded:  # all processes gather best/ or none
+            better = all_sum([float(better)], self.dist, self.device)[0] > 0
+        if better:
             self.best = {"metric": self.best_metric.name, "value": value,
                          "val_loss": ev.get("val_loss"), "step": self.step}  # fmt: skip
             self.save_best()
@@ -357,8 +465,9 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def train_step(self) -> float:
-        """One optimizer update over ``grad_accum`` micro-batches; returns the mean loss."""
+    def train_step(self) -> torch.Tensor:
+        """One optimizer update over ``grad_accum`` micro-batches; returns the mean loss, a
+        device tensor (read back by ``_flush``)."""
         c = self.config
         for g in self.optimizer.param_groups:
             g["lr"] = lr_at(self.step, c)
@@ -375,42 +484,95 @@ class Trainer:
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
             self._counted += self.task.count(batch) * self.dist.world_size
-        value = self._agree(float(total))
-        if not math.isfinite(value):
-            self._nan(value, "loss")
+        step = self.step + 1
+        if not self.defers_readback:  # read back now: several processes agree on it every step
+            value = self._agree(float(total))
+            if not math.isfinite(value):
+                self._nan(value, "loss", step)
+            total = torch.tensor(value)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
+        norm = None
         if c.grad_clip > 0:
             norm = torch.nn.utils.clip_grad_norm_(self._params, c.grad_clip, foreach=True)
-            if self.scaler is None and not math.isfinite(float(norm)):
-                self._nan(float(norm), "gradient norm")
+            if hasattr(norm, "full_tensor"):  # FSDP: a DTensor, the same in every process
+                norm = norm.full_tensor()
+            if self.scaler is not None:
+                norm = None  # fp16: an overflow is the scaler's to skip, not an error
+            elif not self.defers_readback and not math.isfinite(float(norm)):
+                self._nan(float(norm), "gradient norm", step)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
+            if self.defers_readback:  # the fused kernel skips the update if the step is not finite
+                bad = ~torch.isfinite(total) if norm is None else ~torch.isfinite(total + norm)
+                self.optimizer.found_inf = bad.float()
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return value
+        self._pending.append((step, total.detach(), None if norm is None else norm.detach()))
+        return total
+
+    def read_back(self) -> list[float]:
+        """The losses of the steps since the last log line, read back from the device now."""
+        self._flush()
+        return list(self._window)
+
+    def _flush(self) -> None:
+        """Read back the losses (and gradient norms) of the steps since the last flush, in one
+        host sync; a value that is not finite stops training, naming its step."""
+        if not self._pending:
+            return
+        steps = [s for s, _, _ in self._pending]
+        losses = torch.stack([loss.float().cpu() for _, loss, _ in self._pending]).tolist()
+        norms = [n for _, _, n in self._pending]
+        if any(n is None for n in norms):
+            norm_values = [None] * len(norms)
+        else:
+            norm_values = torch.stack([n.float().cpu() for n in norms]).tolist()
+        self._pending = []
+        for s, loss, norm in zip(steps, losses, norm_values):
+            if not math.isfinite(loss):
+                self._nan(loss, "loss", s)
+            if norm is not None and not math.isfinite(norm):
+                self._nan(norm, "gradient norm", s)
+        self._window.extend(losses)
+        self._last_loss = losses[-1]
 
     def _agree(self, loss: float) -> float:
-        """The mean loss over every process, and whether any of them was asked to stop."""
+        """The mean loss over every process, whether any of them was asked to stop, and
+        (sharded) whether rank 0's clock says a checkpoint is due."""
         if not self.dist.enabled:
             self._stop_all = self._stop
             return loss
-        total, stops = all_sum([loss, float(self._stop is not None)], self.dist, self.device)
+        due = float(self.sharded and self.dist.is_main and self.out_dir is not None
+                    and self._due_here())  # fmt: skip
+        total, stops, dues = all_sum([loss, float(self._stop is not None), due], self.dist,
+                                     self.device)  # fmt: skip
         if stops > 0:
             self._stop_all = self._stop or "SIGINT"
+        self._due_all = dues > 0
         return total / self.dist.world_size
 
+    @contextlib.contextmanager
     def _no_sync(self):
+        """Gradients of this micro-batch are accumulated, not yet averaged over processes."""
+        if self.sharded:
+            set_gradient_sync(self.raw_model, False)
+            try:
+                yield
+            finally:
+                set_gradient_sync(self.raw_model, True)
+            return
         inner = getattr(self.model, "_orig_mod", self.model)
-        return inner.no_sync()
+        with inner.no_sync():
+            yield
 
-    def _nan(self, value: float, what: str) -> None:
+    def _nan(self, value: float, what: str, step: int) -> None:
         kept = f"{self._kept()} in {self.out_dir}" if self.writes else "nothing was written"
         dtype_hint = "" if self.amp_dtype == torch.float32 else f", or --dtype float32 (now {self.amp_dtype})"  # fmt: skip
         raise TrainingError(
-            f"the {what} became {value} at step {self.step + 1}: training stopped; {kept}. "
+            f"the {what} became {value} at step {step}: training stopped; {kept}. "
             f"Try a lower --lr (now {self.config.lr:g}){dtype_hint}, or more --warmup-iters"
         )
 
@@ -419,7 +581,9 @@ class Trainer:
         if self.writes:
             ckpt.append_metrics(self.out_dir, row)
 
-    def _log_row(self, window: list[float], seconds: float, progress: Progress) -> None:
+    def _log_row(self, seconds: float, progress: Progress) -> None:
+        self._flush()
+        window, self._window = self._window, []
         unit = self.task.unit
         rate = self._counted / seconds if seconds > 0 else None
         row = {"step": self.step, "train_loss": sum(window) / len(window),
@@ -427,7 +591,7 @@ class Trainer:
                "ms_per_iter": 1000 * seconds / len(window),
                "threads": self.threads.threads}  # fmt: skip
         self._write_metrics(row)
-        progress.rate(rate)
+        progress.rate(rate, row["train_loss"])
         if not progress.live:
             progress.note(log_line(row, self.config.max_iters, unit))
         self._counted = 0
@@ -448,7 +612,7 @@ class Trainer:
         start = self.step
         progress = Progress(c.max_iters, start, self.task.unit, self.threads.threads,
                             enabled=self.dist.is_main and not self.quiet, log=self._log)  # fmt: skip
-        last_train, window, t_window = None, [], time.perf_counter()
+        t_window = time.perf_counter()
         try:
             with self._signals(), progress:
                 progress.note(f"training on {self.device.type}, {self.threads}")
@@ -461,24 +625,28 @@ class Trainer:
                     at_eval = self.step % c.eval_interval == 0 or self.step >= c.max_iters
                     if at_eval and not (resumed and self.step == start):
                         self._evaluate_and_save(progress)
+                        self._timed = None  # an evaluation is not a training step's time
                     if self.step >= c.max_iters:
                         break
-                    last_train = self.train_step()
+                    self._maybe_compile()
+                    if self._timed is None:
+                        self._timed = (self.step, time.perf_counter())
+                    self.train_step()
                     self.step += 1
-                    window.append(last_train)
-                    progress.advance(self.step, last_train)
+                    progress.advance(self.step)
                     self._faults.after_step(self.step)
                     if self.step % c.log_interval == 0 or self.step == c.max_iters:
-                        self._log_row(window, time.perf_counter() - t_window, progress)
-                        window, t_window = [], time.perf_counter()
+                        self._log_row(time.perf_counter() - t_window, progress)
+                        t_window = time.perf_counter()
                     if self._checkpoint_due():
                         self.save_checkpoint()
+            self._flush()
         finally:
             self._plot()
         if self._stop_all and self.writes:
             self._log(f"saved the checkpoint of step {self.step} in {self.out_dir}")
         last_eval = next((r for r in reversed(self.history) if "val_loss" in r), {})
-        return TrainResult(self.step, last_train, last_eval.get("val_loss"), self.best,
+        return TrainResult(self.step, self._last_loss, last_eval.get("val_loss"), self.best,
                            self._stop_all, self.out_dir, self.history, last_eval)  # fmt: skip
 
     def _notify(self, event: str, *args) -> None:

@@ -55,9 +55,12 @@ def make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.AdamW:
         return torch.optim.AdamW(groups, foreach=True, **kw)
 
 
-def optimizer_tensors(opt: torch.optim.Optimizer) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Optimizer state_dict split into tensors (``state.<param>.<key>``) and JSON (the rest)."""
-    sd = opt.state_dict()
+def optimizer_tensors(
+    opt: torch.optim.Optimizer, sd: dict | None = None
+) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """Optimizer state_dict (``sd``, or ``opt``'s own) split into tensors
+    (``state.<param>.<key>``) and JSON (the rest)."""
+    sd = opt.state_dict() if sd is None else sd
     tensors, scalars = {}, {}
     for idx, st in sd["state"].items():
         for key, val in st.items():
@@ -93,6 +96,11 @@ def check_optimizer_tensors(
 
 def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, Tensor], meta: dict) -> None:
     """The inverse of ``optimizer_tensors``."""
+    opt.load_state_dict(optimizer_state_dict(tensors, meta))
+
+
+def optimizer_state_dict(tensors: dict[str, Tensor], meta: dict) -> dict:
+    """``torch.optim``'s state_dict from what ``optimizer_tensors`` made of it."""
     state: dict[int, dict[str, Any]] = {}
     for name, t in tensors.items():
         _, idx, key = name.split(".", 2)
@@ -103,4 +111,4 @@ def load_optimizer(opt: torch.optim.Optimizer, tensors: dict[str, Tensor], meta:
     groups = meta["param_groups"]
     for g in groups:
         g["betas"] = tuple(g["betas"])
-    opt.load_state_dict({"state": state, "param_groups": groups})
+    return {"state": state, "param_groups": groups}

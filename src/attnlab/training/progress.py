@@ -82,13 +82,19 @@ class Progress:
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
-    def advance(self, step: int, loss: float) -> None:
+    def advance(self, step: int) -> None:
         if self.bar is not None:
-            self.bar.update(self.task, completed=step, loss=f"{loss:.4f}")
+            self.bar.update(self.task, completed=step)
 
-    def rate(self, per_s: float | None) -> None:
-        if self.bar is not None and per_s:
+    def rate(self, per_s: float | None, loss: float | None = None) -> None:
+        """At each log line: throughput and the mean loss since the last one (the loss is read
+        back from the device only then, so a step never waits for it)."""
+        if self.bar is None:
+            return
+        if per_s:
             self.bar.update(self.task, rate=f"{per_s:,.0f}")
+        if loss is not None:
+            self.bar.update(self.task, loss=f"{loss:.4f}")
 
     @contextlib.contextmanager
     def evaluating(self, step: int, first: bool):

@@ -18,6 +18,7 @@ Under ``torchrun`` every process calls both; rank 0 alone prepares the data and 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -36,7 +37,7 @@ from attnlab.training.loop import Trainer, TrainResult
 RUN_OPTIONS = {"task", "out", "resume", "quiet"}
 # Options that may change when a run is resumed; every other one comes from the run.
 RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
-             "device", "dtype", "compile", "compile_backend"}  # fmt: skip
+             "device", "dtype", "compile", "compile_backend", "fsdp"}  # fmt: skip
 IGNORED_ON_RESUME = {"data", "encoding"}  # the run's own data is read again
 # option names that are ordinary words in messages: not rewritten as --flags
 WORDS = {"data", "encoding", "device", "seed", "compile", "arch", "task", "out"}
@@ -81,7 +82,10 @@ class TrainOutcome:
 def plan(given: dict) -> TrainPlan:
     """Check the options of a training run (names as in ``attnlab train --help``, None = not
     given); raises ConfigError naming the option as typed. Reads and writes nothing."""
-    given = {k: v for k, v in given.items() if v is not None and v is not False}
+    # None: not given; False from a flag of the run itself (--resume, --quiet) is not given
+    # either, but --no-compile's False is a choice
+    given = {k: v for k, v in given.items()
+             if v is not None and not (v is False and k in RUN_OPTIONS)}  # fmt: skip
     if given.get("resume") and "task" not in given and given.get("out"):
         cls = task_for_run(ckpt.read_run_config(given["out"]))  # the run says what it is
     else:
@@ -101,6 +105,7 @@ def plan(given: dict) -> TrainPlan:
         }
         config = TrainConfig(**values)
         resolve_device(config.device)  # --device cuda without a GPU: said before any work
+        check_fsdp(config)
     except ConfigError as e:
         raise ConfigError(as_flags(str(e), names)) from None
     if not options.data and not given.get("resume"):
@@ -113,6 +118,15 @@ def plan(given: dict) -> TrainPlan:
     out = Path(given["out"]) if given.get("out") else cls.default_out(options)
     return TrainPlan(cls, options, config, given, out, bool(given.get("resume")),
                      bool(given.get("quiet")))  # fmt: skip
+
+
+def check_fsdp(config: TrainConfig) -> None:
+    """--fsdp shards over the processes torchrun starts: one process has nothing to shard."""
+    if config.fsdp and int(os.environ.get("WORLD_SIZE", "1")) < 2:
+        raise ConfigError(
+            "--fsdp shards the model over several processes: launch them with torchrun "
+            "--nproc_per_node N -m attnlab train ... --fsdp"
+        )
 
 
 def train(p: TrainPlan, log: Callable[[str], None] | None = None) -> TrainOutcome:
@@ -157,8 +171,10 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
         log(f"{task.describe(model)}; run directory {p.out}")
     result = trainer.fit(resume=p.resume)
     final: dict = {}
+    if not result.interrupted:
+        with trainer.unsharded():  # FSDP: every process gathers, rank 0 measures
+            final = task.finish(trainer.raw_model) if dist.is_main else {}
     if not result.interrupted and dist.is_main:
-        final = task.finish(trainer.raw_model)
         metrics = {k: v for k, v in result.last_eval.items() if k != "lr"}
         extra = {**trainer.run_record(), "metrics": metrics, **final}
         ckpt.write_run_config(p.out, trainer.raw_model, extra)  # the final figures too
