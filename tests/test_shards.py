@@ -478,6 +478,15 @@ def test_resuming_mid_epoch_gives_the_losses_of_an_unbroken_run(capsys, tmp_path
     assert part == pytest.approx(whole, abs=1e-6)
 
 
+def test_a_slice_of_shards_reads_as_a_numpy_array(tmp_path):
+    d = write_files(tmp_path / "data", [big_text(300, 0)])
+    lm = prepare_lm_tokens(open_corpus(d), "char", tmp_path / "run", cache=tmp_path / "cache")
+    whole = lm.tokens.read(0, len(lm.tokens))
+    for a, b in [(0, 1), (5, 700), (len(whole) - 9, len(whole))]:
+        got = np.asarray(lm.tokens[a:b], dtype=np.int64)
+        assert got.dtype == np.int64 and np.array_equal(got, whole[a:b])
+
+
 @pytest.mark.parametrize(
     "task, data",
     [("mlm", "x.txt"), ("classify", "x.tsv"), ("seq2seq", "dates"), ("classify", "digits")],

@@ -760,6 +760,11 @@ class ShardedTokens:
                 parts.append((path, lo + x - s, lo + y - s))
         return ShardedTokens(parts, self.dtype)
 
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """``np.asarray(t)``: every token, read at once (meant for a short slice)."""
+        out = self.read(0, len(self))
+        return out if dtype is None else out.astype(dtype)
+
     def split_tails(self, fraction: float) -> tuple[ShardedTokens, ShardedTokens]:
         """(heads, tails): the last ``fraction`` of every part, and the rest.
 
