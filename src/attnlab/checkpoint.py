@@ -398,9 +398,9 @@ def writer_lock(run_dir: str | Path) -> Iterator[None]:
     If ``run_dir`` exists, the lock is taken on entry. If it does not (a new run), it is taken
     by the first file the block writes under it through this module (``create_run_dir`` writes
     one), before that file is written. ``attnlab.training.run.train`` holds it for every task,
-    and ``Trainer.fit`` for a Trainer used on its own. Readers take no lock. Blocks do not
-    nest: an inner one leaves the outer one in charge. Ranks other than 0 of a torchrun job
-    (which write nothing) take no lock.
+    ``Trainer.fit`` for a Trainer used on its own, ``import_hf`` and ``TunedLens.save`` for
+    what they write. Readers take no lock. Blocks do not nest: an inner one leaves the outer
+    one in charge. Ranks other than 0 of a torchrun job (which write nothing) take no lock.
     """
     global _writer
     if _writer is not None or os.environ.get("RANK", "0") != "0":
