@@ -119,6 +119,16 @@ def test_fsdp_without_torchrun_is_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_fsdp_with_snapshots_is_refused_in_one_line(tmp_path, monkeypatch):
+    from attnlab.config import ConfigError
+
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as under torchrun
+    d = write_task_data(tmp_path)
+    with pytest.raises(ConfigError, match=r"--snapshot-every does not work with --fsdp"):
+        training.plan(given("lm", d, tmp_path / "run", "--fsdp", "--snapshot-every", "5"))
+    assert training.plan(given("lm", d, tmp_path / "run", "--fsdp")).config.fsdp
+
+
 def _torchrun(d, out, *more) -> subprocess.CompletedProcess:
     from conftest import SRC
 

@@ -127,6 +127,11 @@ def check_fsdp(config: TrainConfig) -> None:
             "--fsdp shards the model over several processes: launch them with torchrun "
             "--nproc_per_node N -m attnlab train ... --fsdp"
         )
+    if config.fsdp and config.snapshot_every:  # rank 0 alone would wait for the others' shards
+        raise ConfigError(
+            "snapshot_every does not work with fsdp yet: a snapshot runs the whole model in one "
+            "process while the others hold its shards; train with snapshot_every 0 or without fsdp"
+        )
 
 
 def train(p: TrainPlan, log: Callable[[str], None] | None = None) -> TrainOutcome:
