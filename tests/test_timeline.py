@@ -332,3 +332,12 @@ def test_induction_on_a_text_file_repeats_stretches_of_its_held_out_text(data_di
     assert main(["eval", str(out), "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["half"] == 8 and r["loss_first_half"] > 0 and r["loss_repeated_half"] > 0
+
+
+def test_a_score_that_never_rose_past_the_noise_has_no_fastest_rise():
+    steps = list(range(0, 500, 50))
+    flat = [0.045, 0.046, 0.044, 0.048, 0.047, 0.045, 0.049, 0.046, 0.047, 0.048]
+    assert fastest_change(steps, flat)["step"] == 150  # noise has a midpoint too ...
+    assert fastest_change(steps, flat, min_change=0.1) is None  # ... which the timeline skips
+    assert fastest_change(steps, [0.1, 0.1, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6],
+                          min_change=0.1)["step"] == 100  # fmt: skip

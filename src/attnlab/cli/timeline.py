@@ -58,7 +58,7 @@ def cmd_timeline(args) -> int:
     from attnlab.inspect.timeline import timeline
 
     png = _png_path(args.png)
-    tl = timeline(args.run)
+    tl = timeline(args.run, args.probe)
     if png is not None:  # written before anything is printed
         tl.save_png(png)
     _show(tl, args.json)
@@ -110,6 +110,9 @@ def register(sub) -> None:
         "and the step where each rose (or fell) fastest.",
     )
     p.add_argument("run", help="run directory")
+    p.add_argument("--probe", choices=("repeat", "sample"), default="repeat",
+                   help="scores on random tokens repeated once (default) or on the held-out "
+                   "sample of the run's data")  # fmt: skip
     p.add_argument("--png", metavar="FILE", help="draw the timeline into a PNG")
     p.add_argument("--json", action="store_true", help="print the data as JSON")
     p.set_defaults(func=cmd_timeline)

@@ -15,9 +15,10 @@ rows where those positions exist. For a map A (B, H, T, T) over token ids x (B, 
 (Row 0 of a causal map sees only key 0 and is left out of every score but none of these needs
 it.) Duplicate-token and induction need token ids; on images they are None.
 
-The probes: ``repeated_tokens`` draws random token sequences r and feeds r r (each repeated
-once), where a previous-token head, a duplicate-token head and an induction head each have one
-right answer at every position of the second half; a held-out sample of the run's own data
+The probes: ``repeated_tokens`` draws random token sequences r (no token twice, where the
+vocabulary allows) and feeds r r (each repeated once), where a previous-token head, a
+duplicate-token head and an induction head each have one right answer at every position of
+the second half; a held-out sample of the run's own data
 shows what the heads do on real input. A head is named after the score that is furthest over
 its threshold (``THRESHOLDS``), on the repeated tokens.
 
@@ -147,8 +148,10 @@ def probe_forward(model: nn.Module) -> Callable[[Tensor], Tensor]:
 
 
 def repeated_tokens(model: nn.Module, n: int = 16, seed: int = 0, half: int | None = None):
-    """``n`` random sequences r r: (n, 2 * half) token ids, r drawn uniformly from the model's
-    vocabulary (its pad id left out); None for a model that reads no token ids."""
+    """``n`` random sequences r r: (n, 2 * half) token ids from the model's vocabulary (its
+    pad id left out), the tokens of r all different when the vocabulary is large enough, so
+    that every position of the second half has one previous token, one earlier duplicate and
+    one token after it; None for a model that reads no token ids."""
     V = vocab_size(model)
     if V is None or V < 2:
         return None
@@ -160,13 +163,12 @@ def repeated_tokens(model: nn.Module, n: int = 16, seed: int = 0, half: int | No
     if half < 2:
         return None
     g = torch.Generator().manual_seed(seed)
-    low = 0
     pad = getattr(model, "pad_id", None)
-    if pad == 0:
-        low = 1  # the pad id (0 in attnlab's tokenizers) is never part of a probe
-    r = torch.randint(low, V, (n, half), generator=g)
-    if pad is not None and pad > 0:
-        r = torch.where(r == pad, (r + 1) % V, r)
+    ids = torch.tensor([i for i in range(V) if i != pad])  # (V',) the tokens a probe may hold
+    if half <= len(ids):  # each row: a random arrangement of the vocabulary, cut to half
+        r = ids[torch.rand(n, len(ids), generator=g).argsort(dim=1)[:, :half]]
+    else:
+        r = ids[torch.randint(0, len(ids), (n, half), generator=g)]
     return torch.cat([r, r], dim=1)  # (n, 2 * half)
 
 

@@ -26,9 +26,12 @@ from attnlab.inspect.recording import InspectError
 
 # the score a head's curve shows in the figure, and the head named in the summary
 FIGURE_SCORES = ("induction", "previous-token", "duplicate-token", "first-token")
+MIN_RISE = 0.1  # a score that never rose by more than this has no "fastest rise" (nor a loss
+#                 that never fell by more than this many nats)
 
 
-def fastest_change(steps: list[int], values: list[float | None], rise: bool = True) -> dict | None:
+def fastest_change(steps: list[int], values: list[float | None], rise: bool = True,
+                   min_change: float = 0.0) -> dict | None:  # fmt: skip
     """Where ``values`` rose (``rise``) or fell fastest: the midpoint of its change, the first
     snapshot at which it has covered half of the way from its first value to its highest
     (lowest, for a fall). For the S-shaped change of a phase change that is the steepest point,
@@ -36,8 +39,8 @@ def fastest_change(steps: list[int], values: list[float | None], rise: bool = Tr
     (a transition that spans several snapshots has several near-equal steps).
 
     Returns {"step": that snapshot, "from": the value before it, "to": its value, "change":
-    highest (lowest) minus first}; None when the series never moved that way. Missing values
-    (None, NaN) are skipped."""
+    highest (lowest) minus first}; None when the series never moved that way by more than
+    ``min_change`` (noise has a midpoint too). Missing values (None, NaN) are skipped."""
     pts = [(s, v) for s, v in zip(steps, values)
            if v is not None and not math.isnan(v)]  # fmt: skip
     if len(pts) < 2:
@@ -45,7 +48,7 @@ def fastest_change(steps: list[int], values: list[float | None], rise: bool = Tr
     first = pts[0][1]
     extreme = max(v for _, v in pts) if rise else min(v for _, v in pts)
     total = extreme - first
-    if (total <= 0) if rise else (total >= 0):
+    if abs(total) <= min_change or ((total <= 0) if rise else (total >= 0)):
         return None
     for i in range(1, len(pts)):
         if (pts[i][1] - first) / total >= 0.5:
@@ -170,7 +173,11 @@ class Timeline(Result):
 
 def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
     """Read every snapshot of a run (its scores only; the patterns stay on disk) and its
-    metrics, and find where each series changed fastest. An InspectError if it has none."""
+    metrics, and find where each series changed fastest; the scores are those on ``probe``
+    (``repeat``: random tokens r r; ``sample``: held-out inputs of the run's data). An
+    InspectError if it has no snapshots."""
+    if probe not in ("repeat", "sample"):
+        raise InspectError(f"probe must be repeat or sample, got {probe!r}")
     run_dir = Path(run_dir)
     ckpt.read_run_config(run_dir)  # a run directory at all (a RunError says why not)
     steps = ckpt.snapshot_steps(run_dir)
@@ -182,6 +189,9 @@ def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
         meta, tensors = ckpt.read_snapshot(run_dir, s, keys=(f"scores.{probe}.",))
         if not tensors and probe == "repeat":  # a model that reads no token ids: the sample
             return timeline(run_dir, "sample")
+        if not tensors:
+            raise InspectError(f"{run_dir}: its snapshots hold no {probe} probe (a task "
+                               "without held-out inputs to give); use --probe repeat")  # fmt: skip
         rows.append((meta, tensors))
         every = meta.get("every", every)
         maps = maps or (meta.get("maps") or {}).get(probe)
@@ -199,7 +209,7 @@ def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
                     v = float(t[key][h, k]) if key in t else math.nan
                     vals.append(None if math.isnan(v) else round(v, 4))
                 series[score] = vals if any(v is not None for v in vals) else None
-            rises = {score: fastest_change(steps, vals) if vals else None
+            rises = {score: fastest_change(steps, vals, min_change=MIN_RISE) if vals else None
                      for score, vals in series.items()}  # fmt: skip
             heads.append({"name": f"{label}.{h}", "layer": layer, "head": h, "map": name,
                           "scores": series, "fastest_rise": rises})  # fmt: skip
@@ -225,7 +235,8 @@ def _fastest(tl: Timeline) -> dict:
                 best = (ys[-1], h)
         if best is not None and best[1]["fastest_rise"].get(score):
             out[score] = {"head": best[1]["name"], **best[1]["fastest_rise"][score]}
-    fall = fastest_change(tl.steps, tl.in_context.get("loss_repeated_half") or [], rise=False)
+    fall = fastest_change(tl.steps, tl.in_context.get("loss_repeated_half") or [], rise=False,
+                          min_change=MIN_RISE)  # fmt: skip
     if fall:
         out["in-context loss"] = fall
     return out

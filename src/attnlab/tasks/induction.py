@@ -1,8 +1,9 @@
 """Induction: a small attention-only GPT learns to continue a repeat, and forms induction heads.
 
 data    ``repeat`` (the default): random token sequences that repeat with a period p drawn per
-        sequence, x = r[0..p-1] r[0..p-1] r[0..] ... cut to block_size tokens; parameters
-        override: ``repeat:vocab=64,min_period=8,max_period=40``. The tokens are the first
+        sequence, x = r[0..p-1] r[0..p-1] r[0..] ... cut to block_size tokens, the p tokens of
+        r all different (``distinct=0``: drawn independently); parameters override:
+        ``repeat:vocab=64,min_period=8,max_period=40,distinct=1``. The tokens are the first
         ``vocab`` of 0-9 a-z A-Z and punctuation, so a run reads text ("abcabc").
         Or any text file (a language model on it, in char tokens by default).
 model   the ``attn-only-2l`` preset: 2 layers of attention only (no MLP), 2 heads of width 32,
@@ -46,7 +47,7 @@ from attnlab.training.snapshots import default_interval
 
 SYMBOLS = string.digits + string.ascii_lowercase + string.ascii_uppercase + string.punctuation
 REPEAT = "repeat"
-REPEAT_DEFAULTS = {"vocab": 64, "min_period": 8, "max_period": 40}
+REPEAT_DEFAULTS = {"vocab": 64, "min_period": 8, "max_period": 40, "distinct": 1}
 EVAL_SEQUENCES = 64  # once-repeated sequences the in-context loss is measured on
 VAL_SEED, EVAL_SEED = 1_000_003, 2_000_003  # held-out draws, apart from the training seed
 
@@ -72,22 +73,36 @@ def parse_repeat(spec: str) -> dict[str, int]:
     if not 1 <= params["min_period"] <= params["max_period"]:
         raise DataError(f"{REPEAT}: need 1 <= min_period <= max_period, got "
                         f"{params['min_period']}, {params['max_period']}")  # fmt: skip
+    if params["distinct"] not in (0, 1):
+        raise DataError(f"{REPEAT}: distinct must be 0 or 1, got {params['distinct']}")
+    if params["distinct"] and params["max_period"] > params["vocab"]:
+        raise DataError(f"{REPEAT}: distinct tokens in a period of {params['max_period']} need "
+                        f"vocab >= max_period, got vocab {params['vocab']}")  # fmt: skip
     return params
 
 
+def random_tokens(n: int, length: int, vocab: int, distinct: bool, g: torch.Generator):
+    """(n, length) random token ids; ``distinct``: no token twice in a row of the first
+    ``min(length, vocab)`` (each row a random arrangement of the vocabulary)."""
+    if distinct:
+        return torch.rand(n, vocab, generator=g).argsort(dim=1)[:, :length]  # (n, length)
+    return torch.randint(0, vocab, (n, length), generator=g)
+
+
 def repeating(n: int, length: int, vocab: int, min_period: int, max_period: int,
-              g: torch.Generator) -> torch.Tensor:  # fmt: skip
-    """(n, length) token ids: row i is r_i (p_i random tokens) repeated, p_i drawn uniformly
-    from [min_period, max_period]."""
+              g: torch.Generator, distinct: int = 1) -> torch.Tensor:  # fmt: skip
+    """(n, length) token ids: row i is r_i (p_i random tokens, all different when
+    ``distinct``) repeated, p_i drawn uniformly from [min_period, max_period]."""
     p = torch.randint(min_period, max_period + 1, (n,), generator=g)  # (n,) periods
-    r = torch.randint(0, vocab, (n, length), generator=g)  # (n, length) enough fresh tokens
+    r = random_tokens(n, max_period, vocab, bool(distinct), g)  # (n, max_period)
     idx = torch.arange(length)[None, :] % p[:, None]  # (n, length) position within the period
     return torch.gather(r, 1, idx)
 
 
-def repeated_once(n: int, half: int, vocab: int, g: torch.Generator) -> torch.Tensor:
+def repeated_once(n: int, half: int, vocab: int, g: torch.Generator,
+                  distinct: int = 1) -> torch.Tensor:  # fmt: skip
     """(n, 2 * half) sequences r r: the evaluation of in-context learning."""
-    r = torch.randint(0, vocab, (n, half), generator=g)
+    r = random_tokens(n, half, vocab, bool(distinct) and half <= vocab, g)
     return torch.cat([r, r], dim=1)
 
 
@@ -162,8 +177,9 @@ class Induction(LanguageModel):
     # -- batches -------------------------------------------------------------------------------
 
     def _make(self, n: int, g: torch.Generator):
-        seq = repeating(n, self.block_size + 1, self.repeat["vocab"], self.repeat["min_period"],
-                        self.repeat["max_period"], g)  # fmt: skip
+        r = self.repeat
+        seq = repeating(n, self.block_size + 1, r["vocab"], r["min_period"], r["max_period"], g,
+                        r["distinct"])  # fmt: skip
         return seq[:, :-1], seq[:, 1:]  # x, y (n, T)
 
     def train_batches(self, batch_size, seed, rank=0, world_size=1):
@@ -186,7 +202,7 @@ class Induction(LanguageModel):
         half = self.block_size // 2
         g = torch.Generator().manual_seed(EVAL_SEED + self.seed)
         if self.repeat:
-            return repeated_once(n, half, self.repeat["vocab"], g)
+            return repeated_once(n, half, self.repeat["vocab"], g, self.repeat["distinct"])
         tokens = self.val_tokens
         starts = torch.randint(0, len(tokens) - half, (n,), generator=g).tolist()
         r = torch.stack([torch.as_tensor(tokens[s : s + half].astype("int64")) for s in starts])
