@@ -21,7 +21,7 @@ load hits them alike; a ratio is the median over rounds of (row / nanoGPT in tha
 Each call is timed twice: wall clock, and the process's CPU seconds (``time.process_time``),
 which a machine shared with other jobs inflates less (at 1 thread they are the same on an idle
 machine).
-``default`` threads leave torch's choice to each side (attnlab as ``attnlab generate`` does).
+``default`` threads: neither side sets a count (attnlab chooses as `attnlab generate` does).
 """
 
 from __future__ import annotations
@@ -52,10 +52,10 @@ def attnlab_worker(window: str, pos: str, new_tokens: int, calls: int, threads: 
 
     from attnlab.generation import SamplingConfig, generate_ids
     from attnlab.models.gpt import GPT, GPTConfig
-    from attnlab.runtime import set_cpu_threads
+    from attnlab.runtime import set_threads
 
     if threads == "default":
-        set_cpu_threads(torch.device("cpu"))  # what `attnlab generate` does
+        set_threads()  # what `attnlab generate` does without --threads
     torch.manual_seed(1337)
     model = GPT(GPTConfig(**CONFIG, d_model=WIDTH, pos=pos, dropout=0.0)).eval()
     prompt = torch.zeros(1, 1, dtype=torch.long)  # "\n" is id 0 of tiny shakespeare's vocabulary

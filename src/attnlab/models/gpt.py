@@ -330,6 +330,7 @@ class FastForward:
     ``forward`` (None: no cache). Each layer runs, as a Block does:
         pre-norm   x = x + Attn(LN1(x));  x = x + FFN(LN2(x))
         post-norm  x = LN1(x + Attn(x));  x = LN2(x + FFN(x))
+    (an attention-only block, ``GPTConfig.mlp=False``, stops after the attention sublayer)
     with Attn's query, key and value projections as one matrix [W_Q; W_K; W_V] (3C, C), made
     once when decoding starts. Only the last position's logits are kept, so the last layer
     computes keys and values for every position but its query, attention output and
@@ -344,8 +345,7 @@ class FastForward:
     block leans on it (benchmarks/sample_speed.py). What keeps the two from drifting apart:
     - it shares what it can: the positional modules, rotary, the KV caches, the attention
       kernel and the activation functions are the model's own;
-    - ``applies`` hands anything it does not restate back to ``forward``: attention-only
-      blocks (``mlp=False``), a module of a kind
+    - ``applies`` hands anything it does not restate back to ``forward``: a module of a kind
       not listed in ``MIRRORS`` (a subclass, a new norm, cross-attention), a GPT whose
       ``forward`` is overridden, training mode, hooks, reference attention;
     - tests check it against ``forward`` to 1e-5 on random models drawn over every
@@ -364,9 +364,10 @@ class FastForward:
             bias = None
             if a.q_proj.bias is not None:
                 bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+            f = b.mlp  # None in an attention-only block
+            ffn = f and (ln(b.ln2), f.fc1.weight, f.fc1.bias, f.act, f.fc2.weight, f.fc2.bias)
             self.layers.append((ln(b.ln1), w, bias, a.rotary, a.out_proj.weight,
-                                a.out_proj.bias, ln(b.ln2), b.mlp.fc1.weight, b.mlp.fc1.bias,
-                                b.mlp.act, b.mlp.fc2.weight, b.mlp.fc2.bias))  # fmt: skip
+                                a.out_proj.bias, ffn))  # fmt: skip
         self.embed, self.pos = model.tok_embed.weight, model.pos_embed
         self.ln_f = ln(model.ln_f) if c.norm_first else None
         self.head = model.lm_head.weight
@@ -380,8 +381,6 @@ class FastForward:
         if type(model).forward is not GPT.forward:
             return False
         c = model.config
-        if not c.mlp:  # attention-only blocks: not restated here, forward decodes them
-            return False
         H, D, pre = c.n_head, c.d_model // c.n_head, c.norm_first
         for m in model.modules():
             if m is not model and (type(m) not in MIRRORS or "forward" in vars(m)):
@@ -421,7 +420,7 @@ class FastForward:
         x = F.embedding(ids, self.embed)  # (B, T, C)
         if self.pos is not None:
             x = x + self.pos(T, offset)
-        for i, (ln1, w, bias, rotary, wo, bo, ln2, w1, b1, act, w2, b2) in enumerate(self.layers):
+        for i, (ln1, w, bias, rotary, wo, bo, ffn) in enumerate(self.layers):
             h = F.layer_norm(x, *ln1) if self.pre else x
             qkv = F.linear(h, w, bias).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
             if rotary is not None:  # queries and keys rotated together
@@ -435,12 +434,13 @@ class FastForward:
                 q, x, T = q[:, :, -1:], x[:, -1:], 1
             z = scaled_dot_product_attention(q, k, v, causal=True)  # (B, H, T, D)
             a = F.linear(z.transpose(1, 2).reshape(B, T, H * D), wo, bo)  # (B, T, C)
-            if self.pre:
-                x = x + a
-                x = x + F.linear(act(F.linear(F.layer_norm(x, *ln2), w1, b1)), w2, b2)
-            else:
-                x = F.layer_norm(x + a, *ln1)
-                x = F.layer_norm(x + F.linear(act(F.linear(x, w1, b1)), w2, b2), *ln2)
+            x = x + a if self.pre else F.layer_norm(x + a, *ln1)
+            if ffn is not None:
+                ln2, w1, b1, act, w2, b2 = ffn
+                if self.pre:
+                    x = x + F.linear(act(F.linear(F.layer_norm(x, *ln2), w1, b1)), w2, b2)
+                else:
+                    x = F.layer_norm(x + F.linear(act(F.linear(x, w1, b1)), w2, b2), *ln2)
         x = x[:, -1]  # (B, C)
         if self.ln_f is not None:
             x = F.layer_norm(x, *self.ln_f)
