@@ -340,8 +340,8 @@ class FastForward:
     Why a second statement of the forward pass: ``forward`` is the one to read, record and
     edit (about 60 module calls and 50 hook points per step of the baby model); decoding runs
     it one position at a time, where that bookkeeping costs more than the arithmetic. A
-    one-token step of the baby model took 2.2-2.5x less CPU time here than through ``forward``
-    (0.63-0.80 ms against 1.37-1.99 ms, 1 thread, on a shared machine), and sampling past the
+    one-token step of the baby model took 2.0-2.7x less CPU time here than through ``forward``
+    (1 thread, on a shared machine; the less with rotary positions), and sampling past the
     block leans on it (benchmarks/sample_speed.py). What keeps the two from drifting apart:
     - it shares what it can: the positional modules, rotary, the KV caches, the attention
       kernel and the activation functions are the model's own;
