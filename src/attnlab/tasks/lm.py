@@ -37,7 +37,8 @@ MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
 # lr 1e-3; benchmarks/bench.py measures both): rotary positions, twice the learning rate over
 # half the steps, and one evaluation at the end. Searched (val on 20 fixed batches): rotary at
 # lr 2e-3 for 1000 steps 1.879 (1.868 on 100 batches; seeds 2 and 3: 1.896 and 1.892, so the
-# margin is the default seed's); for 900 steps 1.900; at 3e-3 for 800, 1.904; at 5e-3 for 600,
+# margin is the default seed's; for 1200 steps seeds 2 and 3 give 1.853 and 1.857, a sure margin
+# for ~1.2x the time); for 900 steps 1.900; at 3e-3 for 800, 1.904; at 5e-3 for 600,
 # 1.985; batch 24 at 3e-3 for 500, 1.902; at 4e-3 for 400, 1.949.
 PRESET_TRAINING: dict[str, dict] = {
     "fast": dict(max_iters=1000, lr=2e-3, warmup_iters=100, eval_interval=1000),
