@@ -265,8 +265,10 @@ def choose_threads(
         if requested < 1:
             raise ConfigError(f"--threads must be at least 1, got {requested}")
         return ThreadChoice(requested, f"--threads {requested}")
-    if env.get("OMP_NUM_THREADS"):
-        return ThreadChoice(default, f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}")
+    omp = env.get("OMP_NUM_THREADS")
+    if omp:  # what torch starts with in a fresh process; read here so a forked one obeys it too
+        n = int(omp) if omp.strip().isdigit() and int(omp) >= 1 else default
+        return ThreadChoice(n, f"OMP_NUM_THREADS={omp}")
     cpus = usable_cpus() if cpus is None else cpus
     if default <= 1 or len(cpus) <= 1:
         return ThreadChoice(default, "torch's default, one per core")
