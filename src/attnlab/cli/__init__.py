@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline")
+AREAS = ("train", "predict", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline")
 
 
 class UsageError(ValueError):
@@ -38,6 +38,26 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
     errors.append(InterventionError)
     return tuple(errors)
+
+
+def as_options(message: str, names) -> str:
+    """'top_p must be ...' -> '--top-p must be ...' so the message names what the user typed."""
+    import re
+
+    for name in sorted(names, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}\b", "--" + name.replace("_", "-"), message)
+    return message
+
+
+def options_from(cls, **values):
+    """``cls(**values)`` (a self-validating config), its ConfigError reworded as a usage error
+    naming the options the user typed (``--beam``, not ``beam``): one line, exit 2."""
+    from attnlab.config import ConfigError
+
+    try:
+        return cls(**values)
+    except (ConfigError, ValueError) as e:
+        raise UsageError(as_options(str(e), values)) from None
 
 
 def int_at_least(low: int):

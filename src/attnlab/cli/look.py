@@ -43,26 +43,31 @@ def _out_path(path: str | None, suffix: str, option: str) -> Path | None:
 
 
 def _load(args):
-    from attnlab.checkpoint import load_run
+    from attnlab.run import load_run
 
-    model, tokenizer = load_run(args.run)
-    return model, tokenizer
+    return load_run(args.run)
 
 
 def _record(args):
-    from attnlab.inspect.recording import record
-
-    model, tokenizer = _load(args)
-    return model, tokenizer, record(model, tokenizer, args.text)
+    """(model, tokenizer, Recording): the run's ``record``, which knows its class names and
+    where imported weights came from."""
+    run = _load(args)
+    return run.model, run.tokenizer, run.record(args.text)
 
 
 def _print(result, as_json: bool = False) -> None:
+    """The result on stdout: its JSON (which starts with "about"), or its terminal rendering
+    after a line saying what the model is (a trace says it itself)."""
     from attnlab.inspect.display import console
+    from attnlab.inspect.trace import Trace
 
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
-    else:
-        console().print(result)
+        return
+    out = console()
+    if result.about and result.about.get("description") and not isinstance(result, Trace):
+        out.print(f"the model: {result.about['description']}.", style="italic", markup=False)
+    out.print(result)
 
 
 def _wrote(path: Path, what: str) -> None:
@@ -180,7 +185,7 @@ def _intervention_tabs(model, tokenizer, args) -> dict[str, str]:
 def cmd_check(args) -> int:
     from attnlab.inspect.check import check
 
-    model, _ = _load(args)
+    model = _load(args).model
     report = check(model, length=args.length, batch=args.batch, seed=args.seed)
     _print(report, args.json)
     return 0 if report.ok else 1
@@ -199,12 +204,15 @@ def register(sub) -> None:
         "trace",
         help="explain one forward pass step by step",
         description="Explain one forward pass: tokens, embeddings, Q/K/V of one head, "
-        "scores, mask, softmax, heads, residual, FFN, logits and predictions.",
+        "scores, mask, softmax, heads, residual, FFN, and what the model predicts: a GPT's next "
+        "token, a masked LM's [MASK] fillers, a classifier's class, each decoder step of an "
+        "encoder-decoder (with its cross-attention), an LSTM's alignment.",
     )
     _run_and_text(p)
     p.add_argument("--layer", type=nonneg, default=0, help="layer to open up (default 0)")
     p.add_argument("--head", type=nonneg, default=0, help="head to open up (default 0)")
-    p.add_argument("--top", type=pos, default=5, help="next-token predictions to show (default 5)")
+    p.add_argument("--top", type=pos, default=5,
+                   help="predictions to show: next tokens, [MASK] fillers, classes (default 5)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the same data as JSON")
     p.set_defaults(func=cmd_trace)
 
