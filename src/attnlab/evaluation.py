@@ -62,10 +62,11 @@ class Evaluation:
         return out
 
     def lines(self) -> list[str]:
-        """The evaluation as terminal lines: figures, then the per-class table and confusion."""
+        """The evaluation as terminal lines: the figures (one per line, label then value), what
+        was scored, then a classifier's per-class table and confusion matrix."""
         width = max(len(f.label) for f in self.figures)
-        out = [f"{self.data}"]
-        out += [f"  {f.label:<{width}}  {f.text()}" for f in self.figures]
+        out = [f"{f.label:<{width}}  {f.text()}" for f in self.figures]
+        out.append(f"(scored on {self.data})")
         if self.report is not None:
             out += [""] + per_class_lines(self.report) + [""] + confusion_lines(self.report)
         if self.mistakes:

@@ -126,27 +126,33 @@ class Run:
             self.model.train(was)
 
     def generate(self, prompt: str | list[str] = "\n", *, stop=(), num_samples: int = 1,
-                 use_cache: bool = True, stream=None, **sampling):  # fmt: skip
-        """A GPT's continuation of ``prompt`` (a str; a list for several prompts or samples),
-        sampled with ``SamplingConfig``'s options and defaults (``max_new_tokens``,
-        ``temperature``, ``top_k``, ``top_p``, ``repetition_penalty``, ``seed``). An
-        encoder-decoder gives its translation (``beam=N``, ``alpha``, ``max_len``)."""
-        from attnlab.generation import SamplingConfig
+                 use_cache: bool = True, stream=None, window: str = "slide",
+                 beam: int | None = None, alpha: float = PredictOptions.alpha, **sampling):  # fmt: skip
+        """What ``attnlab generate`` prints: a GPT's continuation of ``prompt`` (an
+        encoder-decoder's sampled output for a source text), sampled with ``SamplingConfig``'s
+        options and defaults (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
+        ``repetition_penalty``, ``seed``), or the best ``num_samples`` of a beam search
+        (``beam=N``). A str for one prompt and one sample; otherwise a list."""
+        from attnlab.generation import SamplingConfig, beam_generate
         from attnlab.generation import generate as sample
 
-        if self.kind in ("seq2seq-transformer", "lstm-attention", "lstm"):
-            pred = self.predict(prompt, **sampling)
-            return pred["output"] if isinstance(pred, dict) else [p["output"] for p in pred]
-        if self.kind != "gpt":
+        if self.config.get("model_type") not in ("gpt", "seq2seq", "rnn"):
             raise ckpt.RunError(
-                f"{self.path}: generate samples text from a GPT language model; this run is "
-                f"a {self.kind} ({self.describe()}): use predict"
+                f"{self.path}: generate samples text from a GPT (or an encoder-decoder); this "
+                f"run is a {self.kind} ({self.describe()}): use predict"
             )
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         cfg = SamplingConfig(**sampling)
-        samples = sample(self.model, self.tokenizer, prompt, cfg, stop=stop,
-                         num_samples=num_samples, use_cache=use_cache, stream=stream)  # fmt: skip
-        texts = [s.text for s in samples]
-        return texts[0] if isinstance(prompt, str) and num_samples == 1 else texts
+        if beam is not None:
+            rows = beam_generate(self.model, self.tokenizer, prompts, beam, alpha,
+                                 cfg.max_new_tokens, n_best=num_samples, window=window,
+                                 use_cache=use_cache)  # fmt: skip
+            texts = [s.text for row in rows for s in row]
+        else:
+            texts = [s.text for s in sample(self.model, self.tokenizer, prompts, cfg, stop=stop,
+                                            num_samples=num_samples, use_cache=use_cache,
+                                            stream=stream, window=window)]  # fmt: skip
+        return texts[0] if isinstance(prompt, str) and len(texts) == 1 else texts
 
     def record(self, text: str):
         """One recorded forward pass over ``text`` (an image path or ``test:N`` for a ViT): the

@@ -189,7 +189,12 @@ def register(sub) -> None:
         action="append",
         help="text to continue (repeat for a batch of prompts; default a newline)",
     )
-    a("--max-new-tokens", type=int, default=SamplingConfig.max_new_tokens, help="tokens to generate")
+    a(
+        "--max-new-tokens",
+        type=int,
+        default=SamplingConfig.max_new_tokens,
+        help="tokens to generate",
+    )
     add_sampling_options(a, temperature=SamplingConfig.temperature)
     a("--window", choices=WINDOWS, default="slide", help="what to read past block_size (above)")
     a(

@@ -26,17 +26,15 @@ def _defaults(cls) -> dict:
 
 
 def open_run(path: str, device: str = "auto"):
-    """``attnlab.run.load_run`` on the device named (auto: a GPU if there is one), with the
-    CPU threads chosen by the load."""
+    """``attnlab.run.load_run`` on the device named (auto: a GPU if there is one)."""
     from attnlab.config import ConfigError
     from attnlab.run import load_run
-    from attnlab.runtime import resolve_device, set_cpu_threads
+    from attnlab.runtime import resolve_device
 
     try:
         dev = resolve_device(device)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    set_cpu_threads(dev)
     return load_run(path, device=dev)
 
 
@@ -86,12 +84,14 @@ def predict(args: argparse.Namespace) -> int:
 
 def eval_(args: argparse.Namespace) -> int:
     """``attnlab eval RUN [--data FILE]``: the task's figures (``--png``: a classifier's
-    confusion matrix)."""
+    confusion matrix; ``--ablate L.H``: intact and with those heads ablated)."""
     from attnlab.tasks.base import EvalOptions
 
     options = options_from(EvalOptions, data=args.data, encoding=args.encoding, split=args.split,
                            batch_size=args.batch_size, max_tokens=args.max_tokens,
                            beam=args.beam, alpha=args.alpha, limit=args.limit)  # fmt: skip
+    if args.ablate:
+        return _eval_ablated(args, options)
     png = output_file(args.png, ".png", "--png")
     run = open_run(args.run, args.device)
     if png is not None and run.task.name not in ("classify", "vision"):
@@ -106,6 +106,43 @@ def eval_(args: argparse.Namespace) -> int:
         print(str(ev))
     if png is not None:
         print(f"wrote confusion matrix {png}", file=sys.stderr)
+    return 0
+
+
+HELD_OUT_ONLY = ("--split", "--beam", "--alpha", "--limit", "--png")
+
+
+def _eval_ablated(args: argparse.Namespace, options) -> int:
+    """``eval RUN --ablate L.H[,...] [--mode M]``: the run's figures intact and with those heads
+    ablated (``attnlab.interventions.ablated_eval``). With ``--data`` the figures are ``eval``'s
+    own on that file (any task); without, the run's held-out split is scored as training
+    scored it (``interventions.held_out``)."""
+    from attnlab.inspect.display import console
+    from attnlab.interventions import ablated_eval, held_out
+    from attnlab.runtime import resolve_device
+
+    given = [o for o in HELD_OUT_ONLY if any(a.split("=")[0] == o for a in args._argv)]
+    if args.data is not None:
+        if "--png" in given:
+            raise UsageError("--png does not apply to --ablate (it compares figures)")
+        run = open_run(args.run, args.device)
+
+        def score() -> dict:
+            ev = run.evaluate(options=options)
+            return {f.key: f.value for f in ev.figures}
+
+        model, source = run.model, str(args.data)
+    else:
+        if given:
+            raise UsageError(f"{given[0]} does not apply to --ablate: the run is scored on the "
+                             "held-out split it was trained with, as training scored it")  # fmt: skip
+        h = held_out(args.run, resolve_device(args.device))
+        model, score, source = h.model, h.figures, h.source
+    result = ablated_eval(model, score, args.ablate, args.mode, source, quiet=False)
+    if args.json:
+        print(result.to_json())
+    else:
+        console().print(result)
     return 0
 
 
@@ -166,4 +203,10 @@ def register(sub) -> None:
     e.add_argument("--limit", type=int, default=ed["limit"],
                    help="score only the first N examples (default 0 = all)")  # fmt: skip
     e.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    e.add_argument("--ablate", metavar="L.H[,L.H...]",
+                   help="the figures intact and with these heads ablated (1.2; decoder.0.1, "
+                   "cross.1.0, encoder.0.3 in an encoder-decoder; context for an LSTM); on "
+                   "--data if given, else on the run's held-out split, for every task")  # fmt: skip
+    e.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
+                   help="--ablate: how (default zero)")  # fmt: skip
     e.set_defaults(func=eval_)

@@ -367,4 +367,3 @@ class LanguageModel(Task):
             Figure("chars_per_token", "chars/token", cpt),
         ]
         return Evaluation(self.name, f"{where}: {count:,} of {len(tokens):,} tokens", figures)
-
