@@ -69,7 +69,7 @@ def test_parallel_corpus_with_word_tokenizers(cli, tmp_path):
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 1, r.stderr
     r = cli("eval", run, "--split", "val")
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("the val split of phrases_en_es: 29 pairs, greedy"), r.stdout
+    assert "(scored on the val split of phrases_en_es: 29 pairs, greedy)" in r.stdout, r.stdout
 
 
 @pytest.mark.slow

@@ -112,36 +112,22 @@ def confusion_lines(report: dict) -> list[str]:
 
 
 def confusion_png(report: dict, path: str | Path) -> Path:
+    """The confusion matrix drawn by the one heatmap renderer (``attnlab.inspect.plots``): rows
+    are the true classes, columns the predicted ones, each cell its count."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnlab.checkpoint import atomic_write
+    from attnlab.inspect.plots import heatmap, save_png
 
     classes, m = report["classes"], np.asarray(report["confusion"], dtype=np.int64)
     n = len(classes)
     size = min(14.0, max(3.5, 0.45 * n + 2.0))
     fig, ax = plt.subplots(figsize=(size + 1.0, size))
-    im = ax.imshow(m, cmap="Blues", vmin=0)
-    ax.set_xticks(range(n))
-    ax.set_xticklabels(classes, rotation=90 if n > 6 else 0)
-    ax.set_yticks(range(n))
-    ax.set_yticklabels(classes)
-    ax.set_xlabel("predicted class")
-    ax.set_ylabel("true class")
-    ax.set_title(f"confusion matrix: accuracy {100 * report['accuracy']:.1f}% "
-                 f"of {report['examples']}", fontsize=10)  # fmt: skip
-    if n <= 20:
-        top = max(1, int(m.max(initial=0)))
-        for i in range(n):
-            for j in range(n):
-                ax.text(j, i, str(int(m[i, j])), ha="center", va="center", fontsize=8,
-                        color="white" if m[i, j] > top / 2 else "black")  # fmt: skip
-    fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
-    path = Path(path)
-    try:
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight"))
-    finally:
-        plt.close(fig)
-    return path
+    heatmap(ax, m, classes, classes, cmap="Blues", vmin=0.0, annotate=n <= 20, fmt="{:.0f}",
+            xlabel="predicted class", ylabel="true class", xtick_rotation=90 if n > 6 else 0,
+            colorbar_label="examples", fontsize=9,
+            title=f"confusion matrix: accuracy {100 * report['accuracy']:.1f}% "
+            f"of {report['examples']}")  # fmt: skip
+    return save_png(fig, path)

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from attnlab import checkpoint as ckpt
+from attnlab.data import DataError
 from attnlab.tasks.base import EvalOptions, PredictOptions, Task, open_task, predict_options
 
 
@@ -114,7 +115,11 @@ class Run:
                 where = f"was imported from {self.imported}" if self.imported else "names no data"
                 raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
                                     "--data FILE (Python: evaluate(data=...))")  # fmt: skip
-            task = open_task(self.path, with_data=True)
+            try:
+                task = open_task(self.path, with_data=True)
+            except DataError as e:  # its data moved, changed or was never kept
+                what = "a text" if self.kind == "gpt" else "a file in its task's format"
+                raise type(e)(f"{e}; score {what} with --data") from None
         else:
             task = self.task
         was = self.model.training

@@ -60,6 +60,23 @@ def options_from(cls, **values):
         raise UsageError(as_options(str(e), values)) from None
 
 
+def output_file(path: str | None, suffix: str, option: str):
+    """Check an output file before any work: its suffix, that its directory exists and that it
+    is not a directory (a UsageError naming ``option`` otherwise). Returns a Path, or None."""
+    from pathlib import Path
+
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() != suffix:
+        raise UsageError(f"{option} {path}: expected a {suffix} file name")
+    if not p.parent.is_dir():
+        raise UsageError(f"{option} {path}: directory {p.parent} does not exist")
+    if p.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    return p
+
+
 def int_at_least(low: int):
     """An argparse type: an integer >= low (argparse turns the error into exit 2)."""
 

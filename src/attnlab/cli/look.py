@@ -10,7 +10,7 @@ import functools
 import sys
 from pathlib import Path
 
-from attnlab.cli import UsageError, int_at_least
+from attnlab.cli import UsageError, int_at_least, output_file
 
 
 def _user_errors(fn):
@@ -26,20 +26,6 @@ def _user_errors(fn):
             raise UsageError(str(e)) from None
 
     return wrapper
-
-
-def _out_path(path: str | None, suffix: str, option: str) -> Path | None:
-    """Check an output file before any work: right suffix, existing directory."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.suffix.lower() != suffix:
-        raise UsageError(f"{option} {path}: expected a {suffix} file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"{option} {path}: directory {p.parent} does not exist")
-    if p.is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    return p
 
 
 def _load(args):
@@ -94,7 +80,7 @@ def cmd_attention(args) -> int:
 
     if args.all and args.png is None:
         raise UsageError("--all draws the grid of every layer x head into --png FILE; give --png")
-    png = _out_path(args.png, ".png", "--png")
+    png = output_file(args.png, ".png", "--png")
     _, _, rec = _record(args)
     amap = attention(
         rec, layer=args.layer, head=args.head, mean=args.mean, name=args.map, start=args.start
@@ -123,7 +109,7 @@ def cmd_similarity(args) -> int:
 def cmd_influence(args) -> int:
     from attnlab.inspect.influence import influence
 
-    out = _out_path(args.csv, ".csv", "--csv")
+    out = output_file(args.csv, ".csv", "--csv")
     model, _, rec = _record(args)
     result = influence(model, rec, n_sources=args.sources, top=args.top)
     if out is not None:  # written before anything is printed
@@ -138,7 +124,7 @@ def cmd_influence(args) -> int:
 def cmd_explore(args) -> int:
     from attnlab.inspect.explorer import explore
 
-    out = _out_path(args.html, ".html", "--html")
+    out = output_file(args.html, ".html", "--html")
     if args.steps:  # the run's snapshots on a step slider: no text, no forward pass
         from attnlab.inspect.step_explorer import explore_steps
 

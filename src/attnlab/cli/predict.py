@@ -15,9 +15,8 @@ import argparse
 import dataclasses
 import json
 import sys
-from pathlib import Path
 
-from attnlab.cli import UsageError, options_from
+from attnlab.cli import UsageError, options_from, output_file
 
 
 def _defaults(cls) -> dict:
@@ -36,20 +35,6 @@ def open_run(path: str, device: str = "auto"):
     except ConfigError as e:
         raise UsageError(str(e)) from None
     return load_run(path, device=dev)
-
-
-def output_file(path: str | None, suffix: str, option: str) -> Path | None:
-    """Check an output file before any work: its suffix, and that its directory exists."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.suffix.lower() != suffix:
-        raise UsageError(f"{option} {path}: expected a {suffix} file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"{option} {path}: directory {p.parent} does not exist")
-    if p.is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    return p
 
 
 def _inputs(given: list[str]) -> list[str]:
@@ -114,22 +99,27 @@ HELD_OUT_ONLY = ("--split", "--beam", "--alpha", "--limit", "--png")
 
 def _eval_ablated(args: argparse.Namespace, options) -> int:
     """``eval RUN --ablate L.H[,...] [--mode M]``: the run's figures intact and with those heads
-    ablated (``attnlab.interventions.ablated_eval``). With ``--data`` the figures are ``eval``'s
-    own on that file (any task); without, the run's held-out split is scored as training
+    ablated (``attnlab.interventions.ablated_eval``). With ``--data`` a GPT's figures are
+    ``eval``'s own on that text; without, any run's held-out split is scored as training
     scored it (``interventions.held_out``)."""
+    from attnlab.data import open_corpus
     from attnlab.inspect.display import console
     from attnlab.interventions import ablated_eval, held_out
     from attnlab.runtime import resolve_device
 
     given = [o for o in HELD_OUT_ONLY if any(a.split("=")[0] == o for a in args._argv)]
     if args.data is not None:
-        if "--png" in given:
-            raise UsageError("--png does not apply to --ablate (it compares figures)")
         run = open_run(args.run, args.device)
+        if run.kind != "gpt":
+            raise UsageError(f"--data with --ablate scores a GPT on a text; this is a {run.kind} "
+                             "run: without --data it is scored on its own held-out split")  # fmt: skip
+        if given:
+            raise UsageError(f"{given[0]} does not apply to --ablate on a text")
+        open_corpus(args.data, args.encoding)  # a missing or binary file: refused before scoring
 
         def score() -> dict:
             ev = run.evaluate(options=options)
-            return {f.key: f.value for f in ev.figures}
+            return {f.key: f.value for f in ev.figures if f.key != "chars_per_token"}
 
         model, source = run.model, str(args.data)
     else:
@@ -205,8 +195,8 @@ def register(sub) -> None:
     e.add_argument("--device", default="auto", help="cpu, cuda or auto")
     e.add_argument("--ablate", metavar="L.H[,L.H...]",
                    help="the figures intact and with these heads ablated (1.2; decoder.0.1, "
-                   "cross.1.0, encoder.0.3 in an encoder-decoder; context for an LSTM); on "
-                   "--data if given, else on the run's held-out split, for every task")  # fmt: skip
+                   "cross.1.0, encoder.0.3 in an encoder-decoder; context for an LSTM): on the "
+                   "run's held-out split, for every task, or a GPT on --data")  # fmt: skip
     e.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
                    help="--ablate: how (default zero)")  # fmt: skip
     e.set_defaults(func=eval_)
