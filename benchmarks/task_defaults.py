@@ -67,7 +67,7 @@ def figure(name: str, run: Path) -> str:
         return f"test accuracy {cfg['test_accuracy']:.1%} ({cfg['test_correct']}/{cfg['n_test']})"
     r = attnlab("eval", str(run), "--json")  # the test split, never trained on
     res = json.loads(r.stdout)
-    return f"test exact match {res['exact']:.1%} ({res['n']} dates)"
+    return f"test exact match {res['exact_match']:.1%} ({res['pairs']} dates)"
 
 
 def main() -> None:

@@ -263,6 +263,7 @@ def test_text_outside_the_vocabulary_is_refused_by_the_inspection_verbs(cli, cas
 RUN_VERBS = {
     "generate": ["generate", "{run}", "--max-new-tokens", "3"],
     "eval": ["eval", "{run}", "--data", "corpus.txt"],
+    "predict": ["predict", "{run}", "All"],
     "trace": ["trace", "{run}", "All"],
     "attention": ["attention", "{run}", "All", "--png", "map.png"],
     "influence": ["influence", "{run}", "All", "--csv", "table.csv"],

@@ -86,8 +86,15 @@ def test_bad_inputs_exit_2_with_one_line(capsys, cli, tmp_path):
         attnlab(capsys, "import-hf", pk, "--out", tmp_path / "x")
     )
     assert not (tmp_path / "x").exists()
-    save_model(tmp_path / "enc", _tiny_encoder())
-    assert "GPT" in one_error_line(attnlab(capsys, "export-hf", tmp_path / "enc", tmp_path / "hf"))
+    from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+
+    s2s = Seq2SeqTransformer(
+        Seq2SeqConfig(src_vocab_size=8, tgt_vocab_size=8, n_head=2, d_model=16)
+    )
+    save_model(tmp_path / "s2s", s2s)
+    line = one_error_line(attnlab(capsys, "export-hf", tmp_path / "s2s", tmp_path / "hf"))
+    assert "GPT runs (as GPT-2) and encoder runs (as BERT)" in line
+    assert not (tmp_path / "hf").exists()
     gpt = tmp_path / "gpt"
     save_model(gpt, GPT(GPTConfig(vocab_size=20, n_layer=1, d_model=16)))
     assert "encoder run" in one_error_line(attnlab(capsys, "embed", gpt, "x"))

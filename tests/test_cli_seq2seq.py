@@ -48,7 +48,9 @@ def test_train_translate_eval(cli, tmp_path, arch):
     r = cli("eval", run, "--json")
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    assert res["n"] == 20 and 0 <= res["exact"] <= res["token_acc"] + 1e-9 <= 1 + 1e-9
+    assert res["pairs"] == 20 and 0 <= res["exact_match"] <= res["token_accuracy"] + 1e-9 <= 1
+    assert res["about"]["kind"] == ("seq2seq-transformer" if arch == "transformer" else arch)
+    assert 0 <= res["bleu"] <= 100 and 0 <= res["chrf"] <= 100
 
     if arch == "transformer":  # bad input to a good run: one line, exit 2
         assert "not in the vocabulary" in one_error_line(cli("translate", run, "xyz"))
@@ -66,7 +68,8 @@ def test_parallel_corpus_with_word_tokenizers(cli, tmp_path):
     r = cli("translate", run, "let's go")
     assert r.returncode == 0 and len(r.stdout.splitlines()) == 1, r.stderr
     r = cli("eval", run, "--split", "val")
-    assert r.returncode == 0 and r.stdout.startswith("val: 29 pairs"), (r.stdout, r.stderr)
+    assert r.returncode == 0, r.stderr
+    assert "(scored on the val split of phrases_en_es: 29 pairs, greedy)" in r.stdout, r.stdout
 
 
 @pytest.mark.slow

@@ -537,7 +537,7 @@ def test_eval_without_data_streams_the_runs_held_out_split(capsys, tmp_path):
     model, _ = load_run(run)
     in_memory = score_tokens(model, val.read(0, len(val)), task.info.chars_per_token, 32, 4000)
     assert loss == pytest.approx(in_memory["loss"], abs=1e-4)
-    assert f"{in_memory['tokens']:,} evaluated of {len(val):,}" in out
+    assert f"{in_memory['tokens']:,} of {len(val):,} tokens" in out
 
     config = json.loads((run / "config.json").read_text())
     for key in ("token_shards", "sampler", "data_key"):

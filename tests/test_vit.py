@@ -136,8 +136,8 @@ def test_config_round_trips_through_json():
 
 def test_token_labels():
     labels = tiny().token_labels()
-    assert labels[0] == "[CLS]" and labels[1] == "p0 (r0,c0)" and labels[6] == "p5 (r1,c1)"
-    assert labels[-1] == "p15 (r3,c3)"
+    assert labels[0] == "[CLS]" and labels[1] == "r0c0" and labels[6] == "r1c1"
+    assert labels[-1] == "r3c3" and not any(" " in t for t in labels)
 
 
 def test_conformance_checks_pass():

@@ -594,6 +594,13 @@ def read_run_config(run_dir: str | Path) -> dict:
         raise RunError(f"{run_dir}: no config.json, so this is not an attnlab run directory{hint}")
     cfg = read_json_object(path)
     version = cfg.get("attnlab_format")
+    hf_like = "architectures" in cfg or "model_type" in cfg
+    if version is None and hf_like and not isinstance(cfg.get("config"), dict):
+        raise RunError(
+            f"{run_dir}: a Hugging Face model directory ({cfg.get('model_type') or 'unknown'}), "
+            f"not an attnlab run; convert it first: attnlab import-hf {run_dir} --out "
+            f"runs/{run_dir.resolve().name or 'imported'}"
+        )
     if version is None:
         raise RunError(f"{path}: no attnlab_format version (not written by attnlab, or too old)")
     if version != FORMAT_VERSION:

@@ -81,8 +81,11 @@ __all__ = ["WINDOWS", "SamplingConfig", "generate", "generate_ids", "greedy", "b
 
 @dataclasses.dataclass
 class SamplingConfig:
+    """How ``generate`` samples; these defaults are the ``attnlab generate`` verb's and
+    ``Run.generate``'s too (the CLI reads them from here)."""
+
     max_new_tokens: int | None = 200  # None: an encoder-decoder's default (2 * source + 10)
-    temperature: float = 1.0
+    temperature: float = 0.8
     top_k: int | None = None
     top_p: float | None = None
     repetition_penalty: float = 1.0

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-AREAS = ("train", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline")
+AREAS = ("train", "predict", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline")
 
 
 class UsageError(ValueError):
@@ -38,6 +38,43 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
     errors.append(InterventionError)
     return tuple(errors)
+
+
+def as_options(message: str, names) -> str:
+    """'top_p must be ...' -> '--top-p must be ...' so the message names what the user typed."""
+    import re
+
+    for name in sorted(names, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}\b", "--" + name.replace("_", "-"), message)
+    return message
+
+
+def options_from(cls, **values):
+    """``cls(**values)`` (a self-validating config), its ConfigError reworded as a usage error
+    naming the options the user typed (``--beam``, not ``beam``): one line, exit 2."""
+    from attnlab.config import ConfigError
+
+    try:
+        return cls(**values)
+    except (ConfigError, ValueError) as e:
+        raise UsageError(as_options(str(e), values)) from None
+
+
+def output_file(path: str | None, suffix: str, option: str):
+    """Check an output file before any work: its suffix, that its directory exists and that it
+    is not a directory (a UsageError naming ``option`` otherwise). Returns a Path, or None."""
+    from pathlib import Path
+
+    if path is None:
+        return None
+    p = Path(path)
+    if p.suffix.lower() != suffix:
+        raise UsageError(f"{option} {path}: expected a {suffix} file name")
+    if not p.parent.is_dir():
+        raise UsageError(f"{option} {path}: directory {p.parent} does not exist")
+    if p.is_dir():
+        raise UsageError(f"{option} {path}: is a directory")
+    return p
 
 
 def int_at_least(low: int):

@@ -34,10 +34,12 @@ def import_hf(args: argparse.Namespace) -> int:
 
 
 def export_hf(args: argparse.Namespace) -> int:
-    from attnlab.interop.hf import export_gpt2
+    from attnlab.interop.hf import export_hf as do_export
 
-    out = export_gpt2(args.run, args.dir)
-    _err(f"exported {args.run} -> {out} (GPT2LMHeadModel.from_pretrained loads it)")
+    out = do_export(args.run, args.dir)
+    cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    _err(f"exported {args.run} -> {out} ({cfg['architectures'][0]}.from_pretrained and "
+         "AutoTokenizer.from_pretrained load it)")  # fmt: skip
     print(out)
     return 0
 
@@ -75,9 +77,14 @@ def register(sub) -> None:
 
     p = sub.add_parser(
         "export-hf",
-        help="write a GPT run as a Hugging Face GPT-2 directory",
-        description="Write RUN (an attnlab GPT with learned positions and pre-norm blocks) as a "
-        "directory that transformers.GPT2LMHeadModel.from_pretrained loads.",
+        help="write a GPT or encoder run as a Hugging Face directory (GPT-2 or BERT)",
+        description="Write RUN as a directory transformers loads: a GPT (learned positions, "
+        "pre-norm) as GPT2LMHeadModel; an encoder (learned positions, post-norm, gelu) as "
+        "BertForMaskedLM, BertForSequenceClassification or BertModel, by its head. The "
+        "tokenizer goes with it (tokenizer.json, tokenizer_config.json): "
+        "AutoTokenizer.from_pretrained gives attnlab's ids for any text. A character the "
+        "vocabulary lacks maps to <unk> where the tokenizer has one, and is refused by both "
+        "attnlab and transformers where it has none (a GPT's char tokenizer).",
     )
     p.add_argument("run", help="attnlab run directory")
     p.add_argument("dir", help="directory to write")

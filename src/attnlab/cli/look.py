@@ -10,7 +10,7 @@ import functools
 import sys
 from pathlib import Path
 
-from attnlab.cli import UsageError, int_at_least
+from attnlab.cli import UsageError, int_at_least, output_file
 
 
 def _user_errors(fn):
@@ -28,41 +28,32 @@ def _user_errors(fn):
     return wrapper
 
 
-def _out_path(path: str | None, suffix: str, option: str) -> Path | None:
-    """Check an output file before any work: right suffix, existing directory."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.suffix.lower() != suffix:
-        raise UsageError(f"{option} {path}: expected a {suffix} file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"{option} {path}: directory {p.parent} does not exist")
-    if p.is_dir():
-        raise UsageError(f"{option} {path}: is a directory")
-    return p
-
-
 def _load(args):
-    from attnlab.checkpoint import load_run
+    from attnlab.run import load_run
 
-    model, tokenizer = load_run(args.run)
-    return model, tokenizer
+    return load_run(args.run)
 
 
 def _record(args):
-    from attnlab.inspect.recording import record
-
-    model, tokenizer = _load(args)
-    return model, tokenizer, record(model, tokenizer, args.text)
+    """(model, tokenizer, Recording): the run's ``record``, which knows its class names and
+    where imported weights came from."""
+    run = _load(args)
+    return run.model, run.tokenizer, run.record(args.text)
 
 
 def _print(result, as_json: bool = False) -> None:
+    """The result on stdout: its JSON (which starts with "about"), or its terminal rendering
+    after a line saying what the model is (a trace says it itself)."""
     from attnlab.inspect.display import console
+    from attnlab.inspect.trace import Trace
 
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
-    else:
-        console().print(result)
+        return
+    out = console()
+    if result.about and result.about.get("description") and not isinstance(result, Trace):
+        out.print(f"the model: {result.about['description']}.", style="italic", markup=False)
+    out.print(result)
 
 
 def _wrote(path: Path, what: str) -> None:
@@ -89,7 +80,7 @@ def cmd_attention(args) -> int:
 
     if args.all and args.png is None:
         raise UsageError("--all draws the grid of every layer x head into --png FILE; give --png")
-    png = _out_path(args.png, ".png", "--png")
+    png = output_file(args.png, ".png", "--png")
     _, _, rec = _record(args)
     amap = attention(
         rec, layer=args.layer, head=args.head, mean=args.mean, name=args.map, start=args.start
@@ -118,7 +109,7 @@ def cmd_similarity(args) -> int:
 def cmd_influence(args) -> int:
     from attnlab.inspect.influence import influence
 
-    out = _out_path(args.csv, ".csv", "--csv")
+    out = output_file(args.csv, ".csv", "--csv")
     model, _, rec = _record(args)
     result = influence(model, rec, n_sources=args.sources, top=args.top)
     if out is not None:  # written before anything is printed
@@ -133,7 +124,7 @@ def cmd_influence(args) -> int:
 def cmd_explore(args) -> int:
     from attnlab.inspect.explorer import explore
 
-    out = _out_path(args.html, ".html", "--html")
+    out = output_file(args.html, ".html", "--html")
     if args.steps:  # the run's snapshots on a step slider: no text, no forward pass
         from attnlab.inspect.step_explorer import explore_steps
 
@@ -180,7 +171,7 @@ def _intervention_tabs(model, tokenizer, args) -> dict[str, str]:
 def cmd_check(args) -> int:
     from attnlab.inspect.check import check
 
-    model, _ = _load(args)
+    model = _load(args).model
     report = check(model, length=args.length, batch=args.batch, seed=args.seed)
     _print(report, args.json)
     return 0 if report.ok else 1
@@ -199,12 +190,15 @@ def register(sub) -> None:
         "trace",
         help="explain one forward pass step by step",
         description="Explain one forward pass: tokens, embeddings, Q/K/V of one head, "
-        "scores, mask, softmax, heads, residual, FFN, logits and predictions.",
+        "scores, mask, softmax, heads, residual, FFN, and what the model predicts: a GPT's next "
+        "token, a masked LM's [MASK] fillers, a classifier's class, each decoder step of an "
+        "encoder-decoder (with its cross-attention), an LSTM's alignment.",
     )
     _run_and_text(p)
     p.add_argument("--layer", type=nonneg, default=0, help="layer to open up (default 0)")
     p.add_argument("--head", type=nonneg, default=0, help="head to open up (default 0)")
-    p.add_argument("--top", type=pos, default=5, help="next-token predictions to show (default 5)")
+    p.add_argument("--top", type=pos, default=5,
+                   help="predictions to show: next tokens, [MASK] fillers, classes (default 5)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the same data as JSON")
     p.set_defaults(func=cmd_trace)
 

@@ -81,25 +81,6 @@ def cmd_head_scores(args) -> int:
     return 0
 
 
-def eval_induction(args) -> int:
-    """``attnlab eval RUN`` of an induction run: the in-context loss (``eval --ablate`` scores
-    the same figures with heads ablated, through ``attnlab.interventions``)."""
-    from attnlab import checkpoint as ckpt
-    from attnlab.tasks import open_task
-
-    task = open_task(args.run, with_data=True)
-    model, _ = ckpt.load_run(args.run)
-    r = task.evaluate_in_context(model)
-    if args.json:
-        print(json.dumps(r, indent=2))
-        return 0
-    print(f"in-context loss on {r['sequences']} sequences r r (r of {r['half']} tokens):")
-    print(f"loss_first_half     {r['loss_first_half']:.4f}  nats/token")
-    print(f"loss_repeated_half  {r['loss_repeated_half']:.4f}  nats/token")
-    print(f"ln V                {r['ln_vocab']:.4f}  (a uniform guess)")
-    return 0
-
-
 def register(sub) -> None:
     p = sub.add_parser(
         "timeline",

@@ -1,7 +1,9 @@
-"""The vision verb ``classify`` (``train --task classify --arch vit`` is cli/train.py).
+"""The verb ``classify``: ``predict`` for a classifier run, text or image
+(``train --task classify`` is cli/train.py).
 
     attnlab train --task classify --data digits --arch vit      # ~20 s on one CPU core
     attnlab classify runs/digits test:0                         # top classes of a test image
+    attnlab classify runs/language "where is the station?"      # a text classifier
     attnlab attention runs/digits test:0 --layer 1 --head 0     # [CLS] and patch attention
 
 An image argument is the path of an image file (the size the model was trained on) or
@@ -11,42 +13,39 @@ An image argument is the path of an image file (the size the model was trained o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from attnlab.cli import UsageError, int_at_least
 
-# ---------------------------------------------------------------------------------------------
-# classify
-# ---------------------------------------------------------------------------------------------
-
 
 def cmd_classify(args: argparse.Namespace) -> int:
-    """``attnlab classify RUN IMAGE|test:N``: the model's top classes with probabilities."""
-    from attnlab.checkpoint import load_run
-    from attnlab.tasks.vision import ImageClassifier, VisionOptions
+    """``attnlab classify RUN INPUT``: the model's top classes with probabilities."""
+    from attnlab.cli.predict import open_run, print_predictions
 
-    model, tokenizer = load_run(args.run)
-    if getattr(model, "model_type", "") != "vit" or not hasattr(tokenizer, "read"):
-        raise UsageError(f"{args.run}: not an image classifier run (train one with --arch vit)")
-    task = ImageClassifier(VisionOptions(data=tokenizer.source), seed=tokenizer.seed)
-    task.tokenizer = tokenizer
-    (pred,) = task.predict(model, [args.image], top_k=args.top)
-    width = max(len(c) for c in tokenizer.classes)
-    truth = pred["truth"]
-    print(f"{args.image}" + (f"  (true class {truth})" if truth is not None else ""))
-    for c in pred["classes"]:
-        print(f"  {c['label']:<{width}}  {c['p']:.4f}")
+    run = open_run(args.run, args.device)
+    if run.kind not in ("vit", "text-classifier"):
+        raise UsageError(f"{args.run}: not a classifier run (train one with --task classify); "
+                         "`attnlab predict` answers for any run")  # fmt: skip
+    print_predictions(run, run.predict(args.input, top_k=args.top), args.json)
     return 0
 
 
 def register(sub) -> None:
+    from attnlab.tasks.base import PredictOptions
+
+    d = {f.name: f.default for f in dataclasses.fields(PredictOptions)}
     p = sub.add_parser(
         "classify",
-        help="the top classes of an image under a trained ViT",
-        description="Run one image through a ViT run and print its most likely classes. "
-        "IMAGE is an image file of the size the model was trained on, or test:N for the N-th "
-        "image (from 0) of the run's held-out test split.",
+        help="the top classes of a text or an image under a trained classifier",
+        description="Run each INPUT through a classifier run and print its most likely classes "
+        "(the same as `attnlab predict`). For a ViT, INPUT is an image file of the size the "
+        "model was trained on, or test:N for the N-th image (from 0) of its held-out test split.",
     )
-    p.add_argument("run", help="run directory (attnlab train --task classify --arch vit)")
-    p.add_argument("image", help="an image file, or test:N")
-    p.add_argument("--top", type=int_at_least(1), default=3, help="how many classes to show")
+    p.add_argument("run", help="run directory (attnlab train --task classify)")
+    p.add_argument("input", nargs="+", help="a text; for a ViT an image file, or test:N")
+    p.add_argument(
+        "--top", type=int_at_least(1), default=d["top_k"], help="how many classes to show"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.set_defaults(func=cmd_classify)

@@ -31,6 +31,8 @@ class AttentionMap(Result):
     kind: str = "self"
     start: int = 0  # first token shown in the terminal table
     limit: int = TERMINAL_TOKENS
+    image: np.ndarray | None = None  # a ViT's input (H, W[, 3]): the PNG shows it too
+    patch: int = 0  # its patch size in pixels
 
     @property
     def title(self) -> str:
@@ -65,13 +67,27 @@ class AttentionMap(Result):
         return heatmap_html(self.weights, self.queries, self.keys, self.title)
 
     def save_png(self, path: str | Path) -> Path:
-        """A heatmap of this matrix, labelled with the tokens (positions past 64 tokens)."""
+        """A heatmap of this matrix, labelled with the tokens (positions past 64 tokens). A
+        ViT's has its patches' thumbnails beside their labels, and next to it the image with
+        [CLS]'s attention over the patches."""
         import matplotlib.pyplot as plt
 
         T, S = self.weights.shape
         size = min(12.0, max(3.0, 0.32 * max(T, S) + 1.5))
-        fig, ax = plt.subplots(figsize=(size + 1.0, size))
+        vit = self.image is not None
+        fig, axes = plt.subplots(1, 2 if vit else 1, squeeze=False,
+                                 figsize=(size * (1.9 if vit else 1) + 1.0, size))  # fmt: skip
+        ax = axes[0][0]
         heatmap(ax, self.weights, self.queries, self.keys, title=self.title)
+        if vit:
+            from attnlab.inspect.images import patch_ticks
+            from attnlab.inspect.plots import overlay
+
+            patch_ticks(ax, self.image, self.patch, self.queries, self.keys)
+            ax.set_title(self.title, fontsize=9, pad=26)
+            g = self.image.shape[0] // self.patch
+            overlay(axes[0][1], self.image, self.weights[0][1:].reshape(g, g), vmin=0.0,
+                    title=f"the image; [CLS]'s attention over its patches ({self.title})")  # fmt: skip
         return save_png(fig, path)
 
 
@@ -166,16 +182,24 @@ def attention(
             raise InspectError(f"no head {head}; layer {info.layer} has heads 0..{w.shape[0] - 1}")
         m = w[head]
     q, k = rec.labels(info.name)
-    return AttentionMap(m, list(q), list(k), info.name, info.layer, head, info.kind, start, limit)
+    amap = AttentionMap(m, list(q), list(k), info.name, info.layer, head, info.kind, start, limit)
+    amap.about = rec.about
+    if rec.extra.get("image") is not None and len(q) == len(k) == m.shape[0]:
+        from attnlab.inspect.images import as_hwc
+
+        amap.image, amap.patch = as_hwc(rec.extra["image"]), int(rec.extra["patch_size"])
+    return amap
 
 
 def attention_grid(rec: Recording, name: str | None = None) -> AttentionGrid:
     """Every attention map (optionally those whose name contains ``name``) with all heads."""
-    maps = [m for m in rec.maps() if not name or name in m.name]
+    maps = [m for m in rec.maps() if not name or name in m.name or name == m.kind]
     if not maps:
         raise InspectError(
             f"no attention map matches {name!r}" if name else "no attention maps recorded"
         )
-    return AttentionGrid(
+    grid = AttentionGrid(
         maps, [rec.weights(m.name).numpy() for m in maps], [rec.labels(m.name) for m in maps]
     )
+    grid.about = rec.about
+    return grid

@@ -54,7 +54,10 @@ def console(file=None, width: int | None = None):
 
 
 class Result:
-    """Base of every inspection result."""
+    """Base of every inspection result. ``about`` (set by the tool from its Recording) says what
+    the model is; the JSON starts with it."""
+
+    about: dict | None = None
 
     def __rich__(self):  # pragma: no cover - overridden
         raise NotImplementedError
@@ -63,7 +66,10 @@ class Result:
         raise NotImplementedError
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, ensure_ascii=False)
+        d = self.to_dict()
+        if self.about and "about" not in d:
+            d = {"about": self.about, **d}
+        return json.dumps(d, indent=indent, ensure_ascii=False)
 
     def __str__(self) -> str:
         buf = io.StringIO()

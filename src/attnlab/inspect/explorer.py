@@ -2,7 +2,9 @@
 
 The page holds a layer and head selector, a head view (token-to-token lines, hover a token to
 see only its lines), the selected matrix, the influence bars of the selected layer, and a model
-view (the grid of every map x head; click one to select it). It is driven purely by the
+view (the grid of every map x head; click one to select it). It says what the model is; for a
+ViT it shows the image, each patch's thumbnail beside its token, and where [CLS] (or the hovered
+patch) looks on the image. It is driven purely by the
 ``Recording``'s attention maps and labels, so encoder self-attention and encoder-decoder
 cross-attention (queries and keys from different stacks, labelled as such) work unchanged.
 
@@ -77,6 +79,9 @@ def explorer_data(
     """Everything the page draws, as plain JSON-able data."""
     if max_tokens < 1:
         raise InspectError("max_tokens must be at least 1")
+    if not rec.maps():
+        about = f" ({rec.description})" if rec.description else ""
+        raise InspectError(f"this model has no attention maps to explore{about}; try trace")
     windows = {s: _window(len(t), start, max_tokens) for s, t in rec.tokens.items()}
     notes = []
     for s, (a, b) in windows.items():
@@ -121,14 +126,24 @@ def explorer_data(
             a, e = windows.get(stack, (0, len(b["tokens"])))
             b["tokens"], b["rel_change"] = b["tokens"][a:e], b["rel_change"][a:e]
     top = max((v for b in bars for v in b["rel_change"]), default=1.0)
+    image = None
+    if rec.extra.get("image") is not None:  # a ViT: the image its patch tokens come from
+        from attnlab.inspect.images import png_data_uri
+
+        img = rec.extra["image"]
+        image = {"src": png_data_uri(img), "patch": int(rec.extra["patch_size"]),
+                 "grid": int(img.shape[-1]) // int(rec.extra["patch_size"]),
+                 "truth": rec.extra.get("truth")}  # fmt: skip
     return {
         "title": title,
+        "about": rec.about,
         "note": " ".join(notes),
         "scale": SCALE,
         "stacks": stacks,
         "maps": maps,
         "influence": bars,
         "influence_max": top,
+        "image": image,
     }
 
 

@@ -117,7 +117,9 @@ class Influence(Result):
             )
         for r in self.rows[: self.top]:
             src = ", ".join(f"{show_token(t)}@{j} {s:.2f}" for j, t, s in r.sources)
-            cross = [f"{r.cross_share:.2f}"] if has_cross else []
+            cross = (
+                [f"{r.cross_share:.2f}" if r.cross_share is not None else "-"] if has_cross else []
+            )
             table.add_row(
                 r.layer,
                 str(r.position),
@@ -222,7 +224,8 @@ def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influ
     if not prefixes:
         raise InspectError(
             "this model has no transformer blocks (no resid_pre/resid_post recorded): "
-            "an LSTM has no residual stream to measure; try attention or explore"
+            "an LSTM has no residual stream to measure; try trace"
+            + (" or attention" if rec.maps() else "")
         )
     c = rec.cache
     rows, labels, tokens = [], [], {}
@@ -277,7 +280,9 @@ def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influ
                 )
             )
     rows.sort(key=lambda r: -r.rel_change)
-    return Influence(rows, labels, tokens, top)
+    result = Influence(rows, labels, tokens, top)
+    result.about = rec.about
+    return result
 
 
 def influence_bars(inf: Influence) -> list[dict]:

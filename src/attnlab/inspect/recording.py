@@ -98,7 +98,9 @@ class Recording:
     ``{"": tokens}`` for a single-stack model. ``ids`` likewise holds the token ids.
     ``memory_stack`` names the stack cross-attention reads from (None without one).
     ``logits`` is the model's output (1, T, vocab) where it has one. ``extra`` holds what a
-    model adds (an encoder-decoder: ``translation`` and ``predicted`` decoder tokens).
+    model adds (an encoder-decoder: ``translation`` and ``predicted`` decoder tokens; a ViT: the
+    ``image``). ``kind`` and ``description`` say what the model is (``model.kind`` and
+    ``model.describe()``); every tool's JSON carries them as ``about``.
     """
 
     cache: ActivationCache
@@ -109,6 +111,14 @@ class Recording:
     model_type: str = ""
     key_stacks: dict[str, str] = field(default_factory=dict)
     extra: dict = field(default_factory=dict)  # model-specific: e.g. a translation and its tokens
+    kind: str = ""  # gpt, mlm, text-classifier, encoder, seq2seq-transformer, lstm-attention, ...
+    description: str = ""
+
+    @property
+    def about(self) -> dict:
+        """What the recorded model is: {"kind", "model_type", "description"}."""
+        return {"kind": self.kind or self.model_type, "model_type": self.model_type,
+                "description": self.description}  # fmt: skip
 
     # -- attention maps ----------------------------------------------------------------------
 
@@ -167,14 +177,16 @@ class Recording:
         return self.cache[name][0].float()
 
     def select(self, layer: int | None = None, name: str | None = None) -> AttentionInfo:
-        """Pick one map: ``name`` is an exact cache key or a substring filter (e.g. "cross",
-        "decoder"); ``layer`` then picks by block index (default: the first map that passes)."""
+        """Pick one map: ``name`` is an exact cache key, a substring filter (e.g. "decoder") or a
+        kind ("self", "cross": an LSTM's ``decoder.attn`` reads the source, so it is cross);
+        ``layer`` then picks by block index (default: the first map that passes)."""
         maps = self.maps()
         if not maps:
-            raise InspectError("this model recorded no attention maps")
+            about = f": {self.description}" if self.description else ""
+            raise InspectError(f"this model has no attention maps{about}")
         if name:
             exact = [m for m in maps if m.name == name]
-            maps = exact or [m for m in maps if name in m.name]
+            maps = exact or [m for m in maps if name in m.name or name == m.kind]
             if not maps:
                 raise InspectError(
                     f"no attention map matches {name!r}; recorded: {', '.join(self.map_names())}"
@@ -317,7 +329,14 @@ def record_translation(model: nn.Module, tokenizer, text: str, max_len: int | No
 
 
 def record(model: nn.Module, tokenizer, text: str) -> Recording:
-    """The model's own ``record_text`` if it has one, else the generic single-stack default."""
-    if hasattr(model, "record_text"):
-        return model.record_text(tokenizer, text)
-    return record_text(model, tokenizer, text)
+    """The model's own ``record_text`` if it has one, else the generic single-stack default;
+    ``kind`` and ``description`` are filled from the model when it declares them."""
+    rec = (
+        model.record_text(tokenizer, text)
+        if hasattr(model, "record_text")
+        else record_text(model, tokenizer, text)
+    )
+    rec.kind = rec.kind or getattr(model, "kind", "") or rec.model_type
+    if not rec.description and hasattr(model, "describe"):
+        rec.description = model.describe()
+    return rec

@@ -117,7 +117,8 @@ def similarity(rec: Recording, layer: int | None = None) -> Similarity:
     if not prefixes:
         raise InspectError(
             "this model has no transformer blocks (no resid_pre/resid_post recorded): "
-            "an LSTM has no residual stream to measure; try attention or explore"
+            "an LSTM has no residual stream to measure; try trace"
+            + (" or attention" if rec.maps() else "")
         )
     layers = [
         SimilarityLayer(
@@ -135,4 +136,6 @@ def similarity(rec: Recording, layer: int | None = None) -> Similarity:
         if not hits:
             raise InspectError(f"no layer {layer}; this model has layers 0..{len(layers) - 1}")
         show = hits[0]
-    return Similarity(layers, show)
+    result = Similarity(layers, show)
+    result.about = rec.about
+    return result

@@ -3,12 +3,22 @@
 Every number comes from the recorded activations (``Recording.cache``) and the model's weights;
 nothing is recomputed by a second implementation, except the raw scores Q K^T, which are
 shown before the 1/sqrt(d_k) scaling that the recorded ``scores`` already include. For the
-chosen layer and head:
+chosen layer and head of each attention:
 
     X (N, M) -> Q = X W_Q, K = X W_K, V = X W_V        (N, d_k), (N, d_k), (N, d_v)
-    scores = Q K^T / sqrt(d_k) (N, N) -> mask -> softmax over keys -> weights (N, N)
+    scores = Q K^T / sqrt(d_k) (N, S) -> mask -> softmax over keys -> weights (N, S)
     z = weights V (N, d_v); concat heads (N, H d_v); out = concat W_O (N, M)
-    h = x + out; FFN(LN(h)); ...; logits (N, vocab) -> next-token probabilities
+    h = x + out; FFN(LN(h)); ...
+
+and then only what the model itself predicts, in its own words:
+
+    GPT                   logits (N, vocab) -> the next-token probabilities after the text
+    masked LM             the masked-LM head's probabilities at each [MASK] (as ``predict``)
+    text classifier, ViT  the class read from [CLS]
+    encoder with no head  its contextual vectors (no prediction)
+    encoder-decoder       the encoder's self-attention, the decoder's masked self-attention
+                          and cross-attention, then each decoder step's prediction
+    LSTM (+ attention)    encoder states, the score e_ts and alignment a_t of each output step
 """
 
 from __future__ import annotations
@@ -36,7 +46,10 @@ FULL_VALUES = 16384  # steps with at most this many numbers carry all of them in
 
 @dataclass
 class Step:
-    """One step of the forward pass: what it is, its shape, what it means, its numbers."""
+    """One step of the forward pass: what it is, its shape, what it means, its numbers.
+
+    ``lines`` are how the terminal and a notebook show a step that is not a matrix (tokens,
+    predictions); ``extra`` is its data for JSON."""
 
     name: str
     title: str
@@ -46,6 +59,7 @@ class Step:
     rows: list[str] | None = None  # token labels when the matrix is token x token
     cols: list[str] | None = None
     extra: dict = field(default_factory=dict)
+    lines: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = {
@@ -58,13 +72,16 @@ class Step:
             d["preview"] = preview(self.value)
             if self.value.size <= FULL_VALUES:
                 d["values"] = rounded(self.value, 5)
+        if self.rows is not None:
+            d["rows"] = self.rows
+            d["cols"] = self.cols or self.rows
         d.update(self.extra)
         return d
 
 
 @dataclass
 class Trace(Result):
-    """The steps of one forward pass for one layer and head."""
+    """The steps of one forward pass for one layer and head; ``about`` says what the model is."""
 
     text: str
     tokens: list[str]
@@ -72,6 +89,7 @@ class Trace(Result):
     layer: int
     head: int
     steps: list[Step]
+    about: dict = field(default_factory=dict)
 
     def step(self, name: str) -> Step:
         for s in self.steps:
@@ -79,27 +97,24 @@ class Trace(Result):
                 return s
         raise KeyError(f"no step {name!r}; steps: {', '.join(s.name for s in self.steps)}")
 
+    @property
+    def heading(self) -> str:
+        return f"trace of {self.text!r}: layer {self.layer}, head {self.head}"
+
     def __rich__(self):
         from rich.console import Group
         from rich.text import Text
 
-        parts = [
-            Text(f"trace of {self.text!r}: layer {self.layer}, head {self.head}\n", style="bold")
-        ]
+        parts = [Text(self.heading, style="bold")]
+        if self.about.get("description"):
+            parts.append(Text(f"the model: {self.about['description']}.", style="italic"))
+        parts.append(Text(""))
         for n, s in enumerate(self.steps, 1):
             shape = " x ".join(map(str, s.shape)) if s.shape else "-"
             parts.append(Text(f"[{n}] {s.title}   shape ({shape})", style="bold cyan"))
             parts.append(Text(f"    {s.meaning}"))
-            if s.name == "tokens":
-                parts.append(
-                    Text(
-                        "    "
-                        + "  ".join(f"{show_token(t)}={i}" for t, i in zip(self.tokens, self.ids))
-                    )
-                )
-            elif s.name == "predictions":
-                for p in s.extra["predictions"]:
-                    parts.append(Text(f"    {show_token(p['token']):>8}  p={p['prob']:.3f}"))
+            if s.lines:
+                parts.append(Text("\n".join("    " + line for line in s.lines)))
             elif s.rows is not None and s.value is not None and s.value.ndim == 2:
                 parts.append(matrix_table(s.value, s.rows, s.cols or s.rows, limit=12, heat=False))
             elif s.value is not None:
@@ -111,6 +126,7 @@ class Trace(Result):
 
     def to_dict(self) -> dict:
         return {
+            "about": self.about,
             "text": self.text,
             "tokens": self.tokens,
             "ids": self.ids,
@@ -122,22 +138,17 @@ class Trace(Result):
     def _repr_html_(self) -> str:
         import html
 
-        out = [
-            f"<h4>trace of {html.escape(repr(self.text))}: layer {self.layer}, "
-            f"head {self.head}</h4>"
-        ]
+        out = [f"<h4>{html.escape(self.heading)}</h4>"]
+        if self.about.get("description"):
+            out.append(f"<p><i>{html.escape(self.about['description'])}.</i></p>")
         for n, s in enumerate(self.steps, 1):
             shape = " x ".join(map(str, s.shape))
             out.append(
                 f"<div><b>[{n}] {html.escape(s.title)}</b> <code>({shape})</code><br>"
                 f"<i>{html.escape(s.meaning)}</i></div>"
             )
-            if s.name == "predictions":
-                rows = "".join(
-                    f"<tr><td>{html.escape(show_token(p['token']))}</td><td>{p['prob']:.3f}</td></tr>"
-                    for p in s.extra["predictions"]
-                )
-                out.append(f"<table>{rows}</table>")
+            if s.lines:
+                out.append(f"<pre>{html.escape(chr(10).join(s.lines))}</pre>")
             elif s.rows is not None and s.value is not None and s.value.ndim == 2:
                 out.append(
                     heatmap_html(s.value, s.rows, s.cols or s.rows, limit=24, diverging=True)
@@ -156,6 +167,17 @@ def _head_slice(w: torch.Tensor, h: int, d: int) -> np.ndarray:
     return _np(w[h * d : (h + 1) * d].T)
 
 
+def _top(probs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    top = torch.topk(probs, min(k, probs.numel()))
+    return list(zip(top.values.tolist(), top.indices.tolist()))
+
+
+def _token_line(tokens: list[str], ids: list[int] | None = None) -> str:
+    if ids is None or len(ids) != len(tokens):
+        return "  ".join(show_token(t) for t in tokens)
+    return "  ".join(f"{show_token(t)}={i}" for t, i in zip(tokens, ids))
+
+
 @torch.no_grad()
 def trace(
     model,
@@ -168,324 +190,436 @@ def trace(
 ) -> Trace:
     """Explain one forward pass of ``model`` over ``text`` step by step (see module docstring)."""
     rec = rec or record(model, tokenizer, text)
-    c = rec.cache
+    if rec.memory_stack is not None:
+        return _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec)
     info = rec.select(layer=layer, name="attn.weights")
     stack = info.stack
     toks, ids = rec.tokens[stack], rec.ids.get(stack, [])
-    N = len(toks)
-    H = info.n_heads
-    if not 0 <= head < H:
-        raise InspectError(f"no head {head}; layer {info.layer} has heads 0..{H - 1}")
-    path = info.module_path  # e.g. "blocks.0.attn"
-    prefix = path[: -len("attn")]  # "blocks.0."
-    attn = model.get_submodule(path)
-    root = stack + "." if stack else ""
     steps: list[Step] = []
-    add = steps.append
+    _input_steps(steps, model, rec, stack, info, toks, ids)
+    _attention_steps(steps, model, rec, info, head)
+    _block_steps(steps, model, rec, info)
+    _output_steps(steps, model, tokenizer, rec, stack, top_k)
+    return Trace(text, list(toks), list(ids), info.layer or 0, head, steps, rec.about)
 
-    add(
-        Step(
-            "tokens",
-            "tokens and ids",
-            (N,),
-            f"the text split into N = {N} tokens, each mapped to its integer id in the vocabulary.",
-        )
-    )
+
+# ---------------------------------------------------------------------------------------------
+# One stack: tokens, embedding, one block
+# ---------------------------------------------------------------------------------------------
+
+
+def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what="") -> None:
+    """Tokens, the embedding, positions, and the residual stream entering the chosen layer."""
+    c, add = rec.cache, steps.append
+    N = len(toks)
+    root = stack + "." if stack else ""
+    attn = model.get_submodule(info.module_path)
+    vit = rec.kind == "vit"
+    if vit:
+        g = int(round(math.sqrt(N - 1)))
+        p = rec.extra.get("patch_size", "P")
+        add(Step(prefix_name + "tokens", "patches as tokens", (N,),
+                 f"the image cut into {g} x {g} = {N - 1} patches of {p} x {p} pixels, each a "
+                 "token labelled r<row>c<column> from the top left, after a [CLS] token whose "
+                 "final state names the class.", lines=[_token_line(toks)]))  # fmt: skip
+    else:
+        add(Step(prefix_name + "tokens", f"{what}tokens and ids", (N,),
+                 f"the text split into N = {N} tokens, each mapped to its integer id in the "
+                 "vocabulary.", lines=[_token_line(toks, ids)]))  # fmt: skip
     if root + "embed" in c:
         e = _np(c[root + "embed"][0])
-        add(
-            Step(
-                "embedding",
-                "embedding matrix",
-                e.shape,
-                f"each token looks up a learned vector of M = "
-                f"{e.shape[1]} numbers: the N x M embedding matrix (one row per token).",
-                e,
-            )
-        )
+        if vit:
+            meaning = (f"each patch's pixels, flattened, times a learned matrix: one vector of "
+                       f"M = {e.shape[1]} numbers per patch ([CLS], a learned vector, joins "
+                       "them next).")  # fmt: skip
+        else:
+            meaning = (f"each token looks up a learned vector of M = {e.shape[1]} numbers: the "
+                       "N x M embedding matrix (one row per token).")  # fmt: skip
+        add(Step(prefix_name + "embedding", "patch embedding" if vit else "embedding matrix",
+                 e.shape, meaning, e))  # fmt: skip
     if root + "pos" in c:
         p = _np(c[root + "pos"])
         p = p[0] if p.ndim == 3 else p
-        add(
-            Step(
-                "positional",
-                "positional encoding",
-                p.shape,
-                "attention alone is blind to order, so a "
-                "vector for each position is added to its token's embedding.",
-                p,
-            )
-        )
+        add(Step(prefix_name + "positional", "positional encoding", p.shape,
+                 "attention alone is blind to order, so a vector for each position is added "
+                 "to its token's embedding.", p))  # fmt: skip
     elif getattr(attn, "rotary", None) is not None:
-        add(
-            Step(
-                "positional",
-                "positional encoding (rotary)",
-                (),
-                "positions are not added here: they "
-                "rotate pairs of channels of Q and K inside attention, by position x frequency.",
-            )
-        )
-    x_in = _np(c[prefix + "resid_pre"][0]) if prefix + "resid_pre" in c else None
-    if x_in is not None:
-        what = (
-            "embedding + position"
-            if info.layer in (0, None)
-            else f"the output of layer {info.layer - 1}"
-        )
-        add(
-            Step(
-                "block_input",
-                f"input to layer {info.layer}",
-                x_in.shape,
-                f"the residual stream entering this layer: {what}, one M-vector per token.",
-                x_in,
-            )
-        )
+        add(Step(prefix_name + "positional", "positional encoding (rotary)", (),
+                 "positions are not added here: they rotate pairs of channels of Q and K inside "
+                 "attention, by position x frequency."))  # fmt: skip
+    prefix = info.module_path[: -len("attn")]  # "blocks.0."
+    if prefix + "resid_pre" in c:
+        x_in = _np(c[prefix + "resid_pre"][0])
+        what = ("embedding + position" if info.layer in (0, None)
+                else f"the output of layer {info.layer - 1}")  # fmt: skip
+        add(Step(prefix_name + "block_input", f"input to {stack + ' ' if stack else ''}layer "
+                 f"{info.layer}", x_in.shape, f"the residual stream entering this layer: {what}, "
+                 "one M-vector per token.", x_in))  # fmt: skip
     if prefix + "ln1" in c:
         x = _np(c[prefix + "ln1"][0])
-        add(
-            Step(
-                "ln1",
-                "layer norm before attention",
-                x.shape,
-                "each row is normalised to mean 0 and "
-                "variance 1, then scaled and shifted by learned weights: X, the input to "
-                "attention.",
-                x,
-            )
-        )
+        add(Step(prefix_name + "ln1", "layer norm before attention", x.shape,
+                 "each row is normalised to mean 0 and variance 1, then scaled and shifted by "
+                 "learned weights: X, the input to attention.", x))  # fmt: skip
+
+
+def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
+    """W_Q, W_K, W_V of one head, Q, K, V, the scores, the mask (or none), the softmax, the
+    weighted sum, the concatenated heads and W_O, for the attention map ``info``."""
+    c, add = rec.cache, steps.append
+    H = info.n_heads
+    if not 0 <= head < H:
+        where = f"layer {info.layer}" if info.layer is not None else info.label
+        raise InspectError(f"no head {head}; {where} has heads 0..{H - 1}")
+    path = info.module_path  # e.g. "blocks.0.attn" or "decoder.blocks.0.cross"
+    attn = model.get_submodule(path)
+    cross = info.kind == "cross"
+    src = "the source tokens (the encoder's output)" if cross else "the same tokens"
     dk, dv = attn.d_k, attn.d_v
     wq, wk, wv = (
         _head_slice(m.weight, head, d)
         for m, d in ((attn.q_proj, dk), (attn.k_proj, dk), (attn.v_proj, dv))
     )
-    add(
-        Step(
-            "W_Q",
-            f"W_Q of head {head}",
-            wq.shape,
-            f"learned projection M -> d_k = {dk}: Q = X W_Q asks 'what am I looking for?'",
-            wq,
-        )
-    )
-    add(
-        Step(
-            "W_K",
-            f"W_K of head {head}",
-            wk.shape,
-            "K = X W_K says 'what do I contain?'; a query meets keys through dot products.",
-            wk,
-        )
-    )
-    add(
-        Step(
-            "W_V",
-            f"W_V of head {head}",
-            wv.shape,
-            f"V = X W_V (d_v = {dv}) is what a token passes on when it is attended to.",
-            wv,
-        )
-    )
-    q, k, v = (_np(c[f"{path}.{n}"][0, head]) for n in ("q", "k", "v"))
-    add(Step("Q", "Q = X W_Q (+ bias)", q.shape, "one query vector per token.", q))
-    add(Step("K", "K = X W_K (+ bias)", k.shape, "one key vector per token.", k))
-    add(Step("V", "V = X W_V (+ bias)", v.shape, "one value vector per token.", v))
+    n = prefix_name
+    add(Step(n + "W_Q", f"W_Q of head {head}", wq.shape,
+             f"learned projection M -> d_k = {dk}: Q = X W_Q asks 'what am I looking for?'", wq))  # fmt: skip
+    add(Step(n + "W_K", f"W_K of head {head}", wk.shape,
+             f"K = W_K applied to {src} says 'what do I contain?'; a query meets keys through "
+             "dot products.", wk))  # fmt: skip
+    add(Step(n + "W_V", f"W_V of head {head}", wv.shape,
+             f"V = W_V applied to {src} (d_v = {dv}) is what a token passes on when it is "
+             "attended to.", wv))  # fmt: skip
+    q, k, v = (_np(c[f"{path}.{x}"][0, head]) for x in ("q", "k", "v"))
+    add(Step(n + "Q", "Q = X W_Q (+ bias)", q.shape, "one query vector per token.", q))
+    add(Step(n + "K", "K = X W_K (+ bias)", k.shape,
+             "one key vector per " + ("source token." if cross else "token."), k))  # fmt: skip
+    add(Step(n + "V", "V = X W_V (+ bias)", v.shape,
+             "one value vector per " + ("source token." if cross else "token."), v))  # fmt: skip
     raw = q @ k.T  # (N, S) raw similarities
     q_lab, k_lab = rec.labels(info.name)
-    add(
-        Step(
-            "raw_scores",
-            "raw scores Q K^T",
-            raw.shape,
-            "entry (i, j) is the dot product of query i and key "
-            "j: how well token j matches what token i is looking for.",
-            raw,
-            q_lab,
-            k_lab,
-        )
-    )
+    add(Step(n + "raw_scores", "raw scores Q K^T", raw.shape,
+             "entry (i, j) is the dot product of query i and key j: how well token j matches "
+             "what token i is looking for.", raw, q_lab, k_lab))  # fmt: skip
     scaled = _np(c[f"{path}.scores"][0, head])
-    add(
-        Step(
-            "scaled_scores",
-            f"scaled by 1/sqrt(d_k) = 1/sqrt({dk}) = {1 / math.sqrt(dk):.4f}",
-            scaled.shape,
-            "dividing by sqrt(d_k) keeps the scores' spread near 1 so the softmax does not "
-            "saturate.",
-            scaled,
-            q_lab,
-            k_lab,
-        )
-    )
-    block = model.get_submodule(prefix.rstrip(".")) if prefix else model
-    causal = bool(getattr(block, "causal", getattr(model, "causal", False)))
+    add(Step(n + "scaled_scores", f"scaled by 1/sqrt(d_k) = 1/sqrt({dk}) = {1 / math.sqrt(dk):.4f}",
+             scaled.shape, "dividing by sqrt(d_k) keeps the scores' spread near 1 so the "
+             "softmax does not saturate.", scaled, q_lab, k_lab))  # fmt: skip
+    prefix = path.rsplit(".", 1)[0]  # the block
+    block = model.get_submodule(prefix) if prefix else model
+    causal = not cross and bool(getattr(block, "causal", getattr(model, "causal", False)))
     if causal:
         T, S = scaled.shape
-        allowed = causal_mask(T, S).numpy()
-        masked = np.where(allowed, scaled, -np.inf)
-        add(
-            Step(
-                "masked_scores",
-                "causal mask",
-                masked.shape,
-                "a token may not look at later tokens: "
-                "scores right of the diagonal become -inf, so after the softmax they weigh 0.",
-                masked,
-                q_lab,
-                k_lab,
-            )
-        )
+        masked = np.where(causal_mask(T, S).numpy(), scaled, -np.inf)
+        add(Step(n + "masked_scores", "causal mask", masked.shape,
+                 "a token may not look at later tokens: scores right of the diagonal become "
+                 "-inf, so after the softmax they weigh 0.", masked, q_lab, k_lab))  # fmt: skip
+    else:
+        why = ("every output position may read every source token (only source padding would "
+               "be hidden)") if cross else (
+            "no causal mask: attention is bidirectional, every token reads every other token, "
+            "before and after it (only padding would be hidden)")  # fmt: skip
+        add(Step(n + "no_mask", "no mask", (), why + "."))
     w = _np(c[f"{path}.weights"][0, head])
     sums = w.sum(-1)
-    add(
-        Step(
-            "weights",
-            "softmax over the keys",
-            w.shape,
-            f"each row becomes probabilities: row sums are "
-            f"{sums.min():.6f}..{sums.max():.6f}, i.e. every row sums to 1.",
-            w,
-            q_lab,
-            k_lab,
-            extra={"row_sums": rounded(sums, 6)},
-        )
-    )
+    add(Step(n + "weights", "softmax over the keys", w.shape,
+             f"each row becomes probabilities: row sums are {sums.min():.6f}..{sums.max():.6f}, "
+             "i.e. every row sums to 1.", w, q_lab, k_lab,
+             extra={"row_sums": rounded(sums, 6)}))  # fmt: skip
     z = _np(c[f"{path}.z"][0, head])
-    add(
-        Step(
-            "z",
-            "weights x V",
-            z.shape,
-            "each token's new vector is the weighted average of the value vectors it attends to.",
-            z,
-        )
-    )
+    add(Step(n + "z", "weights x V", z.shape,
+             "each token's new vector is the weighted average of the value vectors it attends "
+             "to.", z))  # fmt: skip
     zall = c[f"{path}.z"][0]  # (H, N, d_v)
     concat = _np(zall.transpose(0, 1).reshape(zall.size(1), -1))  # (N, H * d_v)
-    add(
-        Step(
-            "concat",
-            f"concatenate the {H} heads",
-            concat.shape,
-            f"the {H} heads' outputs side by side: "
-            f"H x d_v = {H} x {dv} = {concat.shape[1]} numbers per token.",
-            concat,
-        )
-    )
+    add(Step(n + "concat", f"concatenate the {H} heads", concat.shape,
+             f"the {H} heads' outputs side by side: H x d_v = {H} x {dv} = {concat.shape[1]} "
+             "numbers per token.", concat))  # fmt: skip
     out = _np(c[f"{path}.out"][0])
-    add(
-        Step(
-            "attn_out",
-            "output projection W_O",
-            out.shape,
-            "W_O mixes the heads' outputs back to the "
-            "model width M: attention's update to each token.",
-            out,
-        )
-    )
+    add(Step(n + "attn_out", "output projection W_O", out.shape,
+             "W_O mixes the heads' outputs back to the model width M: attention's update to "
+             "each token.", out))  # fmt: skip
+
+
+def _block_steps(steps, model, rec, info, prefix_name="", cross_info=None, head=0) -> None:
+    """The residual connection, (cross-attention,) the feed-forward network, the block output
+    and a note on the layers after it."""
+    c, add = rec.cache, steps.append
+    prefix = info.module_path[: -len("attn")]
+    block = model.get_submodule(prefix.rstrip(".")) if prefix else model
+    n = prefix_name
+    norm_first = getattr(block, "norm_first", True)
     if prefix + "resid_mid" in c:
         h = _np(c[prefix + "resid_mid"][0])
-        norm_first = getattr(block, "norm_first", True)
         how = "x + attention(LN(x))" if norm_first else "LN(x + attention(x))"
-        add(
-            Step(
-                "resid_mid",
-                "residual connection",
-                h.shape,
-                f"the update is added to the token's own "
-                f"vector ({how}): attention refines, it does not replace.",
-                h,
-            )
-        )
+        add(Step(n + "resid_mid", "residual connection", h.shape,
+                 f"the update is added to the token's own vector ({how}): attention refines, "
+                 "it does not replace.", h))  # fmt: skip
+    if cross_info is not None:
+        _attention_steps(steps, model, rec, cross_info, head, prefix_name="cross.")
+        if prefix + "resid_cross" in c:
+            h = _np(c[prefix + "resid_cross"][0])
+            how = "h + cross(LN(h))" if norm_first else "LN(h + cross(h))"
+            add(Step("cross.resid", "residual connection after cross-attention", h.shape,
+                     f"what the output tokens read from the source is added ({how}).", h))  # fmt: skip
     if prefix + "ln2" in c:
         h = _np(c[prefix + "ln2"][0])
-        add(
-            Step(
-                "ln2",
-                "layer norm before the feed-forward network",
-                h.shape,
-                "normalised again before the position-wise MLP.",
-                h,
-            )
-        )
+        add(Step(n + "ln2", "layer norm before the feed-forward network", h.shape,
+                 "normalised again before the position-wise MLP.", h))  # fmt: skip
     if prefix + "mlp.hidden" in c:
         hid = _np(c[prefix + "mlp.hidden"][0])
-        add(
-            Step(
-                "ffn_hidden",
-                "feed-forward: widen + activation",
-                hid.shape,
-                f"each token on its own goes "
-                f"through W_1 (M -> {hid.shape[1]}) and a non-linearity.",
-                hid,
-            )
-        )
+        add(Step(n + "ffn_hidden", "feed-forward: widen + activation", hid.shape,
+                 f"each token on its own goes through W_1 (M -> {hid.shape[1]}) and a "
+                 "non-linearity.", hid))  # fmt: skip
     if prefix + "mlp_out" in c:
         f = _np(c[prefix + "mlp_out"][0])
-        add(
-            Step(
-                "ffn_out",
-                "feed-forward: back to M",
-                f.shape,
-                "W_2 maps back to the model width: the FFN's update to each token.",
-                f,
-            )
-        )
+        add(Step(n + "ffn_out", "feed-forward: back to M", f.shape,
+                 "W_2 maps back to the model width: the FFN's update to each token.", f))  # fmt: skip
     if prefix + "resid_post" in c:
         r = _np(c[prefix + "resid_post"][0])
-        add(
-            Step(
-                "block_output",
-                f"output of layer {info.layer}",
-                r.shape,
-                "residual plus FFN update: the token vectors handed to the next layer.",
-                r,
-            )
-        )
-    n_blocks = len(rec.blocks(stack))
+        add(Step(n + "block_output", f"output of layer {info.layer}", r.shape,
+                 "residual plus FFN update: the token vectors handed to the next layer.", r))  # fmt: skip
+    n_blocks = len(rec.blocks(info.stack))
     if info.layer is not None and info.layer + 1 < n_blocks:
-        add(
-            Step(
-                "more_layers",
-                f"layers {info.layer + 1}..{n_blocks - 1}",
-                (N, x_in.shape[1] if x_in is not None else 0),
-                "the remaining layers repeat the same steps with their own weights.",
-            )
-        )
+        N = len(rec.tokens[info.stack])
+        width = c[prefix + "resid_pre"].shape[-1] if prefix + "resid_pre" in c else 0
+        add(Step(n + "more_layers", f"layers {info.layer + 1}..{n_blocks - 1}", (N, width),
+                 "the remaining layers repeat the same steps with their own weights."))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# What a single-stack model predicts
+# ---------------------------------------------------------------------------------------------
+
+
+def _output_steps(steps, model, tokenizer, rec, stack, top_k) -> None:
+    c, add = rec.cache, steps.append
+    root = stack + "." if stack else ""
+    toks = rec.tokens[stack]
     if root + "ln_f" in c:
         hf = _np(c[root + "ln_f"][0])
         add(Step("ln_f", "final layer norm", hf.shape, "the last residual stream, normalised.", hf))
-    logits = c.get(root + "logits", rec.logits)
-    if logits is not None:
-        lg = _np(logits[0])
-        add(
-            Step(
-                "logits",
-                "logits",
-                lg.shape,
-                f"each position scores all {lg.shape[-1]} vocabulary entries "
-                "(the LM head: a dot product with every token's embedding).",
-                lg,
-            )
+    kind = rec.kind
+    if kind == "mlm":
+        _masked_lm_steps(steps, tokenizer, rec, top_k)
+    elif kind in ("text-classifier", "vit"):
+        _class_steps(steps, rec, top_k)
+    elif kind == "encoder" or (rec.logits is None and not getattr(model, "causal", False)):
+        h = _np(c[root + "ln_f"][0]) if root + "ln_f" in c else None
+        add(Step("output", "contextual vectors (no prediction head)",
+                 h.shape if h is not None else (len(toks),),
+                 "this encoder has no masked-LM or classification head: its output is one "
+                 "vector per token, read in context both ways; it predicts no token and no "
+                 "class (`attnlab embed` pools the vectors into a sentence embedding)."))  # fmt: skip
+    elif rec.logits is not None:
+        lg = _np(c.get(root + "logits", rec.logits)[0])
+        causal = bool(getattr(model, "causal", False))
+        add(Step("logits", "logits", lg.shape,
+                 f"each position scores all {lg.shape[-1]} vocabulary entries"
+                 + (" (the LM head: a dot product with every token's embedding)." if causal
+                    else ": the model's output at every position.")  # fmt: skip
+                 , lg))  # fmt: skip
+        if causal:
+            probs = torch.softmax(torch.as_tensor(lg[-1], dtype=torch.float64), -1)
+            preds = [{"id": int(i), "prob": float(p),
+                      "token": tokenizer.decode([int(i)]) if tokenizer else str(int(i))}
+                     for p, i in _top(probs, top_k)]  # fmt: skip
+            add(Step("predictions",
+                     f"top {len(preds)} next-token predictions after {show_token(toks[-1])!r}",
+                     (lg.shape[-1],),
+                     "softmax of the last position's logits: the model's guess for the next "
+                     "token.", extra={"predictions": preds},
+                     lines=[f"{show_token(p['token']):>8}  p={p['prob']:.3f}" for p in preds]))  # fmt: skip
+
+
+def _masked_lm_steps(steps, tokenizer, rec, top_k) -> None:
+    """The masked-LM head's logits and, at each [MASK], its top-k fillers (``predict``'s)."""
+    from attnlab.tasks.mlm import mask_fills, mask_token
+
+    add = steps.append
+    lg = _np(rec.cache["mlm_logits"][0])  # (T, V)
+    add(Step("mlm_logits", "masked-LM head logits", lg.shape,
+             "the head turns each final vector into a score for every vocabulary entry: "
+             "LN(act(h W + b)) E^T + b, E the token embedding. Only the scores at [MASK] "
+             "positions are predictions: the other tokens are given.", lg))  # fmt: skip
+    ids = rec.ids[""]
+    mask_id, mask = mask_token(tokenizer)
+    fills = mask_fills(tokenizer, ids, rec.cache["mlm_logits"][0], mask_id, top_k)
+    if not fills:
+        add(Step("masked", f"no {mask} in the text", (0,),
+                 f"a masked LM predicts only where the text says {mask}: put {mask} where a "
+                 f"token should be guessed (e.g. 'The {mask} of the river').",
+                 extra={"masks": []}))  # fmt: skip
+        return
+    lines = []
+    for f in fills:
+        shown = "  ".join(f"{show_token(x['token'])} {x['p']:.3f}" for x in f)
+        lines.append(f"position {f[0]['position']}: {shown}")
+    add(Step("masked", f"predictions at the {len(fills)} {mask} position"
+             + ("s" if len(fills) > 1 else ""), (len(fills), len(fills[0])),
+             f"softmax of the masked-LM logits at each {mask}: the model's guess for the hidden "
+             "token, read from both sides of it.", extra={"masks": fills}, lines=lines))  # fmt: skip
+
+
+def _class_steps(steps, rec, top_k) -> None:
+    """The [CLS] state, the classifier's logits and the top classes."""
+    c, add = rec.cache, steps.append
+    if "pooled" in c:
+        p = _np(c["pooled"][0])
+        add(Step("pooled", "[CLS] through the pooler", p.shape,
+                 "the first token's final vector, through tanh(W h + b): the summary of the "
+                 "whole text the classifier reads.", p))  # fmt: skip
+    logits = c["class_logits"][0] if "class_logits" in c else rec.logits[0, 0]
+    lg = _np(logits)
+    add(Step("class_logits", "class logits", lg.shape,
+             "a linear layer scores each class from the [CLS] state alone.", lg))  # fmt: skip
+    names = rec.extra.get("classes") or [str(i) for i in range(lg.shape[-1])]
+    probs = torch.softmax(torch.as_tensor(lg, dtype=torch.float64), -1)
+    preds = [
+        {"id": int(i), "label": names[int(i)], "prob": float(p)} for p, i in _top(probs, top_k)
+    ]
+    truth = rec.extra.get("truth")
+    add(Step("classes", f"top {len(preds)} classes", (lg.shape[-1],),
+             "softmax of the class logits: the model's answer"
+             + (f" (the true class is {truth})." if truth is not None else "."),
+             extra={"classes": preds, **({"truth": truth} if truth is not None else {})},
+             lines=[f"{p['label']:>8}  p={p['prob']:.3f}" for p in preds]))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoder-decoders: the Transformer, and the LSTM with and without attention
+# ---------------------------------------------------------------------------------------------
+
+
+def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> Trace:
+    steps: list[Step] = []
+    add = steps.append
+    src, tgt = rec.tokens["encoder"], rec.tokens["decoder"]
+    add(Step("tokens", "source tokens and ids", (len(src),),
+             f"the source split into S = {len(src)} tokens (<eos> marks its end).",
+             lines=[_token_line(src, rec.ids.get("encoder"))]))  # fmt: skip
+    add(Step("output", "the output, decoded greedily", (len(tgt),),
+             f"the model's own translation {rec.extra.get('translation', '')!r}; the decoder is "
+             "run again on it, <bos> first, so each step below sees the tokens before it.",
+             extra={"translation": rec.extra.get("translation"), "decoder_tokens": tgt},
+             lines=[_token_line(tgt, rec.ids.get("decoder"))]))  # fmt: skip
+    self_maps = [m for m in rec.maps() if m.kind == "self"]
+    cross_maps = [m for m in rec.maps() if m.kind == "cross"]
+    if any(m.module_path.endswith(".attn") and ".blocks." in m.module_path for m in self_maps):
+        enc = rec.select(layer=layer, name="encoder.blocks")
+        _stack_input(steps, rec, "encoder", enc)
+        _attention_steps(steps, model, rec, enc, head, prefix_name="encoder.")
+        _block_steps(steps, model, rec, enc, prefix_name="encoder.")
+        dec = rec.select(layer=layer, name="decoder.blocks")
+        dec = next(m for m in self_maps if m.module_path == dec.module_path.rsplit(".", 1)[0]
+                   + ".attn")  # fmt: skip
+        cross = next(m for m in cross_maps if m.layer == dec.layer)
+        _stack_input(steps, rec, "decoder", dec)
+        _attention_steps(steps, model, rec, dec, head, prefix_name="decoder.")
+        _block_steps(steps, model, rec, dec, prefix_name="decoder.", cross_info=cross, head=head)
+        weights = rec.weights(cross.name)[head]  # (T, S)
+    else:
+        _lstm_steps(steps, model, rec, src, tgt)
+        weights = rec.weights(cross_maps[0].name)[0] if cross_maps else None
+    _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head)
+    layer_shown = layer if self_maps else 0
+    return Trace(text, list(src), list(rec.ids.get("encoder", [])), layer_shown, head, steps,
+                 rec.about)  # fmt: skip
+
+
+def _stack_input(steps, rec, stack, info) -> None:
+    """An encoder-decoder stack's input (token embedding x sqrt(M) + sinusoidal position) and
+    the residual stream entering the chosen layer."""
+    c, add = rec.cache, steps.append
+    what = "each source token" if stack == "encoder" else "each output token so far (<bos> first)"
+    if f"{stack}.embed" in c:
+        e = _np(c[f"{stack}.embed"][0])
+        add(Step(f"{stack}.embedding", f"{stack} input: embedding + position", e.shape,
+                 f"{what} looks up a learned vector, scaled by sqrt(M), plus the sinusoid of "
+                 "its position.", e))  # fmt: skip
+    prefix = info.module_path[: -len("attn")]
+    if info.layer and prefix + "resid_pre" in c:
+        x = _np(c[prefix + "resid_pre"][0])
+        add(Step(f"{stack}.block_input", f"input to {stack} layer {info.layer}", x.shape,
+                 f"the output of {stack} layer {info.layer - 1}.", x))  # fmt: skip
+    if prefix + "ln1" in c:
+        x = _np(c[prefix + "ln1"][0])
+        add(Step(f"{stack}.ln1", "layer norm before attention", x.shape,
+                 "each row normalised: X, the input to attention.", x))  # fmt: skip
+
+
+def _lstm_steps(steps, model, rec, src, tgt) -> None:
+    """Encoder states; then the score e_ts and alignment a_t of each output step (with
+    attention), or the single context vector (without)."""
+    from attnlab.models.rnn import SCORE_FORMULAS
+
+    c, add = rec.cache, steps.append
+    enc = _np(c["encoder.out"][0])  # (S, C)
+    add(Step("encoder.states", "encoder states s_1..s_S", enc.shape,
+             "the LSTM reads the source left to right; s_j is its state after token j, so it "
+             "knows token j and what came before it.", enc))  # fmt: skip
+    score = getattr(model.config, "attention", "none")
+    if score == "none":
+        add(Step("context", "the context: the encoder's final state", (enc.shape[1],),
+                 "the decoder starts from the encoder's last (h, c) and never sees the source "
+                 "again: this one vector is all it knows about the input, however long.",
+                 enc[-1]))  # fmt: skip
+        if "decoder.hidden" in c:
+            h = _np(c["decoder.hidden"][0])
+            add(Step("decoder.states", "decoder states h_t", h.shape,
+                     "the decoder LSTM's state at each output step, fed the previous output "
+                     "token.", h))  # fmt: skip
+        return
+    e = _np(c["decoder.attn.scores"][0, 0])  # (T, S)
+    add(Step("scores", f"scores {SCORE_FORMULAS[score]}", e.shape,
+             f"the {score} score of every source state s for the decoder state h_t of each "
+             "output step (row = output step, column = source token).", e, tgt, src))  # fmt: skip
+    a = _np(c["decoder.attn.weights"][0, 0])  # (T, S)
+    add(Step("alignment", "alignment a_t = softmax_s(e_t)", a.shape,
+             "each output step's weights over the source tokens, summing to 1: where it looks "
+             "before it predicts.", a, tgt, src,
+             extra={"row_sums": rounded(a.sum(-1), 6)}))  # fmt: skip
+    if "decoder.hidden" in c:
+        h = _np(c["decoder.hidden"][0])
+        add(Step("attentional_state", "h~_t = tanh(W_c [c_t; h_t])", h.shape,
+                 "the context c_t = sum_s a_ts s joins the decoder state; this vector predicts "
+                 "the next token.", h))  # fmt: skip
+
+
+def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head) -> None:
+    """For each decoder step t: the token fed, the source tokens it attends to most, and the
+    probabilities of the next output token (logits (T, V))."""
+    add = steps.append
+    logits = rec.cache.get("decoder.logits", rec.logits)[0]  # (T, V)
+    lg = _np(logits)
+    add(Step("logits", "logits of each decoder step", lg.shape,
+             f"each output step scores all {lg.shape[-1]} target-vocabulary entries for the "
+             "next output token.", lg))  # fmt: skip
+    src, tgt = rec.tokens["encoder"], rec.tokens["decoder"]
+    target = tokenizer.target if hasattr(tokenizer, "target") else None
+    rows, lines = [], []
+    for t in range(lg.shape[0]):
+        probs = torch.softmax(torch.as_tensor(lg[t], dtype=torch.float64), -1)
+        top = []
+        for p, i in _top(probs, top_k):
+            tok = ("<pad>", "<bos>", "<eos>")[i] if i < 3 else (
+                target.decode([i - 3]) if target is not None else str(i))  # fmt: skip
+            top.append({"id": int(i), "token": tok, "prob": float(p)})
+        row = {"step": t, "fed": tgt[t], "next": top}
+        if weights is not None:
+            w = weights[t].numpy()
+            looks = [(src[j], float(w[j])) for j in np.argsort(-w)[:2]]
+            row["attends_to"] = [{"token": s, "weight": x} for s, x in looks]
+        rows.append(row)
+        seen = (
+            ", ".join(f"{show_token(s)} {x:.2f}" for s, x in looks) if weights is not None else ""
         )
-        probs = torch.softmax(torch.as_tensor(lg[-1], dtype=torch.float64), -1)
-        top = torch.topk(probs, min(top_k, probs.numel()))
-        preds = [
-            {
-                "id": int(i),
-                "token": tokenizer.decode([int(i)]) if tokenizer else str(int(i)),
-                "prob": float(p),
-            }
-            for p, i in zip(top.values, top.indices)
-        ]
-        add(
-            Step(
-                "predictions",
-                f"top {len(preds)} next-token predictions after {show_token(toks[-1])!r}",
-                (lg.shape[-1],),
-                "softmax of the last position's logits: the model's guess for the next token.",
-                extra={"predictions": preds},
-            )
-        )
-    return Trace(text, list(toks), list(ids), info.layer or 0, head, steps)
+        best = "  ".join(f"{show_token(x['token'])} {x['prob']:.3f}" for x in top[:3])
+        lines.append(f"t={t} fed {show_token(tgt[t]):>6}"
+                     + (f"  reads {seen}" if seen else "") + f"  -> {best}")  # fmt: skip
+    what = ("the source tokens its cross-attention (head "
+            f"{head}) weighs most" if weights is not None and rec.kind != "lstm-attention"
+            else "the source tokens its alignment weighs most" if weights is not None
+            else "(no attention: the source reaches it only through the context vector)")  # fmt: skip
+    add(Step("decoder_steps", "each decoder step's prediction", (len(rows),),
+             f"at step t the decoder has been fed the outputs before it; shown: {what}, and its "
+             "most probable next tokens (the greedy output takes the first).",
+             extra={"decoder_steps": rows}, lines=lines))  # fmt: skip

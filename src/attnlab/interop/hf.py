@@ -1,4 +1,4 @@
-"""Hugging Face GPT-2 and BERT weights in, GPT-2 weights out.
+"""Hugging Face GPT-2 and BERT weights in; GPT-2 and BERT weights out, with a tokenizer.
 
 A Hugging Face model directory holds config.json, model.safetensors (or shards listed in
 model.safetensors.index.json) and a tokenizer (tokenizer.json, or vocab.txt / vocab.json +
@@ -337,32 +337,15 @@ def _is_attnlab_run(d: Path) -> bool:
 
 
 def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads."""
+    """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads (see
+    ``export_hf``, which also writes encoder runs)."""
     model, tokenizer = load_run(run_dir)
     if not isinstance(model, GPT):
         raise RunError(
             f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
             f"holds a model of type {model.model_type!r}"
         )
-    hf = gpt2_hf_config(model.config, tokenizer)
-    hf["attnlab"] = {
-        "exported_from": str(Path(run_dir).resolve()),
-        "attnlab_version": ATTNLAB_VERSION,
-        "model_type": model.model_type,
-        "config": model.config.to_dict(),
-    }
-    out_dir = _fresh_output_dir(out_dir, "export-hf")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_tensors(out_dir / "model.safetensors", gpt2_state_dict(model), metadata={"format": "pt"})
-    if isinstance(tokenizer, HFTokenizer):
-        atomic_write_text(out_dir / "tokenizer.json", tokenizer.to_json())
-        atomic_write_json(
-            out_dir / "tokenizer_config.json", {"tokenizer_class": "PreTrainedTokenizerFast"}
-        )
-    elif tokenizer is not None:  # char/word: transformers cannot read it, attnlab can
-        atomic_write_text(out_dir / ATTNLAB_TOKENIZER, tokenizer.to_json())
-    atomic_write_json(out_dir / "config.json", hf)  # last: a directory with config.json is complete
-    return out_dir
+    return export_hf(run_dir, out_dir)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -519,11 +502,11 @@ def load_hf_tokenizer(
     hf_dir = Path(hf_dir)
     hf = hf or read_hf_config(hf_dir)
     try:
-        if (hf_dir / "tokenizer.json").is_file():
-            tok, source = HFTok.from_file(str(hf_dir / "tokenizer.json")), "tokenizer.json"
-        elif (hf_dir / ATTNLAB_TOKENIZER).is_file():
+        if (hf_dir / ATTNLAB_TOKENIZER).is_file():  # an attnlab export: its own tokenizer
             text = (hf_dir / ATTNLAB_TOKENIZER).read_text(encoding="utf-8")
             return tokenizer_from_json(text), ATTNLAB_TOKENIZER
+        if (hf_dir / "tokenizer.json").is_file():
+            tok, source = HFTok.from_file(str(hf_dir / "tokenizer.json")), "tokenizer.json"
         elif (hf_dir / "vocab.txt").is_file():  # BERT WordPiece
             tok_cfg = _json_or_empty(hf_dir / "tokenizer_config.json")
             vocab = (hf_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
@@ -537,7 +520,9 @@ def load_hf_tokenizer(
             tok.post_processor = processors.BertProcessing(
                 ("[SEP]", vocab_ids["[SEP]"]), ("[CLS]", vocab_ids["[CLS]"])
             )
-            source = "vocab.txt"
+            specials = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+            tok.add_special_tokens([t for t in specials if t in vocab_ids])  # kept whole, never
+            source = "vocab.txt"  # lower-cased: "the [MASK] of" has its mask token
         elif (hf_dir / "vocab.json").is_file() and (hf_dir / "merges.txt").is_file():  # GPT-2 BPE
             bpe = models.BPE.from_file(str(hf_dir / "vocab.json"), str(hf_dir / "merges.txt"))
             tok = HFTok(bpe)
@@ -655,4 +640,187 @@ def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     with writer_lock(out_dir):  # a train writing out_dir refuses this, and this a train
         out_dir = _fresh_output_dir(out_dir, "import-hf")
         save_model(out_dir, model, tokenizer, extra=provenance)
+    return out_dir
+
+
+# ---------------------------------------------------------------------------------------------
+# Export: weights, config and a tokenizer that transformers' Auto classes load
+# ---------------------------------------------------------------------------------------------
+
+# attnlab's word split (tokenizers.WORD_RE: r"\w+|[^\w\s]") in Oniguruma's words: Python's \w
+# is a letter, a number or "_"; its \s includes the ASCII separators \x1c-\x1f.
+HF_WORD_PATTERN = r"[\p{L}\p{N}_]+|[^\p{L}\p{N}_\s\x{1c}-\x{1f}]"
+
+
+def hf_tokenizer(tokenizer: Tokenizer):
+    """The run's tokenizer as a Hugging Face ``tokenizers.Tokenizer`` giving the same ids for
+    any text. BPE and WordPiece runs already are one. A char run becomes a WordLevel model over
+    single characters, a word run a WordLevel model over attnlab's word split. A character (or
+    word) the vocabulary lacks: where attnlab has ``<unk>`` both give its id; where it has none
+    (a language model's char tokenizer) both refuse the text (attnlab: TokenizerError naming
+    the characters; transformers: an exception from the WordLevel model)."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer as HFTok
+
+    from attnlab.tokenizers import UNK, CharTokenizer, WordTokenizer
+
+    if isinstance(tokenizer, HFTokenizer):
+        return HFTok.from_str(tokenizer.to_json())
+    if isinstance(tokenizer, CharTokenizer):
+        tok = HFTok(models.WordLevel(dict(tokenizer.stoi), unk_token=UNK))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()  # characters join with nothing between them
+    elif isinstance(tokenizer, WordTokenizer):
+        tok = HFTok(models.WordLevel(dict(tokenizer.stoi), unk_token=UNK))
+        tok.pre_tokenizer = pre_tokenizers.Split(
+            Regex(HF_WORD_PATTERN), behavior="removed", invert=True
+        )  # keep the words and marks, drop what is between them (whitespace)
+    else:
+        raise RunError(
+            f"a {type(tokenizer).__name__} cannot be written as a Hugging Face tokenizer"
+        )
+    if UNK in tokenizer.stoi:
+        tok.add_special_tokens([UNK])
+    return tok
+
+
+def tokenizer_files(tokenizer: Tokenizer, max_length: int) -> dict[str, str]:
+    """tokenizer.json, tokenizer_config.json and special_tokens_map.json (file -> text) for
+    ``AutoTokenizer.from_pretrained``: a PreTrainedTokenizerFast over ``hf_tokenizer``, with the
+    run's special tokens named (BERT's [CLS] [SEP] [MASK] [PAD] [UNK]; <unk>; <|endoftext|>)."""
+    tok = hf_tokenizer(tokenizer)
+    vocab = tok.get_vocab()
+    roles = {"cls_token": "[CLS]", "sep_token": "[SEP]", "mask_token": "[MASK]",
+             "pad_token": "[PAD]", "unk_token": "[UNK]"}  # fmt: skip
+    special = {role: t for role, t in roles.items() if t in vocab}
+    if "<unk>" in vocab and "unk_token" not in special:
+        special["unk_token"] = "<unk>"
+    if "<|endoftext|>" in vocab:
+        special.update(bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "model_max_length": max_length,
+        "clean_up_tokenization_spaces": False,  # decode gives back what the decoder joins
+        **special,
+    }
+    return {
+        "tokenizer.json": tok.to_str(),
+        "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False),
+        "special_tokens_map.json": json.dumps(special, indent=2, ensure_ascii=False),
+    }
+
+
+def bert_hf_config(config: EncoderConfig, labels: list[str] | None = None) -> dict:
+    """A BERT config.json for an attnlab EncoderConfig (or a RunError saying what BERT cannot
+    express): BertForMaskedLM with a masked-LM head, BertForSequenceClassification with a
+    classification head (its labels as id2label), else BertModel."""
+    problems = []
+    if config.pos != "learned":
+        problems.append(f"pos={config.pos!r} (BERT has learned positions)")
+    if config.norm_first:
+        problems.append("pre-norm blocks (BERT is post-norm)")
+    if not config.embed_norm:
+        problems.append("no LayerNorm after the embeddings")
+    if not config.bias:
+        problems.append("bias=False (BERT has biases)")
+    if config.activation != "gelu":
+        problems.append(f"activation={config.activation!r} (export writes BERT's gelu)")
+    if config.num_labels and not config.pooler:
+        problems.append("a classification head without the pooler")
+    if problems:
+        raise RunError("cannot export as BERT: " + "; ".join(problems))
+    arch = ("BertForMaskedLM" if config.mlm_head
+            else "BertForSequenceClassification" if config.num_labels else "BertModel")  # fmt: skip
+    out = {
+        "architectures": [arch],
+        "model_type": "bert",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.d_model,
+        "num_hidden_layers": config.n_layer,
+        "num_attention_heads": config.n_head,
+        "intermediate_size": config.d_ff or 4 * config.d_model,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": config.dropout,
+        "attention_probs_dropout_prob": config.dropout,
+        "max_position_embeddings": config.block_size,
+        "type_vocab_size": max(1, config.type_vocab_size),
+        "layer_norm_eps": config.ln_eps,
+        "pad_token_id": config.pad_id,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": config.tie_weights,
+        "dtype": "float32",
+    }
+    if config.num_labels:
+        names = labels if labels and len(labels) == config.num_labels else None
+        names = names or [f"LABEL_{i}" for i in range(config.num_labels)]
+        out["id2label"] = {str(i): n for i, n in enumerate(names)}
+        out["label2id"] = {n: i for i, n in enumerate(names)}
+        out["num_labels"] = config.num_labels
+    return out
+
+
+def bert_state_dict(model: Encoder) -> dict[str, Tensor]:
+    """The inverse of ``bert_key_map``: attnlab encoder tensors -> BertFor* names. A model
+    without token types gets an all-zero type embedding (BERT always adds one: adding 0 keeps
+    every output the same); a masked LM's pooler is left out (BertForMaskedLM has none)."""
+    c = model.config
+    sd = model.state_dict()
+    out: dict[str, Tensor] = {}
+    for ours, theirs, _ in bert_key_map(c):
+        if c.mlm_head and ours.startswith("pooler."):
+            continue
+        base = theirs.startswith(("embeddings.", "encoder.", "pooler."))
+        out[("bert." if base and (c.mlm_head or c.num_labels) else "") + theirs] = sd[ours]
+    if c.mlm_head:
+        out["cls.predictions.decoder.bias"] = sd["mlm.decoder.bias"].clone()  # HF adds this one
+        if not c.tie_weights:
+            out["cls.predictions.decoder.weight"] = sd["mlm.decoder.weight"]
+    if not c.type_vocab_size:
+        prefix = "bert." if (c.mlm_head or c.num_labels) else ""
+        out[prefix + "embeddings.token_type_embeddings.weight"] = torch.zeros(1, c.d_model)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write a GPT run as GPT-2 (``GPT2LMHeadModel``) and an encoder run as BERT
+    (``BertForMaskedLM``, ``BertForSequenceClassification`` or ``BertModel``), with a tokenizer
+    ``AutoTokenizer.from_pretrained`` loads (``tokenizer_files``), in a directory transformers
+    opens with ``from_pretrained``. A char or word tokenizer is also kept as attnlab's own
+    (attnlab_tokenizer.json), so ``import-hf`` brings the run back exactly."""
+    from attnlab.checkpoint import read_run_config
+    from attnlab.tokenizers import PairTokenizer
+
+    model, tokenizer = load_run(run_dir)
+    if isinstance(model, GPT):
+        hf, tensors = gpt2_hf_config(model.config, tokenizer), gpt2_state_dict(model)
+        max_length = model.config.block_size
+    elif isinstance(model, Encoder):
+        labels = read_run_config(run_dir).get("labels")
+        hf, tensors = bert_hf_config(model.config, labels), bert_state_dict(model)
+        max_length = model.config.block_size
+    else:
+        raise RunError(
+            f"{run_dir}: export-hf writes GPT runs (as GPT-2) and encoder runs (as BERT); this "
+            f"run holds a model of type {model.model_type!r}, which attnlab cannot write as a "
+            "Hugging Face architecture"
+        )
+    if tokenizer is not None and (
+        isinstance(tokenizer, PairTokenizer) or not hasattr(tokenizer, "encode")
+    ):
+        raise RunError(f"{run_dir}: its tokenizer cannot be written for Hugging Face")
+    files = tokenizer_files(tokenizer, max_length) if tokenizer is not None else {}
+    hf["attnlab"] = {
+        "exported_from": str(Path(run_dir).resolve()),
+        "attnlab_version": ATTNLAB_VERSION,
+        "model_type": model.model_type,
+        "config": model.config.to_dict(),
+    }
+    out_dir = _fresh_output_dir(out_dir, "export-hf")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_tensors(out_dir / "model.safetensors", tensors, metadata={"format": "pt"})
+    for name, text in files.items():
+        atomic_write_text(out_dir / name, text)
+    if tokenizer is not None and not isinstance(tokenizer, HFTokenizer):
+        atomic_write_text(out_dir / ATTNLAB_TOKENIZER, tokenizer.to_json())
+    atomic_write_json(out_dir / "config.json", hf)  # last: a directory with config.json is complete
     return out_dir

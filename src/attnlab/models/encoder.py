@@ -124,6 +124,48 @@ class Encoder(nn.Module):
             setattr(self, f"hook_{name}", Hook())
         self.apply(self._init_weights)
 
+    @property
+    def kind(self) -> str:
+        """mlm (a masked-LM head), text-classifier (a classification head), or encoder (none)."""
+        if self.config.mlm_head:
+            return "mlm"
+        return "text-classifier" if self.config.num_labels else "encoder"
+
+    def describe(self) -> str:
+        """What this model is, in one sentence (the look-inside verbs start with it)."""
+        c = self.config
+        head = {
+            "mlm": "a masked-LM head predicts the token at each [MASK] position",
+            "text-classifier": f"a classification head reads the [CLS] state "
+            f"{'through the tanh pooler ' if c.pooler else ''}and names one of "
+            f"{c.num_labels} classes",
+            "encoder": "it has no prediction head: its output is one contextual vector per "
+            "token (`attnlab embed` pools them into a sentence embedding)",
+        }[self.kind]
+        return (f"BERT-style encoder ({c.n_layer} layers, {c.n_head} heads, width {c.d_model}): "
+                "bidirectional, every token attends to every other token, before and after it "
+                f"(only padding is hidden), so it reads a whole text rather than continuing one; "
+                f"{head}")  # fmt: skip
+
+    @torch.no_grad()
+    def record_text(self, tokenizer, text: str):
+        """Record one forward pass over ``text`` with the model's heads: the masked-LM logits
+        (1, T, vocab) at ``mlm_logits``, the class logits (1, num_labels) at ``class_logits``
+        (after ``pooled``). ``Recording.logits`` is the masked-LM head's output, else the class
+        logits as (1, 1, num_labels), else None: an encoder without a head predicts nothing."""
+        from attnlab.inspect.recording import Recording, encode_text, token_strings
+
+        ids = encode_text(self, tokenizer, text)
+        x = torch.tensor([ids], dtype=torch.long, device=next(self.parameters()).device)
+        with hooks.record(self) as cache:
+            hidden = self(x)  # (1, T, C)
+            mlm = self._mlm_logits(hidden) if self.mlm is not None else None
+            cls = self._class_logits(hidden) if self.classifier is not None else None
+        logits = mlm if mlm is not None else (cls[:, None] if cls is not None else None)
+        return Recording(cache, {"": token_strings(tokenizer, text, ids)}, {"": ids},
+                         logits=logits, model_type=self.model_type, kind=self.kind,
+                         description=self.describe())  # fmt: skip
+
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
         """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms."""

@@ -270,6 +270,15 @@ class GPT(nn.Module):
         for layer in state.cache or ():
             layer.reorder(index)
 
+    kind = "gpt"  # what predict, eval and the look-inside verbs call this model
+
+    def describe(self) -> str:
+        """What this model is, in one sentence (the look-inside verbs start with it)."""
+        c = self.config
+        return (f"GPT: a causal decoder-only language model ({c.n_layer} layers, {c.n_head} "
+                f"heads, width {c.d_model}, {c.pos} positions); each token attends only to itself "
+                "and the tokens before it, and the model predicts the next token")  # fmt: skip
+
     def record_text(self, tokenizer, text: str):
         """Record one forward pass over ``text``: an ``attnlab.inspect.Recording`` whose cache
         holds every named activation (blocks.N.attn.weights (1, H, T, T), ...)."""

@@ -37,6 +37,11 @@ from attnlab.hooks import Hook
 from attnlab.tokenizers import EOS, PAD
 
 ATTENTION = ("none", "dot", "general", "additive")
+SCORE_FORMULAS = {  # e_ts, the score of encoder output s for the decoder state h_t
+    "dot": "e_ts = h_t . s",
+    "general": "e_ts = h_t . (W_a s)",
+    "additive": "e_ts = v . tanh(W_q h_t + W_k s)",
+}
 
 
 @dataclasses.dataclass
@@ -137,6 +142,23 @@ class RNNSeq2Seq(DecoderProbes, nn.Module):
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    @property
+    def kind(self) -> str:
+        return "lstm" if self.config.attention == "none" else "lstm-attention"
+
+    def describe(self) -> str:
+        """What this model is, in one sentence (the look-inside verbs start with it)."""
+        c, a = self.config, self.config.attention
+        size = f"{c.n_layer} layer{'s' if c.n_layer > 1 else ''} of {c.d_hidden} units"
+        if a == "none":
+            return (f"LSTM encoder-decoder without attention ({size}): the encoder's final "
+                    "state (h, c) is the only thing the decoder knows about the source, one "
+                    "fixed-size vector however long the input")  # fmt: skip
+        return (f"LSTM encoder-decoder with {a} attention ({size}): at each output step t the "
+                f"decoder state h_t scores every encoder output s ({SCORE_FORMULAS[a]}), "
+                "a_t = softmax_s(e_t) is its alignment over the source, and the context "
+                "c_t = sum_s a_ts s joins h_t to predict the next output token")  # fmt: skip
 
     def encode(self, src: Tensor) -> dict:
         """src (B, S) -> encoder outputs (B, S, C), source mask (B, 1, 1, S) and final (h, c)."""

@@ -156,6 +156,17 @@ class Seq2SeqTransformer(DecoderProbes, nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    kind = "seq2seq-transformer"
+
+    def describe(self) -> str:
+        """What this model is, in one sentence (the look-inside verbs start with it)."""
+        c = self.config
+        return (f"encoder-decoder Transformer ({c.n_encoder_layers} encoder + "
+                f"{c.n_decoder_layers} decoder layers, {c.n_head} heads, width {c.d_model}): the "
+                "encoder reads the source both ways; at each output step the decoder attends to "
+                "the output so far (causal self-attention) and to every source token "
+                "(cross-attention), then predicts the next output token")  # fmt: skip
+
     # -- the two halves --------------------------------------------------------------------
 
     def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:

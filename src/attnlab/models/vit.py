@@ -167,12 +167,24 @@ class ViT(nn.Module):
         x = self.hook_ln_f(self.ln_f(x))
         return self.hook_class_logits(self.head(x[:, 0]))  # (B, n_classes) from [CLS] alone
 
+    kind = "vit"
+
+    def describe(self) -> str:
+        """What this model is, in one sentence (the look-inside verbs start with it)."""
+        c = self.config
+        return (f"vision transformer ({c.n_layer} layers, {c.n_head} heads, width {c.d_model}): "
+                f"the {c.image_size}x{c.image_size} image is cut into {c.grid}x{c.grid} = "
+                f"{c.n_patches} patches of {c.patch_size}x{c.patch_size} pixels, each patch a "
+                "token, after a [CLS] token; every token attends to every other, and the class "
+                f"(one of {c.n_classes}) is read from [CLS]")  # fmt: skip
+
     # -- the inspection protocol (see attnlab.inspect.recording) ----------------------------------
 
     def token_labels(self) -> list[str]:
-        """'[CLS]', then 'p<n> (r<row>,c<col>)' for each patch, row by row."""
+        """'[CLS]', then 'r<row>c<col>' for each patch, row by row from the top left (patch n
+        is at row n // grid, column n % grid)."""
         g = self.config.grid
-        return ["[CLS]"] + [f"p{n} (r{n // g},c{n % g})" for n in range(g * g)]
+        return ["[CLS]"] + [f"r{n // g}c{n % g}" for n in range(g * g)]
 
     @torch.no_grad()
     def record_text(self, tokenizer, text: str):
@@ -185,14 +197,22 @@ class ViT(nn.Module):
         if tokenizer is None or not hasattr(tokenizer, "image"):
             raise InspectError("this run has no image tokenizer (tokenizer.json), so it "
                                "cannot read an image")  # fmt: skip
-        image = tokenizer.image(text).to(next(self.parameters()).device)  # (C, H, W)
-        logits, cache = self(image[None], record=True)
+        image, truth = tokenizer.read(text)  # (C, H, W)
+        logits, cache = self(image[None].to(next(self.parameters()).device), record=True)
         return Recording(
             cache,
             {"": self.token_labels()},
             {"": list(range(self.config.n_patches + 1))},
             logits=logits[:, None].detach(),  # (1, 1, n_classes)
             model_type=self.model_type,
+            extra={
+                "image": image.cpu(),
+                "patch_size": self.config.patch_size,
+                "truth": truth,
+                "classes": list(tokenizer.classes),
+            },  # fmt: skip
+            kind=self.kind,
+            description=self.describe(),
         )
 
     def conformance_inputs(self, batch: int = 2, seed: int = 0) -> Tensor:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from torch import Tensor, nn
 
 from attnlab.config import BaseConfig, ConfigError
+from attnlab.evaluation import Evaluation
 from attnlab.training.config import TrainConfig
 from attnlab.training.metrics import Metric
 
@@ -48,6 +49,53 @@ def task_class(name: str) -> type[Task]:
         raise ConfigError(f"unknown task {name!r}; choose {', '.join(TASKS)}")
     module, cls = TASKS[name].split(":")
     return getattr(importlib.import_module(module), cls)
+
+
+@dataclasses.dataclass
+class PredictOptions(BaseConfig):
+    """How ``predict`` answers, for every task (the CLI's ``predict`` takes its defaults from
+    here): ``top_k`` alternatives (next tokens, fillers of a [MASK], classes, beams), and for an
+    encoder-decoder the ``beam`` width (1 = greedy), the length-penalty exponent ``alpha`` and
+    the longest output ``max_len`` (None: twice the source plus 10)."""
+
+    top_k: int = 5
+    beam: int = 1
+    alpha: float = 0.6
+    max_len: int | None = None
+
+    def validate(self) -> None:
+        self._positive("top_k", "beam")
+        self._positive_or_none("max_len")
+        if self.alpha < 0:
+            raise ConfigError(f"alpha must be >= 0, got {self.alpha}")
+
+
+@dataclasses.dataclass
+class EvalOptions(BaseConfig):
+    """What ``eval`` scores and how (the CLI's ``eval`` takes its defaults from here).
+
+    ``data``: a file (or folder of images) to score instead of the run's held-out split, in the
+    task's own format (text; label<TAB>text; source<TAB>target; DIR/<label>/*.png); ``split``:
+    which of the run's splits (None: its held-out one); ``limit``: score only the first N
+    examples (0 = all); ``max_tokens``: a language model scores at most this many tokens.
+    """
+
+    data: str | None = None
+    encoding: str = "utf-8"
+    split: str | None = None
+    batch_size: int = 32
+    max_tokens: int | None = 1 << 20
+    beam: int = 1
+    alpha: float = 0.6
+    limit: int = 0
+
+    def validate(self) -> None:
+        self._positive("batch_size", "beam")
+        self._positive_or_none("max_tokens")
+        if self.limit < 0:
+            raise ConfigError(f"limit must be >= 0, got {self.limit}")
+        if self.alpha < 0:
+            raise ConfigError(f"alpha must be >= 0, got {self.alpha}")
 
 
 def open_task(run_dir: str | Path, with_data: bool = False) -> Task:
@@ -79,13 +127,34 @@ def open_task(run_dir: str | Path, with_data: bool = False) -> Task:
 
 
 def task_for_run(cfg: dict) -> type[Task]:
-    """The task class of a run, from its config.json (a ViT run says ``classify``)."""
-    name = cfg.get("task") or "lm"
+    """The task class of a run, from its config.json (a ViT run says ``classify``). A run
+    imported from Hugging Face names no task: a GPT is a language model, an encoder a masked LM
+    or a classifier by the head it has; an encoder with neither has no task (a RunError that
+    says what it can do instead)."""
+    name = cfg.get("task") or imported_task(cfg)
     if name not in TASKS:
         raise ConfigError(f"config.json names an unknown task {name!r}")
     return task_class(name).redirect(
         {**(cfg.get("task_options") or {}), "model_type": cfg.get("model_type")}
     )
+
+
+def imported_task(cfg: dict) -> str:
+    """The task of a run that names none (imported weights, or a run older than tasks)."""
+    from attnlab.checkpoint import RunError
+
+    model_type, config = cfg.get("model_type"), cfg.get("config") or {}
+    if model_type == "encoder":
+        if config.get("mlm_head"):
+            return "mlm"
+        if config.get("num_labels"):
+            return "classify"
+        raise RunError(
+            "this run is an encoder with no prediction head (no masked-LM or classification "
+            "head): it gives contextual vectors, not predictions; use `attnlab embed RUN TEXT` "
+            "for a sentence embedding, or `attnlab trace`/`attention` to look inside"
+        )
+    return {"seq2seq": "seq2seq", "rnn": "seq2seq", "vit": "vision"}.get(model_type, "lm")
 
 
 class Task:
@@ -104,6 +173,7 @@ class Task:
     metrics: ClassVar[tuple[Metric, ...]] = ()  # its figures, besides val_loss
     best: ClassVar[str] = "val_loss"  # the metric that chooses best/
     data_files: ClassVar[tuple[str, ...]] = ()  # files prepare() writes into the run directory
+    splits: ClassVar[tuple[str, ...]] = ("val", "train")  # what eval scores; the first by default
 
     def __init__(self, options: BaseConfig, seed: int = 1337):
         self.options = options
@@ -232,6 +302,31 @@ class Task:
 
     # -- after training ------------------------------------------------------------------------
 
-    def predict(self, model: nn.Module, inputs: list[str], top_k: int = 5) -> list[dict]:
-        """What the trained model says about each input (one dict per input)."""
+    def predict(self, model: nn.Module, inputs: list[str], options: PredictOptions | None = None,
+                **given) -> list[dict]:  # fmt: skip
+        """What the trained model says about each input (one dict per input); ``options`` or
+        keyword arguments (``top_k=3``) override ``PredictOptions``'s defaults."""
         raise NotImplementedError(f"the {self.name} task has no prediction yet")
+
+    def prediction_lines(self, pred: dict) -> list[str]:
+        """One prediction as terminal lines."""
+        return [str(pred)]
+
+    def score(self, model: nn.Module, options: EvalOptions | None = None) -> Evaluation:
+        """The task's figures on ``options.data`` or, without it, on the held-out split that
+        ``reload`` rebuilt (``open_task(run, with_data=True)``)."""
+        raise NotImplementedError(f"the {self.name} task has no evaluation yet")
+
+    def check_split(self, options: EvalOptions) -> str:
+        """The split ``eval`` scores: ``options.split`` if this task has it, else its first."""
+        split = options.split or self.splits[0]
+        if split not in self.splits:
+            raise ConfigError(f"--split {split}: runs of the {self.name} task have the splits "
+                              f"{', '.join(self.splits)}")  # fmt: skip
+        return split
+
+
+def predict_options(options: PredictOptions | None, given: dict) -> PredictOptions:
+    """``options`` with the keyword arguments ``given`` applied (PredictOptions' defaults)."""
+    base = options.to_dict() if options is not None else {}
+    return PredictOptions.from_dict({**base, **given})

@@ -22,7 +22,7 @@ from attnlab import data
 from attnlab.config import ConfigError
 from attnlab.data.batches import RandomBatches, pad_batch
 from attnlab.models.encoder import Encoder
-from attnlab.tasks.base import Task, task_class
+from attnlab.tasks.base import EvalOptions, Task, predict_options, task_class
 from attnlab.tasks.mlm import EncoderOptions, check_fingerprint
 from attnlab.tokenizers import build_tokenizer, special_id
 from attnlab.training.metrics import Metric
@@ -30,8 +30,9 @@ from attnlab.training.metrics import Metric
 VAL_BATCH = 64
 
 
-def read_labelled(path: str | Path, encoding: str = "utf-8"):
-    """(labels, texts, corpus) from ``label<TAB>text`` lines; blank lines are skipped."""
+def read_labelled(path: str | Path, encoding: str = "utf-8", min_labels: int = 2):
+    """(labels, texts, corpus) from ``label<TAB>text`` lines; blank lines are skipped. Training
+    needs ``min_labels`` = 2 distinct labels; scoring a file needs one."""
     if Path(path).is_dir():
         raise data.DataError(f"{path}: is a directory; expected one label<TAB>text file")
     corpus = data.open_corpus(path, encoding)  # missing, binary, undecodable, empty: DataError
@@ -44,9 +45,11 @@ def read_labelled(path: str | Path, encoding: str = "utf-8"):
             raise data.DataError(f"{path}:{n}: expected 'label<TAB>text'")
         labels.append(label.strip())
         texts.append(text)
-    if len(set(labels)) < 2:
+    if len(set(labels)) < min_labels:
         raise data.DataError(
             f"{path}: classification needs at least two labels, found {len(set(labels))}"
+            if min_labels > 1
+            else f"{path}: no label<TAB>text lines"
         )
     return labels, texts, corpus
 
@@ -183,10 +186,11 @@ class TextClassifier(Task):
             f"held-out accuracy {ev['val_accuracy']:.4f} ({ev['val_correct']}/{ev['val_examples']})"
         )
 
-    def predict(self, model, inputs, top_k=5):
-        """Each text's ``top_k`` classes with probabilities."""
+    def predict(self, model, inputs, options=None, **given):
+        """Each text's ``top_k`` classes with probabilities, from the [CLS] state."""
+        top_k = predict_options(options, given).top_k
         device = next(model.parameters()).device
-        classes = self.classes or [str(i) for i in range(model.config.num_labels)]
+        classes = self.class_names(model)
         out = []
         for text in inputs:
             ids = self.tokenizer.encode(text)[: model.config.block_size]
@@ -196,3 +200,84 @@ class TextClassifier(Task):
             out.append({"input": text, "classes": [{"label": classes[i], "p": p}
                         for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
         return out
+
+    def class_names(self, model) -> list[str]:
+        """The run's labels, or "0", "1", ... for imported weights that name none."""
+        return self.classes or [str(i) for i in range(model.config.num_labels)]
+
+    def prediction_lines(self, pred):
+        return class_lines(pred)
+
+    # -- eval ----------------------------------------------------------------------------------
+
+    def score(self, model, options=None):
+        """Accuracy, per-class precision / recall / F1 and the confusion matrix on the held-out
+        examples, or on every line of a ``label<TAB>text`` file (its labels must be the run's)."""
+        o = options or EvalOptions()
+        classes = self.class_names(model)
+        if o.data is not None:
+            labels, texts, _ = read_labelled(o.data, o.encoding, min_labels=1)
+            unknown = sorted(set(labels) - set(classes))
+            if unknown:
+                raise data.DataError(
+                    f"{o.data}: labels the model does not know: {', '.join(unknown[:5])} "
+                    f"(it knows {', '.join(classes)})"
+                )
+            limit = model.config.block_size
+            sep = special_id(self.tokenizer, "[SEP]")
+            seqs = [s if len(s) <= limit else s[: limit - 1] + [sep]
+                    for s in self.tokenizer.encode_batch(texts)]  # fmt: skip
+            y = [classes.index(lab) for lab in labels]
+            where = str(o.data)
+        else:
+            split = self.check_split(o)
+            idx = self.val_idx if split == "val" else self.train_idx
+            seqs, y = [self.seqs[i] for i in idx], self.y[idx].tolist()
+            texts = [self.texts[i] for i in idx]
+            where = f"the {split} split of {self.options.data}"
+        if o.limit:
+            seqs, y, texts = seqs[: o.limit], y[: o.limit], texts[: o.limit]
+        pad = special_id(self.tokenizer, "[PAD]")
+        device = next(model.parameters()).device
+        logits = []
+        with torch.no_grad():
+            for lo in range(0, len(seqs), o.batch_size):
+                ids, mask = pad_batch(seqs[lo : lo + o.batch_size], pad)
+                logits.append(model(ids.to(device), mask.to(device), head="classify").float().cpu())
+        return class_evaluation(self.name, f"{where}: {len(y)} examples", torch.cat(logits),
+                                torch.tensor(y), classes, texts)  # fmt: skip
+
+
+def class_lines(pred: dict) -> list[str]:
+    """A classifier's prediction (text or image) as terminal lines."""
+    truth = pred.get("truth")
+    name = pred["input"] if "truth" in pred else repr(pred["input"])  # an image: its file or test:N
+    lines = [name + (f"  (true class {truth})" if truth is not None else "")]
+    width = max(len(c["label"]) for c in pred["classes"])
+    lines += [f"  {c['label']:<{width}}  {c['p']:.4f}" for c in pred["classes"]]
+    return lines
+
+
+def class_evaluation(task: str, where: str, logits: torch.Tensor, y: torch.Tensor,
+                     classes: list[str], inputs: list[str] | None = None):  # fmt: skip
+    """The Evaluation of class logits (N, K) against true classes y (N,): accuracy, mean loss,
+    macro precision / recall / F1, the per-class table and the confusion matrix, and the first
+    few misclassified inputs."""
+    from attnlab.evaluation import Evaluation, Figure
+    from attnlab.metrics import classification_report, confusion_matrix
+
+    pred = logits.argmax(-1)
+    report = classification_report(confusion_matrix(y.tolist(), pred.tolist(), len(classes)),
+                                   classes)  # fmt: skip
+    loss = float(F.cross_entropy(logits, y)) if len(y) else float("nan")
+    figures = [
+        Figure("accuracy", "accuracy", report["accuracy"], "%"),
+        Figure("loss", "loss", loss, "nats/example"),
+        Figure("macro_precision", "macro precision", report["macro_precision"], "%"),
+        Figure("macro_recall", "macro recall", report["macro_recall"], "%"),
+        Figure("macro_f1", "macro F1", report["macro_f1"], "%"),
+        Figure("examples", "examples", len(y), "count"),
+    ]
+    wrong = [{"input": inputs[i], "true": classes[int(y[i])], "predicted": classes[int(pred[i])]}
+             for i in (pred != y).nonzero().flatten().tolist()[:3]] if inputs else []  # fmt: skip
+    return Evaluation(task, where, figures, report, mistakes=wrong)

@@ -234,6 +234,26 @@ class Induction(LanguageModel):
                 "ln_vocab": math.log(model.config.vocab_size), "sequences": n,
                 "half": x.size(1) // 2}  # fmt: skip
 
+    def score(self, model, options=None):
+        """``attnlab eval``: the in-context loss (``evaluate_in_context``); with
+        ``options.data``, a language model's figures on that text."""
+        from attnlab.evaluation import Evaluation, Figure
+
+        if options is not None and options.data is not None:
+            return super().score(model, options)
+        r = self.evaluate_in_context(model)
+        figures = [
+            Figure("loss_first_half", "first-half loss", r["loss_first_half"], "nats/token"),
+            Figure(
+                "loss_repeated_half", "repeated-half loss", r["loss_repeated_half"], "nats/token"
+            ),  # fmt: skip
+            Figure("ln_vocab", "ln V (a uniform guess)", r["ln_vocab"]),
+            Figure("sequences", "sequences", r["sequences"], "count"),
+            Figure("half", "tokens per half", r["half"], "count"),
+        ]
+        where = f"in-context loss on {r['sequences']} sequences r r (r of {r['half']} tokens)"
+        return Evaluation(self.name, where, figures)
+
     def evaluate(self, model, val_loss):
         r = self.evaluate_in_context(model)
         return {k: r[k] for k in ("loss_first_half", "loss_repeated_half")}

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from attnlab import data
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.models.gpt import GPT, PRESETS, GPTConfig
-from attnlab.tasks.base import Task
+from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import Tokenizer, build_tokenizer
 from attnlab.training.metrics import Metric
 
@@ -312,17 +312,60 @@ class LanguageModel(Task):
         best = f"; best {result.best['value']:.4f}" if result.best else ""
         return f"trained {result.step} steps: val loss {result.val_loss:.4f} ({bpc:.3f} bits/char){best}"
 
-    def predict(self, model, inputs, top_k=5):
+    def predict(self, model, inputs, options=None, **given):
         """The ``top_k`` most probable next tokens after each text, with probabilities: the
         decoding protocol's first step (past block_size, the last block_size tokens)."""
         from attnlab.generation import encode_prompt, next_token_logprobs
 
+        top_k = predict_options(options, given).top_k
         out = []
         for text in inputs:
             ids = torch.tensor([encode_prompt(self.tokenizer, text)])  # (1, T)
             probs = next_token_logprobs(model, ids)[0].exp()  # (V,)
             top = torch.topk(probs, min(top_k, probs.numel()))
             out.append({"input": text, "next": [
-                {"token": self.tokenizer.decode([i]), "p": p}
+                {"token": self.tokenizer.decode([i]), "id": i, "p": p}
                 for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
         return out
+
+    def prediction_lines(self, pred):
+        lines = [f"{pred['input']!r} -> next token:"]
+        lines += [f"  {p['p']:.4f}  {p['token']!r}" for p in pred["next"]]
+        return lines
+
+    # -- eval ----------------------------------------------------------------------------------
+
+    def score(self, model, options=None):
+        """Loss (nats/token), perplexity and bits per character on ``options.data`` or on the
+        run's held-out tokens (the last val_fraction of its token shards), over non-overlapping
+        windows of block_size spread evenly over the text."""
+        from attnlab.evaluation import Evaluation, Figure
+
+        o = options or EvalOptions()
+        if o.data is not None:
+            corpus = data.open_corpus(o.data, o.encoding)
+            parts, n_chars = [], 0
+            dtype = data.token_dtype(self.tokenizer.vocab_size)
+            for chunk in corpus.chunks():
+                parts.append(np.asarray(self.tokenizer.encode(chunk), dtype=dtype))
+                n_chars += len(chunk)
+            tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+            cpt, where = n_chars / max(len(tokens), 1), str(o.data)
+        else:
+            split = self.check_split(o)
+            tokens = self.val_tokens if split == "val" else self.train_tokens
+            cpt = self.info.chars_per_token
+            where = f"the {split} split of {self.options.data}"
+        try:
+            r = score_tokens(model, tokens, cpt, o.batch_size, o.max_tokens)
+        except data.DataError as e:
+            raise data.DataError(f"{o.data or where}: {e}") from None  # shorter than one window
+        count = r["tokens"]
+        figures = [
+            Figure("loss", "loss", r["loss"], "nats/token"),
+            Figure("perplexity", "perplexity", r["perplexity"]),
+            Figure("bits_per_char", "bits/char", r["bits_per_char"]),
+            Figure("tokens", "tokens scored", count, "count"),
+            Figure("chars_per_token", "chars/token", cpt),
+        ]
+        return Evaluation(self.name, f"{where}: {count:,} of {len(tokens):,} tokens", figures)

@@ -30,8 +30,8 @@ from attnlab.models.encoder import (
     EncoderConfig,
     mask_tokens,
 )
-from attnlab.tasks.base import Task
-from attnlab.tokenizers import ENCODER_SPECIALS, build_tokenizer, special_id
+from attnlab.tasks.base import EvalOptions, Task, predict_options
+from attnlab.tokenizers import ENCODER_SPECIALS, TokenizerError, build_tokenizer, special_id
 from attnlab.training.metrics import Metric
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
@@ -230,19 +230,112 @@ class MaskedLM(Task):
         loss = result.val_loss
         return f"val loss {loss:.4f}{acc_text}" if loss is not None else "no evaluation"
 
-    def predict(self, model, inputs, top_k=5):
-        """Each [MASK] of each text with its ``top_k`` fillers and their probabilities."""
-        mask_id = special_id(self.tokenizer, "[MASK]")
+    def predict(self, model, inputs, options=None, **given):
+        """Each mask token of each text ([MASK], or the tokenizer's own such as <mask>) with its
+        ``top_k`` fillers and their probabilities, read from the masked-LM head."""
+        top_k = predict_options(options, given).top_k
         device = next(model.parameters()).device
+        mask_id, mask = mask_token(self.tokenizer)
         out = []
         for text in inputs:
-            ids = self.tokenizer.encode(text)
+            ids = self.tokenizer.encode(text.replace("[MASK]", mask))
+            if len(ids) > model.config.block_size:
+                raise TokenizerError(f"{text[:40]!r} is {len(ids)} tokens; this model reads at "
+                                     f"most {model.config.block_size}")  # fmt: skip
             with torch.no_grad():
                 logits = model(torch.tensor([ids], device=device), head="mlm")[0]  # (T, V)
-            fills = []
-            for t in [i for i, x in enumerate(ids) if x == mask_id]:
-                top = torch.topk(torch.softmax(logits[t].float(), -1), top_k)
-                fills.append([{"token": self.tokenizer.decode([i]), "p": p}
-                              for p, i in zip(top.values.tolist(), top.indices.tolist())])  # fmt: skip
-            out.append({"input": text, "masks": fills})
+            out.append({"input": text, "masks": mask_fills(self.tokenizer, ids, logits, mask_id,
+                                                           top_k)})  # fmt: skip
         return out
+
+    def prediction_lines(self, pred):
+        if not pred["masks"]:
+            return [f"{pred['input']!r}: no [MASK] in the text; put [MASK] where the model should "
+                    "guess a token"]  # fmt: skip
+        lines = [f"{pred['input']!r}"]
+        for n, fills in enumerate(pred["masks"]):
+            shown = "  ".join(f"{f['token']!r} {f['p']:.3f}" for f in fills)
+            lines.append(f"  [MASK] #{n + 1} (position {fills[0]['position']}): {shown}")
+        return lines
+
+    # -- eval ----------------------------------------------------------------------------------
+
+    def score(self, model, options=None):
+        """Masked-token accuracy and loss: the held-out token stream (or the lines of
+        ``options.data``) cut into windows of block_size - 2, framed [CLS] window [SEP] and
+        masked as in training (15% chosen; 80% [MASK], 10% random, 10% kept) with a fixed seed;
+        the figures count the chosen positions only."""
+        from attnlab.evaluation import Evaluation, Figure
+
+        o = options or EvalOptions()
+        if o.data is not None:
+            texts, _ = read_texts(o.data, o.encoding)
+            seqs = self.tokenizer.encode_batch([t + "\n" for t in texts], add_special_tokens=False)
+            ids, where = torch.tensor([i for s in seqs for i in s], dtype=torch.long), o.data
+        else:
+            split = self.check_split(o)
+            ids = self.val_ids if split == "val" else self.train_ids
+            where = f"the {split} split of {self.options.data}"
+        w = model.config.block_size - 2
+        n = len(ids) // w
+        if n == 0:
+            raise data.DataError(f"{where}: {len(ids)} tokens, fewer than one window of {w}")
+        if o.limit:
+            n = min(n, o.limit)
+        tok = self.tokenizer
+        body = ids[: n * w].view(n, w)
+        framed = torch.cat([torch.full((n, 1), special_id(tok, "[CLS]")), body,
+                            torch.full((n, 1), special_id(tok, "[SEP]"))], 1)  # fmt: skip
+        specials = sorted(set(tok.special_tokens.values()))
+        g = torch.Generator().manual_seed(self.seed + 1)
+        inputs, labels = mask_tokens(framed, mask_token(tok)[0], tok.vocab_size, specials,
+                                     generator=g)  # fmt: skip
+        device = next(model.parameters()).device
+        right = chosen = 0
+        loss = 0.0
+        with torch.no_grad():
+            for i in range(0, n, o.batch_size):
+                x, y = (
+                    inputs[i : i + o.batch_size].to(device),
+                    labels[i : i + o.batch_size].to(device),
+                )
+                logits = model(x, head="mlm")  # (B, T, V)
+                sel = y != IGNORE_INDEX
+                right += int((logits.argmax(-1)[sel] == y[sel]).sum())
+                chosen += int(sel.sum())
+                loss += float(F.cross_entropy(logits[sel].float(), y[sel], reduction="sum"))
+        if chosen == 0:
+            raise data.DataError(f"{where}: no token could be masked")
+        figures = [
+            Figure("masked_accuracy", "masked-token accuracy", right / chosen, "%"),
+            Figure("loss", "loss", loss / chosen, "nats/masked token"),
+            Figure("masked", "masked tokens", chosen, "count"),
+            Figure("windows", "windows", n, "count"),
+        ]
+        return Evaluation(self.name, f"{where}: {n} windows of {w} tokens", figures)
+
+
+def mask_token(tokenizer) -> tuple[int, str]:
+    """(id, text) of the tokenizer's mask token: [MASK] (BERT, attnlab) or <mask> (RoBERTa)."""
+    specials = getattr(tokenizer, "special_tokens", {})
+    for name in ("[MASK]", "<mask>"):
+        if name in specials:
+            return specials[name], name
+    vocab = tokenizer.tok.get_vocab() if hasattr(tokenizer, "tok") else {}
+    if "<mask>" in vocab:
+        return vocab["<mask>"], "<mask>"
+    raise TokenizerError("the tokenizer has no mask token ([MASK] or <mask>)")
+
+
+def mask_fills(tokenizer, ids: list[int], logits: torch.Tensor, mask_id: int,
+               top_k: int) -> list[list[dict]]:  # fmt: skip
+    """For each position of ``ids`` holding ``mask_id``: the ``top_k`` tokens of softmax(
+    logits[t]) (logits (T, V) from the masked-LM head) with their ids and probabilities. The
+    one reading of masked-LM logits, shared by ``predict`` and ``trace``."""
+    fills = []
+    for t in [i for i, x in enumerate(ids) if x == mask_id]:
+        probs = torch.softmax(logits[t].float(), -1)  # (V,)
+        top = torch.topk(probs, min(top_k, probs.numel()))
+        fills.append([{"token": tokenizer.decode([i]), "id": i, "p": p, "position": t}
+                      for p, i in zip(top.values.tolist(), top.indices.tolist())])  # fmt: skip
+    return fills

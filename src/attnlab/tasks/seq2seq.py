@@ -23,12 +23,27 @@ from torch import nn
 
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.data.batches import EpochBatches
-from attnlab.data.tasks import DEFAULTS, Seq2SeqData, collate, encode_pairs, load_data, rebuild
+from attnlab.data.tasks import (
+    DEFAULTS,
+    Seq2SeqData,
+    collate,
+    encode_pairs,
+    load_data,
+    read_tsv,
+    rebuild,
+)
 from attnlab.generation import beam_search, greedy, pad_ids
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
-from attnlab.tasks.base import Task
-from attnlab.tokenizers import EOS, PAD, CharTokenizer, PairTokenizer, build_tokenizer
+from attnlab.tasks.base import EvalOptions, Task, predict_options
+from attnlab.tokenizers import (
+    EOS,
+    PAD,
+    CharTokenizer,
+    PairTokenizer,
+    TokenizerError,
+    build_tokenizer,
+)
 from attnlab.training.metrics import Metric
 
 ARCHS = ("transformer", "lstm-attention", "lstm")
@@ -110,14 +125,15 @@ def pair_tokenizer(data: Seq2SeqData, source: str = "char", target: str = "char"
 def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[str, str]],
                 beam: int = 1, alpha: float = 0.6, batch_size: int = EVAL_BATCH) -> dict:  # fmt: skip
     """Exact match of the decoded outputs (greedy, or beam search if beam > 1), teacher-forced
-    token accuracy (argmax of every target position given the true prefix, <eos> included) and
-    the mean cross-entropy ``loss``, over ``pairs``."""
+    token accuracy (argmax of every target position given the true prefix, <eos> included),
+    the mean cross-entropy ``loss``, over ``pairs``, and the decoded ``outputs`` (text)."""
     was = model.training
     model.eval()
     device = next(model.parameters()).device
     encoded = encode_pairs(tokenizer, pairs)
     exact = correct = total = 0
     loss_sum = 0.0
+    decoded: list[str] = []
     for i in range(0, len(encoded), batch_size):
         chunk = encoded[i : i + batch_size]
         src, tgt_in, tgt_out = (t.to(device) for t in collate(chunk))
@@ -132,10 +148,11 @@ def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[st
             outs = [beam_search(model, pad_ids([s], device=device), beam, alpha)[0].tokens
                     for s, _ in chunk]  # fmt: skip
         exact += sum(o == t[: t.index(EOS)] for o, (_, t) in zip(outs, chunk))
+        decoded += [tokenizer.decode_target(o) for o in outs]
     model.train(was)
     n, tokens = max(len(encoded), 1), max(total, 1)
     return {"exact": exact / n, "token_acc": correct / tokens, "loss": loss_sum / tokens,
-            "n": len(encoded)}  # fmt: skip
+            "n": len(encoded), "outputs": decoded}  # fmt: skip
 
 
 class Seq2Seq(Task):
@@ -261,10 +278,66 @@ class Seq2Seq(Task):
             f"attnlab eval {result.out_dir}"
         )
 
-    def predict(self, model, inputs, top_k=1):
-        """The greedy translation of each source text."""
+    def predict(self, model, inputs, options=None, **given):
+        """The translation of each source text: greedy (``beam`` = 1, batched) or the best of
+        a beam search, with the ``top_k`` best beams and their length-normalised scores."""
+        o = predict_options(options, given)
         device = next(model.parameters()).device
-        src = pad_ids([self.tokenizer.encode_source(t) for t in inputs], device=device)
-        outs = greedy(model, src)
-        return [{"input": t, "output": self.tokenizer.decode_target(o)}
-                for t, o in zip(inputs, outs)]  # fmt: skip
+        srcs = [self.tokenizer.encode_source(t) for t in inputs]
+        limit = getattr(model.config, "max_len", None)
+        for t, s in zip(inputs, srcs):
+            if limit and len(s) > limit:
+                raise TokenizerError(f"source of {len(s)} tokens is longer than the model's "
+                                     f"{limit} positions: {t[:40]!r}")  # fmt: skip
+        if o.beam == 1:
+            outs = greedy(model, pad_ids(srcs, device=device), o.max_len)
+            return [{"input": t, "output": self.tokenizer.decode_target(ids), "beam": 1}
+                    for t, ids in zip(inputs, outs)]  # fmt: skip
+        out = []
+        for t, s in zip(inputs, srcs):
+            hyps = beam_search(model, pad_ids([s], device=device), o.beam, o.alpha, o.max_len)
+            beams = [{"output": self.tokenizer.decode_target(h.tokens), "score": h.score,
+                      "logprob": h.logprob, "finished": h.finished} for h in hyps[: o.top_k]]  # fmt: skip
+            out.append({"input": t, "output": beams[0]["output"], "beam": o.beam, "beams": beams})
+        return out
+
+    def prediction_lines(self, pred):
+        lines = [f"{pred['input']!r} -> {pred['output']!r}"]
+        for n, b in enumerate(pred.get("beams", [])[1:], 2):
+            lines.append(f"  beam #{n}: {b['output']!r}  (score {b['score']:.3f})")
+        return lines
+
+    # -- eval ----------------------------------------------------------------------------------
+
+    splits = ("test", "val", "train")
+
+    def score(self, model, options=None):
+        """Exact match, token accuracy, loss, and corpus BLEU and chrF of the decoded outputs
+        (greedy, or beam search) on the run's test split or a ``source<TAB>target`` file."""
+        from attnlab.evaluation import Evaluation, Figure
+        from attnlab.metrics import bleu, chrf
+
+        o = options or EvalOptions()
+        if o.data is not None:
+            pairs, where = read_tsv(o.data, o.encoding), str(o.data)
+        else:
+            split = self.check_split(o)
+            pairs, where = self.data.split(split), f"the {split} split of {self.data.name}"
+        if o.limit:
+            pairs = pairs[: o.limit]
+        r = score_pairs(model, self.tokenizer, pairs, beam=o.beam, alpha=o.alpha)
+        refs = [self.tokenizer.decode_target(self.tokenizer.encode_target(t)) for _, t in pairs]
+        b = bleu(r["outputs"], refs)
+        figures = [
+            Figure("exact_match", "exact match", r["exact"], "%"),
+            Figure("token_accuracy", "token accuracy", r["token_acc"], "%"),
+            Figure("bleu", "BLEU", b["bleu"], "/100"),
+            Figure("chrf", "chrF", chrf(r["outputs"], refs), "/100"),
+            Figure("loss", "loss", r["loss"], "nats/target token"),
+            Figure("pairs", "pairs", r["n"], "count"),
+        ]
+        wrong = [{"source": s, "output": h, "target": t}
+                 for (s, t), h, ref in zip(pairs, r["outputs"], refs) if h != ref][:3]  # fmt: skip
+        decoding = "greedy" if o.beam == 1 else f"beam {o.beam}"
+        return Evaluation(self.name, f"{where}: {r['n']} pairs, {decoding}", figures,
+                          mistakes=wrong)  # fmt: skip

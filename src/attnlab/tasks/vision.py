@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.data import images as im
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.tasks.base import Task
+from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.training.metrics import Metric
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "patch_size", "dropout")
@@ -185,8 +185,9 @@ class ImageClassifier(Task):
         n = len(self.test_idx)
         return f"held-out test accuracy {final['test_accuracy']:.4f} ({final['test_correct']}/{n})"
 
-    def predict(self, model, inputs, top_k=3):
+    def predict(self, model, inputs, options=None, **given):
         """Each image's (a file, or ``test:N``) ``top_k`` classes with probabilities."""
+        top_k = predict_options(options, given).top_k
         classes = self.tokenizer.classes
         device = next(model.parameters()).device
         out = []
@@ -198,3 +199,46 @@ class ImageClassifier(Task):
             out.append({"input": text, "truth": truth, "classes": [{"label": classes[i], "p": p}
                         for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
         return out
+
+    def prediction_lines(self, pred):
+        from attnlab.tasks.classify import class_lines
+
+        return class_lines(pred)
+
+    # -- eval ----------------------------------------------------------------------------------
+
+    splits = ("test", "val", "train")
+
+    def score(self, model, options=None):
+        """Accuracy, per-class precision / recall / F1 and the confusion matrix on the test
+        split (never trained on), or on a ``DIR/<label>/*.png`` folder whose labels are the
+        run's classes."""
+        from attnlab.tasks.classify import class_evaluation
+
+        o = options or EvalOptions()
+        classes = list(self.tokenizer.classes)
+        if o.data is not None:
+            given = im.load_images(str(o.data))
+            unknown = sorted(set(given.classes) - set(classes))
+            if unknown:
+                raise im.DataError(f"{o.data}: class folders the model does not know: "
+                                   f"{', '.join(unknown[:5])} (it knows {', '.join(classes)})")  # fmt: skip
+            want = (self.tokenizer.channels, self.tokenizer.image_size, self.tokenizer.image_size)
+            if tuple(given.images.shape[1:]) != want:
+                raise im.DataError(f"{o.data}: images are {tuple(given.images.shape[1:])} "
+                                   f"(C, H, W); this model reads {want}")  # fmt: skip
+            X = given.images
+            Y = torch.tensor([classes.index(given.classes[int(k)]) for k in given.labels])
+            where = str(o.data)
+        else:
+            split = self.check_split(o)
+            idx = {"test": self.test_idx, "val": self.val_idx, "train": self.train_idx}[split]
+            X, Y = self.images.images[idx], self.images.labels[idx]
+            where = f"the {split} split of {self.options.data}"
+        if o.limit:
+            X, Y = X[: o.limit], Y[: o.limit]
+        device = next(model.parameters()).device
+        with torch.no_grad():
+            logits = torch.cat([model(x.to(device)).float().cpu()
+                                for x, _ in im.fixed_batches(X, Y, 256)])  # fmt: skip
+        return class_evaluation(self.name, f"{where}: {len(Y)} images", logits, Y, classes)

@@ -1,0 +1,202 @@
+"""Verbs for every kind of run: ``predict`` (one answer per input) and ``eval`` (the task's
+figures on its held-out split or a file). Both call ``attnlab.run.Run``; ``classify`` and
+``translate`` are ``predict`` for one kind, and print the same lines.
+
+    attnlab predict runs/mine "ROMEO:"                    # the next tokens of a GPT
+    attnlab predict runs/bert "The [MASK] of the river"   # each [MASK] filled
+    attnlab predict runs/language "¿dónde está?"          # classes with probabilities
+    attnlab predict runs/dates "saturday 21 nov 2026" --beam 4
+    attnlab eval runs/language --png confusion.png        # accuracy, P/R/F1, confusion matrix
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from attnlab.cli import UsageError, options_from, output_file
+
+
+def _defaults(cls) -> dict:
+    """Each field's default: the one definition the CLI and the Python methods share."""
+    return {f.name: f.default for f in dataclasses.fields(cls)}
+
+
+def open_run(path: str, device: str = "auto"):
+    """``attnlab.run.load_run`` on the device named (auto: a GPU if there is one)."""
+    from attnlab.config import ConfigError
+    from attnlab.run import load_run
+    from attnlab.runtime import resolve_device
+
+    try:
+        dev = resolve_device(device)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    return load_run(path, device=dev)
+
+
+def _inputs(given: list[str]) -> list[str]:
+    if given == ["-"]:
+        lines = [ln.rstrip("\r\n") for ln in sys.stdin]
+        if not lines:
+            raise UsageError("no input on stdin")
+        return lines
+    return given
+
+
+def print_predictions(run, preds: list[dict], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({"about": run.about, "predictions": preds}, ensure_ascii=False))
+        return
+    for pred in preds:
+        for line in run.prediction_lines(pred):
+            print(line)
+
+
+def predict(args: argparse.Namespace) -> int:
+    """``attnlab predict RUN INPUT...``: the run's answer for each input, in its task's words."""
+    from attnlab.tasks.base import PredictOptions
+
+    options = options_from(PredictOptions, top_k=args.top_k, beam=args.beam, alpha=args.alpha,
+                           max_len=args.max_len)  # fmt: skip
+    run = open_run(args.run, args.device)
+    inputs = _inputs(args.input)
+    print_predictions(run, run.predict(inputs, options), args.json)
+    return 0
+
+
+def eval_(args: argparse.Namespace) -> int:
+    """``attnlab eval RUN [--data FILE]``: the task's figures (``--png``: a classifier's
+    confusion matrix; ``--ablate L.H``: intact and with those heads ablated)."""
+    from attnlab.tasks.base import EvalOptions
+
+    options = options_from(EvalOptions, data=args.data, encoding=args.encoding, split=args.split,
+                           batch_size=args.batch_size, max_tokens=args.max_tokens,
+                           beam=args.beam, alpha=args.alpha, limit=args.limit)  # fmt: skip
+    if args.ablate:
+        return _eval_ablated(args, options)
+    png = output_file(args.png, ".png", "--png")
+    run = open_run(args.run, args.device)
+    if png is not None and run.task.name not in ("classify", "vision"):
+        raise UsageError(f"--png draws a classifier's confusion matrix; {args.run} is a "
+                         f"{run.kind} run")  # fmt: skip
+    ev = run.evaluate(options=options)
+    if png is not None:
+        ev.save_png(png)
+    if args.json:
+        print(json.dumps({"about": run.about, **ev.to_dict()}, ensure_ascii=False))
+    else:
+        print(str(ev))
+    if png is not None:
+        print(f"wrote confusion matrix {png}", file=sys.stderr)
+    return 0
+
+
+HELD_OUT_ONLY = ("--split", "--beam", "--alpha", "--limit", "--png")
+
+
+def _eval_ablated(args: argparse.Namespace, options) -> int:
+    """``eval RUN --ablate L.H[,...] [--mode M]``: the run's figures intact and with those heads
+    ablated (``attnlab.interventions.ablated_eval``). With ``--data`` a GPT's figures are
+    ``eval``'s own on that text; without, any run's held-out split is scored as training
+    scored it (``interventions.held_out``)."""
+    from attnlab.data import open_corpus
+    from attnlab.inspect.display import console
+    from attnlab.interventions import ablated_eval, held_out
+    from attnlab.runtime import resolve_device
+
+    given = [o for o in HELD_OUT_ONLY if any(a.split("=")[0] == o for a in args._argv)]
+    if args.data is not None:
+        run = open_run(args.run, args.device)
+        if run.kind != "gpt":
+            raise UsageError(f"--data with --ablate scores a GPT on a text; this is a {run.kind} "
+                             "run: without --data it is scored on its own held-out split")  # fmt: skip
+        if given:
+            raise UsageError(f"{given[0]} does not apply to --ablate on a text")
+        open_corpus(args.data, args.encoding)  # a missing or binary file: refused before scoring
+
+        def score() -> dict:
+            ev = run.evaluate(options=options)
+            return {f.key: f.value for f in ev.figures if f.key != "chars_per_token"}
+
+        model, source = run.model, str(args.data)
+    else:
+        if given:
+            raise UsageError(f"{given[0]} does not apply to --ablate: the run is scored on the "
+                             "held-out split it was trained with, as training scored it")  # fmt: skip
+        h = held_out(args.run, resolve_device(args.device))
+        model, score, source = h.model, h.figures, h.source
+    result = ablated_eval(model, score, args.ablate, args.mode, source, quiet=False)
+    if args.json:
+        print(result.to_json())
+    else:
+        console().print(result)
+    return 0
+
+
+def register(sub) -> None:
+    from attnlab.tasks.base import EvalOptions, PredictOptions
+
+    pd, ed = _defaults(PredictOptions), _defaults(EvalOptions)
+    pos = int  # checked by PredictOptions / EvalOptions: one line naming the option
+    p = sub.add_parser(
+        "predict",
+        help="what a run predicts for each input (any kind of run)",
+        description="Print the run's prediction for each INPUT: a GPT's most probable next "
+        "tokens; each [MASK] of a masked LM filled; a classifier's classes with probabilities "
+        "(text, or an image file / test:N for a ViT); an encoder-decoder's output (greedy, or "
+        "--beam N). An encoder with no head predicts nothing (use embed). '-' reads one input "
+        "per line from stdin.",
+    )
+    p.add_argument("run", help="run directory (trained or imported)")
+    p.add_argument("input", nargs="+", help="text(s), image(s) or test:N; '-' reads stdin")
+    p.add_argument("--top-k", type=pos, default=pd["top_k"],
+                   help=f"alternatives to show (default {pd['top_k']})")  # fmt: skip
+    p.add_argument("--beam", type=pos, default=pd["beam"],
+                   help="encoder-decoder: beam width (default 1 = greedy)")  # fmt: skip
+    p.add_argument("--alpha", type=float, default=pd["alpha"],
+                   help=f"encoder-decoder: length penalty exponent (default {pd['alpha']})")  # fmt: skip
+    p.add_argument("--max-len", type=pos, default=pd["max_len"],
+                   help="encoder-decoder: longest output in tokens")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    p.set_defaults(func=predict)
+
+    e = sub.add_parser(
+        "eval",
+        help="score a run on its held-out split or a file (any kind of run)",
+        description="Print the run's figures in its task's words. A GPT: loss, perplexity and "
+        "bits per character. A masked LM: masked-token accuracy and loss. A classifier (text "
+        "or image): accuracy, per-class precision, recall and F1, and the confusion matrix "
+        "(--png draws it). An encoder-decoder: exact match, token accuracy, BLEU and chrF. "
+        "Without --data the run's held-out split is scored (a ViT's and an encoder-decoder's "
+        "test split); --data scores a file in the task's format: text; label<TAB>text; "
+        "source<TAB>target; a DIR/<label>/*.png folder.",
+    )
+    e.add_argument("run", help="run directory (trained or imported)")
+    e.add_argument("--data", default=ed["data"], help="a file (or image folder) to score")
+    e.add_argument("--encoding", default=ed["encoding"], help="of --data")
+    e.add_argument("--split", choices=["test", "val", "train"], default=ed["split"],
+                   help="which split of the run (default its held-out one)")  # fmt: skip
+    e.add_argument("--json", action="store_true", help="print one JSON object")
+    e.add_argument("--png", metavar="FILE", help="a classifier: draw the confusion matrix")
+    e.add_argument("--batch-size", type=pos, default=ed["batch_size"],
+                   help=f"(default {ed['batch_size']})")  # fmt: skip
+    e.add_argument("--max-tokens", type=pos, default=ed["max_tokens"],
+                   help=f"a GPT: score at most this many tokens (default {ed['max_tokens']})")  # fmt: skip
+    e.add_argument("--beam", type=pos, default=ed["beam"],
+                   help="encoder-decoder: beam width (default 1 = greedy)")  # fmt: skip
+    e.add_argument("--alpha", type=float, default=ed["alpha"],
+                   help=f"encoder-decoder: length penalty exponent (default {ed['alpha']})")  # fmt: skip
+    e.add_argument("--limit", type=int, default=ed["limit"],
+                   help="score only the first N examples (default 0 = all)")  # fmt: skip
+    e.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    e.add_argument("--ablate", metavar="L.H[,L.H...]",
+                   help="the figures intact and with these heads ablated (1.2; decoder.0.1, "
+                   "cross.1.0, encoder.0.3 in an encoder-decoder; context for an LSTM): on the "
+                   "run's held-out split, for every task, or a GPT on --data")  # fmt: skip
+    e.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
+                   help="--ablate: how (default zero)")  # fmt: skip
+    e.set_defaults(func=eval_)

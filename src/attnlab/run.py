@@ -1,0 +1,177 @@
+"""A run directory, ready to use from Python: what the CLI's verbs do, as methods.
+
+    import attnlab
+    run = attnlab.load_run("runs/mine")        # any run: trained or imported, any kind
+    run.kind, run.describe()                    # "gpt", "GPT: a causal decoder-only ..."
+    run.predict("ROMEO:")                       # as `attnlab predict RUN TEXT`
+    run.generate("ROMEO:", max_new_tokens=100)  # as `attnlab generate RUN --prompt ...`
+    run.evaluate()                              # as `attnlab eval RUN` (an Evaluation)
+    rec = run.record("I like to eat apples")    # what trace, attention, explore read
+    model, tokenizer = attnlab.load_run("runs/mine")   # still unpacks as before
+
+Each method takes the CLI verb's options, with the CLI's defaults: both read them from one
+place (``PredictOptions`` and ``EvalOptions`` in ``attnlab.tasks.base``, ``SamplingConfig`` in
+``attnlab.generation``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attnlab import checkpoint as ckpt
+from attnlab.data import DataError
+from attnlab.tasks.base import EvalOptions, PredictOptions, Task, open_task, predict_options
+
+
+class Run:
+    """A loaded run directory: ``model`` (eval mode), ``tokenizer``, ``config`` (config.json).
+
+    Unpacks as ``model, tokenizer = run``, as ``load_run`` always did.
+    """
+
+    def __init__(self, path: str | Path, model: nn.Module, tokenizer, config: dict):
+        self.path = Path(path)
+        self.model, self.tokenizer, self.config = model, tokenizer, config
+        self._task: Task | None = None
+
+    # -- what it is ----------------------------------------------------------------------------
+
+    def __iter__(self):
+        return iter((self.model, self.tokenizer))
+
+    def __getitem__(self, i: int):
+        return (self.model, self.tokenizer)[i]
+
+    def __len__(self) -> int:
+        return 2
+
+    @property
+    def kind(self) -> str:
+        """gpt, mlm, text-classifier, encoder, seq2seq-transformer, lstm-attention, lstm, vit."""
+        return getattr(self.model, "kind", "") or self.config.get("model_type", "")
+
+    @property
+    def imported(self) -> str | None:
+        """The Hugging Face directory the weights came from, if they were imported."""
+        source = self.config.get("source")
+        if isinstance(source, dict) and source.get("format") == "huggingface":
+            return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
+        return None
+
+    def describe(self) -> str:
+        """What the model is, in one sentence (and where imported weights came from)."""
+        text = self.model.describe() if hasattr(self.model, "describe") else self.kind
+        return text + (f" (imported from {self.imported})" if self.imported else "")
+
+    @property
+    def about(self) -> dict:
+        """{"kind", "model_type", "description"}: what every --json output starts with."""
+        return {"kind": self.kind, "model_type": self.config.get("model_type", ""),
+                "description": self.describe()}  # fmt: skip
+
+    @property
+    def task(self) -> Task:
+        """The run's task, rebuilt without its data (what ``predict`` needs); a RunError for a
+        model that predicts nothing (an encoder with no head)."""
+        if self._task is None:
+            try:
+                self._task = open_task(self.path)
+            except ckpt.RunError as e:
+                raise ckpt.RunError(f"{self.path}: {e}") from None
+        return self._task
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r}, kind={self.kind!r})"
+
+    # -- what it does --------------------------------------------------------------------------
+
+    def predict(self, inputs: str | list[str], options: PredictOptions | None = None, **given):
+        """The model's prediction for one input (a dict) or several (a list): the next tokens
+        of a GPT, the fillers of each [MASK], the classes of a text or image (a file or
+        ``test:N``), the translation of an encoder-decoder (greedy, or ``beam=N``)."""
+        options = predict_options(options, given)
+        task = self.task
+        if options.beam != 1 and task.name != "seq2seq":
+            raise ckpt.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
+        single = isinstance(inputs, str)
+        preds = task.predict(self.model, [inputs] if single else list(inputs), options)
+        return preds[0] if single else preds
+
+    def prediction_lines(self, pred: dict) -> list[str]:
+        """A prediction as terminal lines, in the words of the run's task."""
+        return self.task.prediction_lines(pred)
+
+    def evaluate(self, data: str | None = None, options: EvalOptions | None = None, **given):
+        """The task's figures (an ``attnlab.evaluation.Evaluation``) on ``data`` (a file in
+        the task's format) or, without it, on the run's held-out split."""
+        base = options.to_dict() if options is not None else {}
+        options = EvalOptions.from_dict({**base, **given, **({"data": data} if data else {})})
+        if options.data is None:
+            _ = self.task  # an encoder with no head is refused before any data is read
+            if self.imported or not self.config.get("data"):
+                where = f"was imported from {self.imported}" if self.imported else "names no data"
+                raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
+                                    "--data FILE (Python: evaluate(data=...))")  # fmt: skip
+            try:
+                task = open_task(self.path, with_data=True)
+            except DataError as e:  # its data moved, changed or was never kept
+                what = "a text" if self.kind == "gpt" else "a file in its task's format"
+                raise type(e)(f"{e}; score {what} with --data") from None
+        else:
+            task = self.task
+        was = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return task.score(self.model, options)
+        finally:
+            self.model.train(was)
+
+    def generate(self, prompt: str | list[str] = "\n", *, stop=(), num_samples: int = 1,
+                 use_cache: bool = True, stream=None, window: str = "slide",
+                 beam: int | None = None, alpha: float = PredictOptions.alpha, **sampling):  # fmt: skip
+        """What ``attnlab generate`` prints: a GPT's continuation of ``prompt`` (an
+        encoder-decoder's sampled output for a source text), sampled with ``SamplingConfig``'s
+        options and defaults (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
+        ``repetition_penalty``, ``seed``), or the best ``num_samples`` of a beam search
+        (``beam=N``). A str for one prompt and one sample; otherwise a list."""
+        from attnlab.generation import SamplingConfig, beam_generate
+        from attnlab.generation import generate as sample
+
+        if self.config.get("model_type") not in ("gpt", "seq2seq", "rnn"):
+            raise ckpt.RunError(
+                f"{self.path}: generate samples text from a GPT (or an encoder-decoder); this "
+                f"run is a {self.kind} ({self.describe()}): use predict"
+            )
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        cfg = SamplingConfig(**sampling)
+        if beam is not None:
+            rows = beam_generate(self.model, self.tokenizer, prompts, beam, alpha,
+                                 cfg.max_new_tokens, n_best=num_samples, window=window,
+                                 use_cache=use_cache)  # fmt: skip
+            texts = [s.text for row in rows for s in row]
+        else:
+            texts = [s.text for s in sample(self.model, self.tokenizer, prompts, cfg, stop=stop,
+                                            num_samples=num_samples, use_cache=use_cache,
+                                            stream=stream, window=window)]  # fmt: skip
+        return texts[0] if isinstance(prompt, str) and len(texts) == 1 else texts
+
+    def record(self, text: str):
+        """One recorded forward pass over ``text`` (an image path or ``test:N`` for a ViT): the
+        ``attnlab.inspect.Recording`` every look-inside tool reads."""
+        from attnlab.inspect.recording import record
+
+        rec = record(self.model, self.tokenizer, text)
+        rec.description = self.describe()
+        if "classes" not in rec.extra and self.config.get("labels"):
+            rec.extra["classes"] = list(self.config["labels"])
+        return rec
+
+
+def load_run(path: str | Path, device: str | torch.device = "cpu") -> Run:
+    """The run directory at ``path`` (trained or imported, any kind), loaded on ``device``."""
+    model, tokenizer = ckpt.load_run(path, device=device)
+    return Run(path, model, tokenizer, ckpt.read_run_config(path))
