@@ -4,7 +4,6 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LINTED := $(wildcard src tests benchmarks examples)
-export OMP_NUM_THREADS ?= 2
 
 .PHONY: setup browser demo test test-fast lint format bench clean
 
