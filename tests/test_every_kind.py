@@ -25,14 +25,15 @@ pytestmark = pytest.mark.slow
 pytest.importorskip("sklearn")  # the ViT's digits
 
 KINDS = ["gpt", "gpt-bpe", "mlm", "classify", "transformer", "lstm-attention", "lstm", "vit",
-         "bert", "minilm"]  # fmt: skip
+         "bert", "gpt2", "minilm"]  # fmt: skip
 INPUT = {"gpt": "First Citizen", "gpt-bpe": "First Citizen", "mlm": "Speak, [MASK]peak.",
          "classify": "the day was good indeed", "transformer": "abcd", "lstm-attention": "abcd",
-         "lstm": "abcd", "vit": "test:0", "bert": "the [MASK] of the river",
+         "lstm": "abcd", "vit": "test:0", "bert": "the [MASK] of the river", "gpt2": "First Citizen",
          "minilm": "the bank of the river"}  # fmt: skip
 KIND = {"gpt": "gpt", "gpt-bpe": "gpt", "mlm": "mlm", "classify": "text-classifier",
         "transformer": "seq2seq-transformer", "lstm-attention": "lstm-attention",
-        "lstm": "lstm", "vit": "vit", "bert": "mlm", "minilm": "encoder"}  # fmt: skip
+        "lstm": "lstm", "vit": "vit", "bert": "mlm", "gpt2": "gpt",
+        "minilm": "encoder"}  # fmt: skip
 SEQ2SEQ = ("transformer", "lstm-attention", "lstm")
 ENCODERS = ("mlm", "classify", "bert", "minilm")
 BERT_WORDS = ["the", "bank", "of", "river", "day", "good", "water", "a", "is"]
@@ -74,6 +75,9 @@ def runs(tmp_path_factory):
     hf = _bert_dir(d / "hf-bert")
     assert main(["import-hf", str(hf), "--out", str(d / "bert")]) == 0
     out["bert"] = d / "bert"
+    assert main(["export-hf", str(out["gpt-bpe"]), str(d / "hf-gpt2")]) == 0  # GPT-2 style
+    assert main(["import-hf", str(d / "hf-gpt2"), "--out", str(d / "gpt2")]) == 0
+    out["gpt2"] = d / "gpt2"
     try:
         assert main(["import-hf", "minilm", "--out", str(d / "minilm")]) == 0
         out["minilm"] = d / "minilm"
@@ -175,9 +179,10 @@ def test_eval(runs, capsys, kind):
     if kind == "minilm":
         refused(result, "no prediction head", "embed")
         return
-    if kind == "bert":  # imported weights: no held-out split of their own
+    if kind in ("bert", "gpt2"):  # imported weights: no held-out split of their own
         refused(result, "imported", "--data")
-        result = attnlab(capsys, "eval", run, "--data", runs["_data"] / "river.txt", "--json")
+        text = "river.txt" if kind == "bert" else "corpus.txt"
+        result = attnlab(capsys, "eval", run, "--data", runs["_data"] / text, "--json")
     d = json.loads(ok(result))
     assert d["about"]["kind"] == KIND[kind]
     if kind.startswith("gpt"):
