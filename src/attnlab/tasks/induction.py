@@ -36,6 +36,7 @@ import math
 import string
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from attnlab.config import ConfigError
@@ -208,7 +209,9 @@ class Induction(LanguageModel):
             return repeated_once(n, half, self.repeat["vocab"], g, self.repeat["distinct"])
         tokens = self.val_tokens
         starts = torch.randint(0, len(tokens) - half, (n,), generator=g).tolist()
-        r = torch.stack([torch.as_tensor(tokens[s : s + half].astype("int64")) for s in starts])
+        # np.asarray: the held-out tokens may be shards on disk (a slice of them is a view)
+        r = torch.stack([torch.as_tensor(np.asarray(tokens[s : s + half]), dtype=torch.int64)
+                         for s in starts])  # fmt: skip
         return torch.cat([r, r], dim=1)
 
     def sample_inputs(self, n, max_len):
