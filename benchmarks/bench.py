@@ -465,7 +465,7 @@ def card(args, runner: Runner, skip: set[str]) -> None:
         say("  (skipped)")
     else:
         say(f"  parameters + optimizer state: {fsdp_memory()}")
-        say("  reproduce: python -m pytest tests/test_fsdp.py -k equal")
+        say("  reproduce: python -m pytest tests/integration/test_fsdp.py -k equal")
     say("\nGPU")
     say(f"  {'(skipped)' if 'gpu' in skip else gpu_figures()}")
 

@@ -19,7 +19,7 @@ pre-tokenizer is GPT-2's regex, ``'s|...| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}
 
 Text with neither kind of cut for ``MAX_PIECE_CHARS`` characters (a single enormous line with
 no single spaces) is cut there anyway; only at such a forced cut can the pieces' tokens differ
-from the whole text's. ``tests/test_shards.py`` checks the equality on random text.
+from the whole text's. ``tests/integration/test_shards.py`` checks the equality on random text.
 """
 
 from __future__ import annotations

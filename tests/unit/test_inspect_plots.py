@@ -17,7 +17,7 @@ from hypothesis import strategies as st  # noqa: E402
 from attnlab.inspect import InspectError  # noqa: E402
 from attnlab.inspect.plots import MAX_LABELS, heatmap, overlay, png_html, save_png  # noqa: E402
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def draw(m, *args, **kw):

@@ -1,5 +1,5 @@
 """torch.compile with its default backend (inductor, which generates and compiles C++: about a
-minute on a CPU even for a tiny model, so once here; tests/test_tasks_training.py compiles
+minute on a CPU even for a tiny model, so once here; tests/acceptance/test_tasks_training.py compiles
 every task with the aot_eager backend)."""
 
 from __future__ import annotations

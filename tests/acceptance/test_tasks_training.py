@@ -116,7 +116,7 @@ def test_a_signal_saves_the_step_it_finished_then_resume_matches(
 @pytest.mark.parametrize("task_id", IDS)
 def test_grad_accum_compile_and_bf16_autocast_train_every_task(task_id, data_dir, tmp_path):
     """torch.compile with the aot_eager backend (it traces the model exactly as inductor does,
-    in seconds rather than a minute; tests/test_compile.py runs inductor once)."""
+    in seconds rather than a minute; tests/integration/test_compile.py runs inductor once)."""
     for name, extra in (
         ("compiled", {"compile": True, "compile_backend": "aot_eager", "grad_accum": 2}),
         ("bf16", {"dtype": "bfloat16"}),

@@ -24,7 +24,7 @@ from attnlab.data.tasks import (
 from attnlab.tasks.seq2seq import pair_tokenizer
 from attnlab.tokenizers import PairTokenizer
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "phrases_en_es.tsv"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "phrases_en_es.tsv"
 SMALL = "n_train=300,n_val=50,n_test=50"
 
 

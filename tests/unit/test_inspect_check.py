@@ -93,7 +93,7 @@ def test_check_cli_passes_and_exits_1_on_a_broken_model(tmp_path, cli, capsys):
     # The same run, with attention's forward replaced in the CLI's own process before it starts.
     patch = tmp_path / "patch"
     patch.mkdir()
-    tests_dir = str(Path(__file__).parent)
+    tests_dir = str(Path(__file__).parents[1])  # where look_helpers lives
     (patch / "sitecustomize.py").write_text(
         textwrap.dedent(f"""
         import sys

@@ -9,7 +9,7 @@ import pytest
 
 from attnlab.checkpoint import load_run
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "phrases_en_es.tsv"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "phrases_en_es.tsv"
 TINY = ["--max-iters", "16", "--batch-size", "16", "--d-model", "32", "--eval-interval", "8",
         "--quiet"]  # fmt: skip
 COPY = "copy:n_train=200,n_val=20,n_test=20,min_len=3,max_len=6,symbols=5"
