@@ -27,7 +27,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table, rounded, show_token
+from attnlab.inspect.display import (
+    Result,
+    heatmap_html,
+    matrix_table,
+    rounded,
+    show_token,
+    table_html,
+)
 from attnlab.inspect.recording import InspectError, Recording
 from attnlab.inspect.similarity import layer_label
 
@@ -181,10 +188,39 @@ class Influence(Result):
         return path
 
     def _repr_html_(self) -> str:
+        """The relative-change heatmap (token x layer, when every layer reads the same tokens)
+        and the ranked table of the tokens moved most, as the terminal shows them."""
         first = self.tokens[self.layers[0]]
-        return heatmap_html(
-            self.matrix().T, first, self.layers, "relative change per token (row) and layer"
-        )
+        parts = []
+        if all(self.tokens[ly] == first for ly in self.layers):
+            parts.append(heatmap_html(self.matrix().T, first, self.layers,
+                                      "relative change per token (row) and layer",
+                                      digits=3, col_tokens=False))  # fmt: skip
+        has_cross = any(r.cross_share is not None for r in self.rows)
+        header = ["layer", "pos", "token", "rel change", "cos", "attn",
+                  *(["cross"] if has_cross else []), "ffn", "top sources (share)"]  # fmt: skip
+        rows = [
+            [
+                r.layer,
+                r.position,
+                show_token(r.token),
+                f"{r.rel_change:.3f}",
+                f"{r.cosine:.3f}",
+                f"{r.attn_share:.2f}",
+                *(
+                    [f"{r.cross_share:.2f}" if r.cross_share is not None else "-"]
+                    if has_cross
+                    else []
+                ),
+                f"{r.ffn_share:.2f}",
+                ", ".join(f"{show_token(t)}@{j} {s:.2f}" for j, t, s in r.sources),
+            ]  # fmt: skip
+            for r in self.rows[: self.top]
+        ]
+        title = (f"tokens moved most by their context (top {min(self.top, len(self.rows))} "
+                 f"of {len(self.rows)})")  # fmt: skip
+        parts.append(table_html(header, rows, title))
+        return "\n".join(parts)
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:
