@@ -3,8 +3,6 @@ spaces made visible, and never an ANSI escape code. Checked by parsing the HTML.
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
-
 import numpy as np
 import pytest
 import torch
@@ -20,47 +18,13 @@ from attnlab.inspect import (
 )
 from attnlab.inspect.display import show_token
 from attnlab.tokenizers import CharTokenizer
+from html_helpers import ANSI, Page, texts
 from look_helpers import CORPUS as TRAINING_TEXT
 from look_helpers import tiny_gpt, train_briefly
 
-ANSI = "\x1b["
 # characters HTML must escape, a space and a tab: each a token of its own
 CORPUS = "a <b> & 'c' \"d\" e\tf. " * 4
 ALLOWED_TAGS = {"div", "b", "i", "table", "tr", "th", "td", "code", "pre", "img", "h4", "p", "br"}
-
-
-class Page(HTMLParser):
-    """Every table as rows of cells ({"tag", "text"}), and every tag seen."""
-
-    def __init__(self, text: str):
-        super().__init__()  # convert_charrefs: "&lt;" reads back as "<"
-        self.tables: list[list[list[dict]]] = []
-        self.tags: list[str] = []
-        self.cell: dict | None = None
-        self.feed(text)
-        self.close()
-
-    def handle_starttag(self, tag, attrs):
-        self.tags.append(tag)
-        if tag == "table":
-            self.tables.append([])
-        elif tag == "tr":
-            self.tables[-1].append([])
-        elif tag in ("td", "th"):
-            self.cell = {"tag": tag, "text": ""}
-
-    def handle_endtag(self, tag):
-        if tag in ("td", "th") and self.cell is not None:
-            self.tables[-1][-1].append(self.cell)
-            self.cell = None
-
-    def handle_data(self, data):
-        if self.cell is not None:
-            self.cell["text"] += data
-
-
-def texts(row: list[dict]) -> list[str]:
-    return [c["text"] for c in row]
 
 
 def check_heatmap(table, rows, cols, values: np.ndarray, digits=2, col_tokens=True):

@@ -203,8 +203,10 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
 
 
 def png_html(fig, dpi: int = 80) -> str:
-    """``fig`` as an inline ``<img>`` (a notebook's rendering), then closed."""
+    """``fig`` as an inline ``<img>`` (a notebook's rendering), then closed; its alt text is
+    the figure's title."""
     import base64
+    import html
     import io
 
     import matplotlib.pyplot as plt
@@ -214,4 +216,7 @@ def png_html(fig, dpi: int = 80) -> str:
         fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     finally:
         plt.close(fig)
-    return f'<img src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"/>'
+    title = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""  # matplotlib >= 3.8
+    title = title or next((ax.get_title() for ax in fig.axes if ax.get_title()), "a figure")
+    data = base64.b64encode(buf.getvalue()).decode()
+    return f'<img alt="{html.escape(title)}" src="data:image/png;base64,{data}"/>'
