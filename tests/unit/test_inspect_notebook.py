@@ -16,7 +16,7 @@ import pytest
 
 from html_helpers import ANSI, Page, texts
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "examples" / "walkthrough.ipynb"
 SENTENCE = "I like to eat apples"
 
