@@ -219,4 +219,4 @@ def png_html(fig, dpi: int = 80) -> str:
     title = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""  # matplotlib >= 3.8
     title = title or next((ax.get_title() for ax in fig.axes if ax.get_title()), "a figure")
     data = base64.b64encode(buf.getvalue()).decode()
-    return f'<img alt="{html.escape(title)}" src="data:image/png;base64,{data}"/>'
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(title)}"/>'
