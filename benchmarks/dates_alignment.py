@@ -67,7 +67,7 @@ def main() -> None:
             "Transformer" if model.model_type == "seq2seq" else f"LSTM ({model.config.attention})"
         )
         heatmap(ax, w.numpy(), rows, cols, title=f"{arch}: {name}", cmap="Blues", vmin=0.0,
-                vmax=1.0, colorbar=False, aspect="auto", fontsize=7, title_size=8,
+                vmax=1.0, colorbar=True, aspect="auto", fontsize=7, title_size=8,
                 xtick_rotation=0, xlabel=f"source: {args.text!r}",
                 ylabel=f"output: {rec.extra['translation']}")  # fmt: skip
         share = month_share(w, args.text, rows)

@@ -78,6 +78,18 @@ class Evaluation:
     def __str__(self) -> str:
         return "\n".join(self.lines())
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the figures as a table, then a classifier's per-class table and
+        confusion matrix and the first mistakes as the terminal prints them."""
+        import html
+
+        from attnlab.inspect.display import table_html
+
+        page = table_html(["figure", "value"], [[f.label, f.text()] for f in self.figures],
+                          caption=f"scored on {self.data}")  # fmt: skip
+        rest = self.lines()[len(self.figures) + 1 :]
+        return page + (f"<pre>{html.escape(chr(10).join(rest))}</pre>" if rest else "")
+
     def save_png(self, path: str | Path) -> Path:
         """The confusion matrix as a heatmap (rows = true class, columns = predicted), written
         atomically; only a classifier's evaluation has one."""

@@ -86,6 +86,18 @@ class Run:
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r}, kind={self.kind!r})"
 
+    def _repr_html_(self) -> str:
+        """In a notebook: the directory, what the model is, its size and its last figures."""
+        from attnlab.inspect.display import table_html
+
+        n = sum(p.numel() for p in self.model.parameters())
+        rows = [["path", str(self.path)], ["kind", self.kind], ["model", self.describe()],
+                ["parameters", f"{n:,}"]]  # fmt: skip
+        metrics = self.config.get("metrics")
+        if isinstance(metrics, dict):
+            rows += [[k, f"{v:.4g}" if isinstance(v, float) else v] for k, v in metrics.items()]
+        return table_html(["run", ""], rows)
+
     # -- what it does --------------------------------------------------------------------------
 
     def predict(self, inputs: str | list[str], options: PredictOptions | None = None, **given):

@@ -306,3 +306,23 @@ def test_progress_announces_the_step_0_evaluation_and_speaks_the_tasks_words(
     assert "held-out image ->" in err[first + 2]  # the example of the evaluation
     assert any(line.startswith("step 2/2  loss ") and "images/s" in line for line in err)
     assert not any("tok/s" in line or "tokens/s" in line or "perplexity" in line for line in err)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", IDS)
+def test_every_tasks_progress_lines_speak_its_words(task_id, data_dir, tmp_path, capsys):
+    """Throughput in the task's unit on every log line; perplexity (and tokens/s) only where
+    the task is a language model that predicts every next token."""
+    args = train_args(task_id, data_dir, tmp_path / "r", "--max-iters", "2", "--eval-interval", "2")
+    args.remove("--quiet")
+    assert main(args) == 0
+    err = capsys.readouterr().err.splitlines()
+    unit = UNITS[task_id]
+    steps = [line for line in err if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["1/2", "2/2"]
+    assert all(f" {unit}/s " in line for line in steps), steps
+    evals = [line for line in err if line.startswith("eval  step ")]
+    assert len(evals) == 2 and all(" val loss " in line for line in evals)
+    assert any("perplexity" in line for line in evals) == (task_id == "lm"), evals
+    said_tokens = any("tokens/s" in line or "tok/s" in line for line in err)
+    assert said_tokens == (unit == "tokens")

@@ -71,6 +71,25 @@ def test_page_is_self_contained_and_carries_rounded_weights(run):
     assert "<iframe srcdoc=" in page._repr_html_()
 
 
+def test_the_page_has_a_colour_legend_matching_the_matrix_colours(run):
+    """A gradient bar from the colour of 0 to the colour of the largest weight, between its
+    values: 0 and (filled in by the page for the selected head) that largest weight."""
+    _, model, tok = run
+    html = explore(model.record_text(tok, SENTENCE), model).html
+    legend = re.search(r'<div id="legend".*?</div>', html, re.S).group(0)
+    assert re.search(r'<span id="legend-min">0</span><span class="bar"></span>'
+                     r'<span id="legend-max"></span>', legend)  # fmt: skip
+    stops = re.search(r"\.legend \.bar \{[^}]*linear-gradient\(to right, (rgb\([^)]*\)), "
+                      r"(rgb\([^)]*\))\)", html)  # fmt: skip
+    # the matrix's colour(a) = rgb(255 - 224a, 255 - 136a, 255 - 75a): the bar spans a = 0..1
+    body = re.search(r"function colour\(w\) \{(.*?)\n  \}", html, re.S).group(1)
+    drops = [int(x) for x in re.findall(r"255 - (\d+) \* a", body)]
+    assert len(drops) == 3
+    assert stops.group(1) == "rgb(255,255,255)"
+    assert stops.group(2) == "rgb({},{},{})".format(*(255 - d for d in drops))
+    assert '$("legend-max").textContent = top.toFixed(3)' in html
+
+
 def test_tokens_that_look_like_html_cannot_break_the_page():
     tok = char_tokenizer()
     from attnlab.tokenizers import CharTokenizer
@@ -190,6 +209,14 @@ def test_explorer_in_chromium_loads_draws_and_reacts(browser, run, tmp_path):
     _choose(browser, "head", 1)
     assert json.loads(browser.eval("JSON.stringify(window.attnlabExplorer.state)"))["head"] == 1
     heads1, matrix1 = _canvas(browser, "heads"), _canvas(browser, "matrix")
+    data = json.loads(browser.eval("JSON.stringify(window.attnlabExplorer.data)"))
+    for h in (0, 1):  # the legend names the largest weight of the head shown
+        _choose(browser, "head", h)
+        top = max(data["maps"][0]["w"][h]) / 1000
+        assert browser.eval("document.getElementById('legend-max').textContent") == f"{top:.3f}"
+    assert "linear-gradient" in browser.eval(
+        "getComputedStyle(document.querySelector('#legend .bar')).backgroundImage"
+    )
     assert heads1 != heads0 and matrix1 != matrix0, "changing the head must change what is drawn"
     _choose(browser, "map", 1)
     assert _canvas(browser, "heads") != heads1

@@ -112,7 +112,7 @@ def test_influence_cli_writes_the_ranked_csv(run, tmp_path, capsys):
         "tokens moved most by their context (top 5 of 60)" in stdout
         and "wrote influence table" in err
     )
-    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    rows = list(csv.DictReader(io.StringIO(out.read_text(encoding="utf-8-sig"))))
     assert len(rows) == 60 and [int(r["rank"]) for r in rows] == list(range(1, 61))
     vals = [float(r["rel_change"]) for r in rows]
     assert vals == sorted(vals, reverse=True)
@@ -121,3 +121,33 @@ def test_influence_cli_writes_the_ranked_csv(run, tmp_path, capsys):
     assert code == 0 and len(json.loads(stdout)["layers"]) == 3
     code, _, err = run_main(capsys, "influence", path, SENTENCE, "--csv", tmp_path / "x.json")
     assert code == 2 and "expected a .csv" in err
+
+
+def test_the_csv_shows_spaces_quotes_commas_and_never_starts_a_formula(tmp_path):
+    """Read back with the csv module: every token as the terminal shows it (a space is ␣), a
+    comma or a quote inside its quoted cell, and a cell a spreadsheet would run as a formula
+    (= + - @) prefixed with '."""
+    from attnlab.tokenizers import CharTokenizer
+
+    text = '=1+2, "x" -@y'
+    torch.manual_seed(0)
+    tok = CharTokenizer.from_text(text + "abc")
+    model = tiny_gpt(tok, n_layer=2).eval()
+    inf = influence(model, model.record_text(tok, text))
+    path = inf.to_csv(tmp_path / "inf.csv")
+    raw = path.read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbf") and b"\r\n" in raw  # UTF-8 BOM, RFC 4180 rows
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(inf.rows) == 2 * len(text)
+    shown = {"=": "'=", "+": "'+", "-": "'-", "@": "'@", " ": "␣", ",": ",", '"': '"'}
+    for row, r in zip(rows, inf.rows):
+        assert row["token"] == shown.get(r.token, r.token) and int(row["position"]) == r.position
+        assert text[r.position] == r.token
+        assert float(row["rel_change"]) == pytest.approx(r.rel_change, abs=1e-6)
+        assert float(row["cosine"]) == pytest.approx(r.cosine, abs=1e-6)  # numbers stay numbers
+        for col in ("layer", "token", "top_sources"):
+            assert not row[col].startswith(("=", "+", "-", "@")), row
+        sources = [s.split(":") for s in row["top_sources"].split("; ")]
+        assert [int(s[0]) for s in sources] == [j for j, _, _ in r.sources]
+    assert {row["token"] for row in rows} >= {"'=", "'+", "'-", "'@", "␣", ",", '"'}

@@ -7,6 +7,7 @@ function of ``attnlab.inspect``; results go to stdout, "wrote FILE" lines to std
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from pathlib import Path
 
@@ -82,17 +83,28 @@ def cmd_attention(args) -> int:
         raise UsageError("--all draws the grid of every layer x head into --png FILE; give --png")
     png = output_file(args.png, ".png", "--png")
     _, _, rec = _record(args)
+    if args.all:  # the grid's summary, not one head's table: the picture is the result
+        grid = attention_grid(rec, name=args.map, title=f"{args.run}: {args.text!r}")
+        grid.save_png(png)
+        if args.json:
+            sys.stdout.write(
+                json.dumps(
+                    {"about": grid.about, "png": str(png), **grid.to_dict()}, ensure_ascii=False
+                )
+                + "\n"
+            )
+        else:
+            print(f"{png}: attention grid, {grid.summary()}")
+        _wrote(png, "attention grid (every layer x head)")
+        return 0
     amap = attention(
         rec, layer=args.layer, head=args.head, mean=args.mean, name=args.map, start=args.start
     )
     if png is not None:  # written before anything is printed: a failed write prints only itself
-        if args.all:
-            attention_grid(rec, name=args.map).save_png(png)
-        else:
-            amap.save_png(png)
+        amap.save_png(png)
     _print(amap, args.json)
     if png is not None:
-        _wrote(png, "attention grid (every layer x head)" if args.all else "attention heatmap")
+        _wrote(png, "attention heatmap")
     return 0
 
 
@@ -220,7 +232,11 @@ def register(sub) -> None:
         help="pick attention maps by name or part of it (e.g. cross, decoder)",
     )
     p.add_argument("--png", metavar="FILE", help="save a heatmap PNG")
-    p.add_argument("--all", action="store_true", help="with --png: a grid of every layer x head")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="with --png: a grid of every layer x head (prints the grid's summary)",
+    )
     p.add_argument(
         "--start", type=nonneg, default=0, help="first token shown in the terminal table"
     )

@@ -126,6 +126,9 @@ def register(sub) -> None:
       "attnlab timeline; 0: never; --task induction: max_iters // 40)")  # fmt: skip
     a("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     a("--quiet", action="store_true", help="no progress on stderr")
+    a("--log", choices=["tensorboard"],
+      help="also write the metrics as TensorBoard event files in the run directory (needs "
+      "pip install 'attnlab[tensorboard]')")  # fmt: skip
     # encoder-decoder and vision
     a("--arch", choices=["transformer", "lstm-attention", "lstm", "vit"],
       help="seq2seq architecture (transformer), or vit for --task classify on images")  # fmt: skip

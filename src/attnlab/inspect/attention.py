@@ -13,8 +13,15 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.inspect.display import TERMINAL_TOKENS, Result, heatmap_html, matrix_table, rounded
-from attnlab.inspect.plots import heatmap, png_html, save_png
+from attnlab.inspect.display import (
+    TERMINAL_TOKENS,
+    Result,
+    heatmap_html,
+    matrix_table,
+    rounded,
+    table_html,
+)
+from attnlab.inspect.plots import heatmap, png_html, save_png, shared_colorbar
 from attnlab.inspect.recording import AttentionInfo, InspectError, Recording
 
 
@@ -67,9 +74,13 @@ class AttentionMap(Result):
         return heatmap_html(self.weights, self.queries, self.keys, self.title)
 
     def save_png(self, path: str | Path) -> Path:
-        """A heatmap of this matrix, labelled with the tokens (positions past 64 tokens). A
-        ViT's has its patches' thumbnails beside their labels, and next to it the image with
-        [CLS]'s attention over the patches."""
+        """Write ``figure()`` as a PNG."""
+        return save_png(self.figure(), path)
+
+    def figure(self):
+        """A heatmap of this matrix, labelled with the tokens (positions past 64 tokens), its
+        colourbar as tall as the matrix drawn. A ViT's has its patches' thumbnails beside their
+        labels, and next to it the image with [CLS]'s attention over the patches."""
         import matplotlib.pyplot as plt
 
         T, S = self.weights.shape
@@ -88,32 +99,47 @@ class AttentionMap(Result):
             g = self.image.shape[0] // self.patch
             overlay(axes[0][1], self.image, self.weights[0][1:].reshape(g, g), vmin=0.0,
                     title=f"the image; [CLS]'s attention over its patches ({self.title})")  # fmt: skip
-        return save_png(fig, path)
+        return fig
 
 
 @dataclass
 class AttentionGrid(Result):
-    """Every map (rows: layers, self and cross) x every head (columns)."""
+    """Every map (rows: layers, self and cross) x every head (columns). ``title`` names what
+    was read (the run and the text); the picture says it above the grid."""
 
     maps: list[AttentionInfo]
     weights: list[np.ndarray]  # per map: (H, T, S)
     labels: list[tuple[list[str], list[str]]]
+    title: str = ""
+
+    @property
+    def n_heads(self) -> int:
+        return max(w.shape[0] for w in self.weights)
+
+    def summary(self) -> str:
+        """``2 maps x 4 heads (layer 0 self, layer 1 self), 20 x 20 tokens``: the grid's shape."""
+        sizes = dict.fromkeys(f"{w.shape[1]} x {w.shape[2]}" for w in self.weights)
+        return (f"{len(self.maps)} maps x {self.n_heads} heads "
+                f"({', '.join(i.label for i in self.maps)}), {', '.join(sizes)} tokens")  # fmt: skip
+
+    def entropies(self) -> list[np.ndarray]:
+        """Per map: each head's mean entropy over its rows (nats), (H,)."""
+        return [-(w * np.log(np.clip(w, 1e-12, None))).sum(-1).mean(-1) for w in self.weights]
 
     def __rich__(self):
         from rich.table import Table
 
         table = Table(title="attention maps: mean entropy (nats) of each head's rows", box=None)
         table.add_column("map", style="bold")
-        H = max(w.shape[0] for w in self.weights)
-        for h in range(H):
+        for h in range(self.n_heads):
             table.add_column(f"head {h}", justify="right")
-        for info, w in zip(self.maps, self.weights):
-            ent = -(w * np.log(np.clip(w, 1e-12, None))).sum(-1).mean(-1)  # (H,)
+        for info, ent in zip(self.maps, self.entropies()):
             table.add_row(info.label, *[f"{e:.2f}" for e in ent])
         return table
 
     def to_dict(self) -> dict:
         return {
+            "title": self.title,
             "maps": [
                 {
                     "name": i.name,
@@ -124,34 +150,56 @@ class AttentionGrid(Result):
                     "weights": rounded(w, 4),
                 }
                 for i, w, (q, k) in zip(self.maps, self.weights, self.labels)
-            ]
+            ],
         }
 
     def _repr_html_(self) -> str:
-        return png_html(self.figure())
+        """The grid picture, then each head's mean entropy as a table."""
+        header = ["map", *[f"head {h}" for h in range(self.n_heads)]]
+        rows = [[i.label, *[f"{e:.2f}" for e in ent]]
+                for i, ent in zip(self.maps, self.entropies())]  # fmt: skip
+        return png_html(self.figure()) + table_html(
+            header, rows, "mean entropy (nats) of each head's rows"
+        )
 
     def figure(self):
+        """Rows: the maps (labelled "layer 1 self", "decoder layer 0 cross"); columns: the heads
+        ("head 0", ...); one colour range (0 to the largest weight) and one colourbar for all;
+        the tokens on the ticks while they fit (about 8 points per label), positions beyond."""
         import matplotlib.pyplot as plt
 
-        rows, H = len(self.maps), max(w.shape[0] for w in self.weights)
-        T = max(w.shape[1] for w in self.weights)
-        cell = 2.2 if T <= 24 else 1.8
+        rows, H = len(self.maps), self.n_heads
+        n = max(max(w.shape[1], w.shape[2]) for w in self.weights)  # tokens on the longest side
+        cell = 2.2 if n <= 24 else 1.8
+        fontsize = 6
+        room = int(cell * 72 / (fontsize + 1))  # labels along a side: 72 pt/inch, a 1 pt gap
+        fits = n <= room
         fig, axes = plt.subplots(
-            rows, H, figsize=(cell * H + 0.6, cell * rows + 0.6), squeeze=False
+            rows, H, figsize=(cell * H + 1.4, cell * rows + 1.0), squeeze=False
         )
+        vmax = max(1e-9, max(float(np.nanmax(w)) for w in self.weights))
+        drawn, im = [], None
         for r, (info, w, (q, k)) in enumerate(zip(self.maps, self.weights, self.labels)):
             for h in range(H):
                 ax = axes[r][h]
                 if h >= w.shape[0]:
                     ax.axis("off")
                     continue
-                labels = (q, k) if T <= 16 else (None, None)  # tokens where they fit
-                heatmap(ax, w[h], *labels, colorbar=False, fontsize=6)
+                labels = (q, k) if fits else (None, None)
+                im = heatmap(ax, w[h], *labels, colorbar=False, fontsize=fontsize, vmin=0.0,
+                             vmax=vmax, xlabel="", ylabel="")  # fmt: skip
+                drawn.append(ax)
                 if r == 0:
                     ax.set_title(f"head {h}", fontsize=8)
                 if h == 0:
-                    ax.set_ylabel(info.label, fontsize=8)
-        fig.tight_layout()
+                    ax.set_ylabel(f"{info.label}\nquery", fontsize=8)
+                if r == rows - 1 or h >= self.weights[r + 1].shape[0]:
+                    ax.set_xlabel("key", fontsize=8)
+        title = self.title or "attention"
+        fig.suptitle(f"{title}\nattention weights, every layer x head (row = query, column = key)",
+                     fontsize=9)  # fmt: skip
+        fig.tight_layout(rect=(0, 0, 0.93, 1))
+        shared_colorbar(fig, drawn, im, "attention weight", fontsize=7)
         return fig
 
     def save_png(self, path: str | Path) -> Path:
@@ -191,15 +239,21 @@ def attention(
     return amap
 
 
-def attention_grid(rec: Recording, name: str | None = None) -> AttentionGrid:
-    """Every attention map (optionally those whose name contains ``name``) with all heads."""
+def attention_grid(
+    rec: Recording, name: str | None = None, title: str | None = None
+) -> AttentionGrid:
+    """Every attention map (optionally those whose name contains ``name``) with all heads;
+    ``title`` (default: the recorded text) heads the picture."""
     maps = [m for m in rec.maps() if not name or name in m.name or name == m.kind]
     if not maps:
         raise InspectError(
             f"no attention map matches {name!r}" if name else "no attention maps recorded"
         )
     grid = AttentionGrid(
-        maps, [rec.weights(m.name).numpy() for m in maps], [rec.labels(m.name) for m in maps]
+        maps,
+        [rec.weights(m.name).numpy() for m in maps],
+        [rec.labels(m.name) for m in maps],
+        title if title is not None else (repr(rec.text) if rec.text else ""),
     )
     grid.about = rec.about
     return grid

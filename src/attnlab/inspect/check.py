@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from attnlab import hooks
 from attnlab.attention import MultiHeadAttention
 from attnlab.checks import find_future_leak
-from attnlab.inspect.display import Result
+from attnlab.inspect.display import Result, table_html
 from attnlab.inspect.recording import max_positions, output_tensor
 
 
@@ -97,6 +97,13 @@ class CheckReport(Result):
 
     def to_dict(self) -> dict:
         return {"ok": self.ok, "checks": [r.to_dict() for r in self.results]}
+
+    def _repr_html_(self) -> str:
+        n_fail = sum(r.passed is False for r in self.results)
+        rows = [[r.name, r.status, _num(r.diff), _num(r.tol), r.detail] for r in self.results]
+        return table_html(["check", "result", "difference", "tolerance", "detail"], rows,
+                          "conformance checks",
+                          "all checks passed" if self.ok else f"{n_fail} check(s) FAILED")  # fmt: skip
 
 
 def _num(x) -> str:

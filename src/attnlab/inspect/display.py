@@ -44,13 +44,18 @@ def _finite(x):
     return x if math.isfinite(x) else str(x)
 
 
-def console(file=None, width: int | None = None):
+def console(file=None, width: int | None = None, plain: bool = False):
+    """A rich Console on ``file`` (stdout). ``plain``: no ANSI codes whatever the environment
+    says (FORCE_COLOR included): what ``str(result)`` and a notebook's fallback use."""
     from rich.console import Console
 
     file = file or sys.stdout
     if width is None and not (hasattr(file, "isatty") and file.isatty()):
         width = int(os.environ.get("COLUMNS", 0)) or 160
-    return Console(file=file, width=width, highlight=False, soft_wrap=False, force_jupyter=False)
+    extra = {"color_system": None, "force_terminal": False} if plain else {}
+    return Console(
+        file=file, width=width, highlight=False, soft_wrap=False, force_jupyter=False, **extra
+    )
 
 
 class Result:
@@ -73,11 +78,50 @@ class Result:
 
     def __str__(self) -> str:
         buf = io.StringIO()
-        console(buf, width=160).print(self.__rich__())
+        console(buf, width=160, plain=True).print(self.__rich__())
         return buf.getvalue().rstrip("\n")
 
     def _repr_html_(self) -> str:  # a plain fallback; most results draw heatmaps
         return f"<pre>{html.escape(str(self))}</pre>"
+
+
+# ---------------------------------------------------------------------------------------------
+# HTML for notebooks: escaped, spaces made visible, never ANSI codes
+# ---------------------------------------------------------------------------------------------
+
+CELL = "padding:1px 3px;font:11px monospace;text-align:right;min-width:2.6em"
+
+
+def token_html(t: str) -> str:
+    """A token as HTML text: made visible (a space shows as ␣), then escaped."""
+    return html.escape(show_token(str(t)))
+
+
+def table_html(header: list[str], rows: list[list], title: str = "", caption: str = "") -> str:
+    """A plain HTML table; every header and cell is escaped text (str() of the value)."""
+    th = "".join(f'<th style="{CELL};text-align:left">{html.escape(str(h))}</th>' for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td style="{CELL}">{html.escape(str(c))}</td>' for c in row) + "</tr>"
+        for row in rows
+    )
+    cap = f"<div><b>{html.escape(title)}</b></div>" if title else ""
+    note = f"<div><i>{html.escape(caption)}</i></div>" if caption else ""
+    return (
+        f'<div style="overflow:auto">{cap}<table style="border-collapse:collapse">'
+        f"<tr>{th}</tr>{body}</table>{note}</div>"
+    )
+
+
+def tokens_html(tokens: list[str], label: str = "") -> str:
+    """One table row of tokens under their positions (spaces visible, escaped)."""
+    pos = "".join(f'<th style="{CELL};color:#888">{i}</th>' for i in range(len(tokens)))
+    toks = "".join(f'<td style="{CELL};border:1px solid #ddd">{token_html(t)}</td>'
+                   for t in tokens)  # fmt: skip
+    name = f'<th style="{CELL}">{html.escape(label)}</th>'
+    return (
+        '<table style="border-collapse:collapse">'
+        f"<tr><th></th>{pos}</tr><tr>{name}{toks}</tr></table>"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,16 +186,21 @@ def heatmap_html(
     digits: int = 2,
     limit: int = 64,
     diverging: bool = False,
+    col_tokens: bool = True,
 ) -> str:
-    """A labelled heatmap as an HTML table (each cell coloured by its value)."""
+    """A labelled heatmap as an HTML table: a header row of column labels, then one row per
+    row label, each cell its value coloured by its size (blue; red for negative values when
+    ``diverging``). Labels are tokens made visible (a space shows as ␣) and escaped;
+    ``col_tokens=False`` writes the column labels as they are (e.g. "layer 0")."""
     m = np.asarray(m, dtype=np.float64)
     r1, c1 = min(len(rows), limit), min(len(cols), limit)
     finite = m[np.isfinite(m)]
     top = float(np.abs(finite).max()) if finite.size else 1.0
     top = top or 1.0
-    cell = "padding:1px 3px;font:11px monospace;text-align:right;min-width:2.6em"
+    cell = CELL
     head = "".join(
-        f'<th style="{cell};writing-mode:vertical-rl">{html.escape(show_token(c))}</th>'
+        f'<th style="{cell};writing-mode:vertical-rl">'
+        f"{token_html(c) if col_tokens else html.escape(str(c))}</th>"
         for c in cols[:c1]
     )
     body = []
@@ -167,12 +216,10 @@ def heatmap_html(
             fg = "#fff" if a > 0.55 else "#000"
             tds.append(
                 f'<td style="{cell};background:rgba({rgb},{a:.3f});color:{fg}" '
-                f'title="{html.escape(rows[i])} → {html.escape(cols[j])}: {v:.4f}">'
+                f'title="{token_html(rows[i])} → {html.escape(show_token(str(cols[j])))}: {v:.4f}">'
                 f"{v:.{digits}f}</td>"
             )
-        body.append(
-            f'<tr><th style="{cell}">{html.escape(show_token(rows[i]))}</th>{"".join(tds)}</tr>'
-        )
+        body.append(f'<tr><th style="{cell}">{token_html(rows[i])}</th>{"".join(tds)}</tr>')
     note = ""
     if r1 < len(rows) or c1 < len(cols):
         note = f"<div><i>showing the first {r1} x {c1} of {len(rows)} x {len(cols)}</i></div>"

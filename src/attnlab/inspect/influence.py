@@ -27,7 +27,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table, rounded, show_token
+from attnlab.inspect.display import (
+    Result,
+    heatmap_html,
+    matrix_table,
+    rounded,
+    show_token,
+    table_html,
+)
 from attnlab.inspect.recording import InspectError, Recording
 from attnlab.inspect.similarity import layer_label
 
@@ -138,53 +145,75 @@ class Influence(Result):
         return {"layers": self.layers, "rows": [r.to_dict() for r in self.rows]}
 
     def csv_text(self) -> str:
+        """The ranked rows as CSV (RFC 4180: quoted where needed, CRLF rows). Tokens are made
+        visible as everywhere else (a space is ␣), and a text cell that a spreadsheet would
+        read as a formula (one starting with = + - @, a tab or a CR) starts with ' instead."""
         buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(
-            [
-                "rank",
-                "layer",
-                "position",
-                "token",
-                "rel_change",
-                "cosine",
-                "attn_share",
-                "cross_share",
-                "ffn_share",
-                "top_sources",
-            ]
-        )
+        w = csv.writer(buf, lineterminator="\r\n")
+        w.writerow(["rank", "layer", "position", "token", "rel_change", "cosine", "attn_share",
+                    "cross_share", "ffn_share", "top_sources"])  # fmt: skip
         for k, r in enumerate(self.rows, 1):
-            src = "; ".join(f"{j}:{t}:{s:.4f}" for j, t, s in r.sources)
+            src = "; ".join(f"{j}:{show_token(t)}:{s:.4f}" for j, t, s in r.sources)
             cross = "" if r.cross_share is None else f"{r.cross_share:.6f}"
-            w.writerow(
-                [
-                    k,
-                    r.layer,
-                    r.position,
-                    r.token,
-                    f"{r.rel_change:.6f}",
-                    f"{r.cosine:.6f}",
-                    f"{r.attn_share:.6f}",
-                    cross,
-                    f"{r.ffn_share:.6f}",
-                    src,
-                ]
-            )
+            w.writerow([k, spreadsheet_text(r.layer), r.position,
+                        spreadsheet_text(show_token(r.token)), f"{r.rel_change:.6f}",
+                        f"{r.cosine:.6f}", f"{r.attn_share:.6f}", cross, f"{r.ffn_share:.6f}",
+                        spreadsheet_text(src)])  # fmt: skip
         return buf.getvalue()
 
     def to_csv(self, path: str | Path) -> Path:
-        from attnlab.checkpoint import atomic_write_text
+        """Write ``csv_text()`` as UTF-8 with a byte-order mark, so that a spreadsheet reads
+        ␣ and other non-ASCII tokens as UTF-8 (Python reads it back with ``utf-8-sig``)."""
+        from attnlab.checkpoint import atomic_write
 
         path = Path(path)
-        atomic_write_text(path, self.csv_text())
+        text = self.csv_text()
+        atomic_write(path, lambda tmp: Path(tmp).write_bytes(text.encode("utf-8-sig")))
         return path
 
     def _repr_html_(self) -> str:
+        """The relative-change heatmap (token x layer, when every layer reads the same tokens)
+        and the ranked table of the tokens moved most, as the terminal shows them."""
         first = self.tokens[self.layers[0]]
-        return heatmap_html(
-            self.matrix().T, first, self.layers, "relative change per token (row) and layer"
-        )
+        parts = []
+        if all(self.tokens[ly] == first for ly in self.layers):
+            parts.append(heatmap_html(self.matrix().T, first, self.layers,
+                                      "relative change per token (row) and layer",
+                                      digits=3, col_tokens=False))  # fmt: skip
+        has_cross = any(r.cross_share is not None for r in self.rows)
+        header = ["layer", "pos", "token", "rel change", "cos", "attn",
+                  *(["cross"] if has_cross else []), "ffn", "top sources (share)"]  # fmt: skip
+        rows = [
+            [
+                r.layer,
+                r.position,
+                show_token(r.token),
+                f"{r.rel_change:.3f}",
+                f"{r.cosine:.3f}",
+                f"{r.attn_share:.2f}",
+                *(
+                    [f"{r.cross_share:.2f}" if r.cross_share is not None else "-"]
+                    if has_cross
+                    else []
+                ),
+                f"{r.ffn_share:.2f}",
+                ", ".join(f"{show_token(t)}@{j} {s:.2f}" for j, t, s in r.sources),
+            ]  # fmt: skip
+            for r in self.rows[: self.top]
+        ]
+        title = (f"tokens moved most by their context (top {min(self.top, len(self.rows))} "
+                 f"of {len(self.rows)})")  # fmt: skip
+        parts.append(table_html(header, rows, title))
+        return "\n".join(parts)
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_text(text: str) -> str:
+    """``text`` safe to open in a spreadsheet: one that would start a formula gets a leading '
+    (OWASP's advice against CSV injection); any other text is unchanged."""
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
 
 
 def _norm(x: torch.Tensor) -> torch.Tensor:

@@ -4,6 +4,7 @@ maps and grids, cross-attention, MiniLM heads, and the interventions' tables and
     heatmap(ax, m, rows, cols, title=...)   draw matrix m (R, C) on a matplotlib Axes
     overlay(ax, image, grid, ...)           a (g, g) patch grid drawn over an image (ViT)
     image(ax, img)                          an image as it is, grey, no ticks
+    shared_colorbar(fig, axes, im)          one colourbar for a grid of heatmaps, as tall as it
     save_png(fig, path)                     write a figure as PNG atomically, then close it
     png_html(fig)                           the figure as an <img> a notebook shows
 
@@ -116,6 +117,22 @@ def _colorbar(ax, im, fontsize: float, label: str | None = None):
     return bar
 
 
+def shared_colorbar(fig, axes, im, label: str | None = None, fontsize: float = 8):
+    """One colourbar right of a grid of heatmaps drawn with the same colour range, exactly as
+    tall as the grid (from the lowest axes' bottom to the highest one's top). Call it once the
+    layout is final (after ``tight_layout``): it reads where the axes were drawn."""
+    fig.canvas.draw()  # applies each axes' aspect, so positions are where they are drawn
+    boxes = [ax.get_position(original=False) for ax in axes]
+    x1 = max(b.x1 for b in boxes)
+    y0, y1 = min(b.y0 for b in boxes), max(b.y1 for b in boxes)
+    cax = fig.add_axes((x1 + 0.012, y0, 0.012, y1 - y0))
+    bar = fig.colorbar(im, cax=cax)
+    bar.ax.tick_params(labelsize=fontsize)
+    if label:
+        bar.set_label(label, fontsize=fontsize)
+    return bar
+
+
 def image(ax, img, title: str | None = None, title_size: float = 9):
     """``img`` (H, W), or (H, W, C) channels last, in grey with no ticks."""
     im = ax.imshow(np.asarray(img).squeeze(), cmap="gray", interpolation="nearest")
@@ -186,8 +203,10 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
 
 
 def png_html(fig, dpi: int = 80) -> str:
-    """``fig`` as an inline ``<img>`` (a notebook's rendering), then closed."""
+    """``fig`` as an inline ``<img>`` (a notebook's rendering), then closed; its alt text is
+    the figure's title."""
     import base64
+    import html
     import io
 
     import matplotlib.pyplot as plt
@@ -197,4 +216,7 @@ def png_html(fig, dpi: int = 80) -> str:
         fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     finally:
         plt.close(fig)
-    return f'<img src="data:image/png;base64,{base64.b64encode(buf.getvalue()).decode()}"/>'
+    title = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""  # matplotlib >= 3.8
+    title = title or next((ax.get_title() for ax in fig.axes if ax.get_title()), "a figure")
+    data = base64.b64encode(buf.getvalue()).decode()
+    return f'<img src="data:image/png;base64,{data}" alt="{html.escape(title)}"/>'

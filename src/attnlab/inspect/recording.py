@@ -113,6 +113,7 @@ class Recording:
     extra: dict = field(default_factory=dict)  # model-specific: e.g. a translation and its tokens
     kind: str = ""  # gpt, mlm, text-classifier, encoder, seq2seq-transformer, lstm-attention, ...
     description: str = ""
+    text: str = ""  # the input as given (set by ``record``)
 
     @property
     def about(self) -> dict:
@@ -221,6 +222,32 @@ class Recording:
         return (
             f"Recording({self.model_type or 'model'}: {sizes}, {len(self.maps())} attention maps)"
         )
+
+    def _repr_html_(self) -> str:
+        """In a notebook: what was recorded, each stack's tokens under their positions, and
+        the attention maps (name, kind, heads, queries x keys)."""
+        import html
+
+        from attnlab.inspect.display import table_html, tokens_html
+
+        what = html.escape(self.description or self.kind or self.model_type or "a model")
+        parts = [f"<div><b>Recording</b> of one forward pass: <i>{what}</i></div>"]
+        if self.text:
+            parts.append(f"<div>input: <code>{html.escape(self.text)}</code></div>")
+        for stack, toks in self.tokens.items():
+            parts.append(tokens_html(toks, stack or "tokens"))
+        if self.extra.get("translation") is not None:
+            parts.append(f"<div>output: <code>{html.escape(str(self.extra['translation']))}"
+                         "</code></div>")  # fmt: skip
+        maps = self.maps()
+        if maps:
+            rows = [[m.name, m.kind, m.n_heads,
+                     f"{len(self.tokens[m.query_stack])} x {len(self.tokens[m.key_stack])}"]
+                    for m in maps]  # fmt: skip
+            parts.append(table_html(["attention map", "kind", "heads", "queries x keys"], rows))
+        parts.append(f"<div><i>{len(self.cache)} named activations in <code>.cache</code>"
+                     "</i></div>")  # fmt: skip
+        return "\n".join(parts)
 
 
 def _ranges(xs: list[int]) -> str:
@@ -337,6 +364,7 @@ def record(model: nn.Module, tokenizer, text: str) -> Recording:
         else record_text(model, tokenizer, text)
     )
     rec.kind = rec.kind or getattr(model, "kind", "") or rec.model_type
+    rec.text = rec.text or (text if isinstance(text, str) else "")
     if not rec.description and hasattr(model, "describe"):
         rec.description = model.describe()
     return rec

@@ -31,7 +31,11 @@ Callbacks (``callbacks=``) see the run without the loop knowing what they do: ea
     on_open(trainer, resumed)   once the run directory is open (resumed: continuing a checkpoint)
     on_step(trainer)            at every step, before its update (``trainer.step`` updates done,
                                 ``trainer.raw_model`` the model); also at the last step
-Training snapshots (``attnlab.training.snapshots``) are one. A callback must not draw from the
+    on_metrics(trainer, row)    each row as it is added to metrics.jsonl (a log line or an
+                                evaluation; every process, written or not)
+    on_close(trainer)           once the loop has ended, however it ended
+Training snapshots (``attnlab.training.snapshots``) and the TensorBoard log
+(``attnlab.training.tracking``) are two. A callback must not draw from the
 global RNGs, so that a run with callbacks trains exactly as one without.
 
 SIGINT (Ctrl-C) and SIGTERM finish the step in progress, save it, and return with
@@ -580,6 +584,7 @@ class Trainer:
         self.history.append(row)
         if self.writes:
             ckpt.append_metrics(self.out_dir, row)
+        self._notify("on_metrics", row)  # e.g. attnlab.training.tracking.TensorBoardLog
 
     def _log_row(self, seconds: float, progress: Progress) -> None:
         self._flush()
@@ -643,6 +648,7 @@ class Trainer:
             self._flush()
         finally:
             self._plot()
+            self._notify("on_close")
         if self._stop_all and self.writes:
             self._log(f"saved the checkpoint of step {self.step} in {self.out_dir}")
         last_eval = next((r for r in reversed(self.history) if "val_loss" in r), {})

@@ -34,7 +34,7 @@ from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 
-RUN_OPTIONS = {"task", "out", "resume", "quiet"}
+RUN_OPTIONS = {"task", "out", "resume", "quiet", "log"}
 # Options that may change when a run is resumed; every other one comes from the run.
 RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
              "device", "dtype", "compile", "compile_backend", "fsdp"}  # fmt: skip
@@ -67,6 +67,7 @@ class TrainPlan:
     out: Path
     resume: bool = False
     quiet: bool = False
+    log: str | None = None  # an experiment tracker: "tensorboard" (attnlab.training.tracking)
 
 
 @dataclasses.dataclass
@@ -115,9 +116,13 @@ def plan(given: dict) -> TrainPlan:
             f"--snapshot-every records self-attention heads, and this {cls.label} model has "
             "none (an LSTM's attention reads the encoder from the decoder)"
         )
+    if given.get("log"):  # its package checked now: before any data is read or step trained
+        from attnlab.training.tracking import require
+
+        require(given["log"])
     out = Path(given["out"]) if given.get("out") else cls.default_out(options)
     return TrainPlan(cls, options, config, given, out, bool(given.get("resume")),
-                     bool(given.get("quiet")))  # fmt: skip
+                     bool(given.get("quiet")), given.get("log"))  # fmt: skip
 
 
 def check_fsdp(config: TrainConfig) -> None:
@@ -164,7 +169,7 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
             task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
             model = _build(task, config)
     trainer = Trainer(model, task, config, p.out, dist_info=dist, quiet=p.quiet, log=log,
-                      callbacks=_callbacks(task, config))  # fmt: skip
+                      callbacks=_callbacks(task, config, p.log))  # fmt: skip
     if p.resume:  # a checkpoint that cannot be continued: one line, before anything else
         trainer.load_checkpoint()
         if task.model_config().to_dict() != model.config.to_dict():
@@ -187,15 +192,21 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
     return TrainOutcome(result, task, final, summary, p.out, dist.is_main)
 
 
-def _callbacks(task: Task, config: TrainConfig) -> list:
-    """What watches the run besides the loop: snapshots when ``snapshot_every`` asks."""
+def _callbacks(task: Task, config: TrainConfig, log: str | None = None) -> list:
+    """What watches the run besides the loop: snapshots when ``snapshot_every`` asks, an
+    experiment tracker when ``log`` names one."""
+    out: list = []
+    if log == "tensorboard":
+        from attnlab.training.tracking import TensorBoardLog
+
+        out.append(TensorBoardLog())
     if not config.snapshot_every:
-        return []
+        return out
     from attnlab.training.snapshots import PATTERN_TOKENS, Snapshots
 
     sample = task.sample_inputs(4, PATTERN_TOKENS)
     inputs, ids = sample if sample is not None else (None, True)
-    return [Snapshots(config.snapshot_every, inputs, ids, seed=config.seed)]
+    return [*out, Snapshots(config.snapshot_every, inputs, ids, seed=config.seed)]
 
 
 def _build(task: Task, config: TrainConfig):
