@@ -49,7 +49,7 @@ def embed(args: argparse.Namespace) -> int:
     from attnlab.embeddings import sentence_embeddings
     from attnlab.models.encoder import Encoder
 
-    model, tokenizer = load_run(args.run)
+    model, tokenizer = load_run(args.run, args.device)
     if not isinstance(model, Encoder):
         raise UsageError(f"{args.run}: embed needs an encoder run, not {model.model_type!r}")
     if tokenizer is None:

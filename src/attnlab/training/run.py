@@ -78,6 +78,15 @@ class TrainOutcome:
     out: Path
     main: bool = True  # rank 0 (the one process that reports)
 
+    def to_dict(self) -> dict:
+        """The outcome as JSON-ready data (``attnlab train --json``): the run directory, the
+        task, the last step, the last evaluation's figures, the best one and the final ones."""
+        r = self.result
+        return {"run": str(self.out), "task": self.task.name, "step": r.step,
+                "train_loss": r.train_loss, "val_loss": r.val_loss, "best": r.best,
+                "metrics": {k: v for k, v in r.last_eval.items() if k != "lr"},
+                "final": self.final, "summary": self.summary}  # fmt: skip
+
 
 def plan(given: dict) -> TrainPlan:
     """Check the options of a training run (names as in ``attnlab train --help``, None = not
