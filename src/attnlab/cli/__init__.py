@@ -263,6 +263,11 @@ def _model_context(args: argparse.Namespace):
 
 
 def main(argv: list[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # at once: no torch import
+        from attnlab import __version__
+
+        print(f"attnlab {__version__}")
+        return 0
     try:
         with _interrupts_deferred() as interrupted:  # importing torch, building the parser
             from attnlab import runtime

@@ -27,7 +27,10 @@ def import_hf(args: argparse.Namespace) -> int:
         from attnlab.interop.minilm import minilm_dir
 
         src = minilm_dir()
-    out = do_import(src, args.out)
+    from attnlab.training.progress import Heartbeat
+
+    with Heartbeat(f"importing {src}"):  # a large model: a line every 2 s
+        out = do_import(src, args.out)
     _err(f"imported {src} -> {out}")
     print(out)
     return 0
@@ -35,8 +38,10 @@ def import_hf(args: argparse.Namespace) -> int:
 
 def export_hf(args: argparse.Namespace) -> int:
     from attnlab.interop.hf import export_hf as do_export
+    from attnlab.training.progress import Heartbeat
 
-    out = do_export(args.run, args.dir)
+    with Heartbeat(f"exporting {args.run}"):
+        out = do_export(args.run, args.dir)
     cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
     _err(f"exported {args.run} -> {out} ({cfg['architectures'][0]}.from_pretrained and "
          "AutoTokenizer.from_pretrained load it)")  # fmt: skip

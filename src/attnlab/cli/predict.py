@@ -82,7 +82,10 @@ def eval_(args: argparse.Namespace) -> int:
     if png is not None and run.task.name not in ("classify", "vision"):
         raise UsageError(f"--png draws a classifier's confusion matrix; {args.run} is a "
                          f"{run.kind} run")  # fmt: skip
-    ev = run.evaluate(options=options)
+    from attnlab.training.progress import Heartbeat
+
+    with Heartbeat(f"scoring {args.data or args.run}"):  # a big file: a line every 2 s
+        ev = run.evaluate(options=options)
     if png is not None:
         ev.save_png(png)
     if args.json:

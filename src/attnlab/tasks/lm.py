@@ -29,6 +29,7 @@ from attnlab.models.gpt import GPT, PRESETS, GPTConfig
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import Tokenizer, build_tokenizer
 from attnlab.training.metrics import Metric
+from attnlab.training.progress import count as count_done
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
 
@@ -74,6 +75,7 @@ def score_tokens(model: nn.Module, tokens, chars_per_token: float, batch_size: i
                                    y.to(device).reshape(-1), reduction="sum")  # fmt: skip
             total += float(loss)
             count += y.numel()
+            count_done(count, None, "tokens scored")  # a Heartbeat around this shows it
     loss = total / count
     return {
         "loss": loss,

@@ -85,6 +85,7 @@ from attnlab.training.optim import (
 )
 from attnlab.training.plots import plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
+from attnlab.training.progress import count as count_done
 from attnlab.training.state import check_rng_state, rng_state, set_rng_state
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -414,9 +415,10 @@ class Trainer:
     def mean_loss(self, batches: list) -> float:
         total = 0.0
         with self._eval_mode(self.model):
-            for batch in batches:
+            for i, batch in enumerate(batches):
                 with self._autocast():
                     total += float(self.task.loss(self.model, self._to_device(batch)))
+                count_done(i + 1, len(batches), "batches")
         return total / max(len(batches), 1)
 
     def evaluate(self) -> dict:
