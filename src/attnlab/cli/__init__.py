@@ -99,6 +99,8 @@ NO_MODEL_VERBS = {"import-hf", "export-hf"}
 # result is JSON already, explore's is a page); timeline reads snapshots and runs none.
 READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
 NO_JSON_VERBS = {"embed", "explore"}
+# check compares computations with float32 tolerances: it runs in float32 (no --dtype)
+NO_DTYPE_VERBS = {"check"}
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -214,11 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
         if verb not in NO_MODEL_VERBS:
             add_threads_option(p)
         if verb not in READS_ONLY_VERBS:
-            add_model_options(p, json=verb not in NO_JSON_VERBS)
+            add_model_options(p, json=verb not in NO_JSON_VERBS, dtype=verb not in NO_DTYPE_VERBS)
     return parser
 
 
-def add_model_options(parser: argparse.ArgumentParser, json: bool = True) -> None:
+def add_model_options(
+    parser: argparse.ArgumentParser, json: bool = True, dtype: bool = True
+) -> None:
     """``--device``, ``--dtype`` and ``--json``, spelt and defaulted alike on every verb that
     runs a model (the defaults are TrainConfig's; a verb that defines one keeps its own)."""
     from attnlab.training.config import DTYPES, TrainConfig
@@ -228,7 +232,7 @@ def add_model_options(parser: argparse.ArgumentParser, json: bool = True) -> Non
         parser.add_argument("--device", default=TrainConfig.device,
                             help="where the model runs: cpu, cuda, cuda:N, mps, xpu, or auto "
                             "(a GPU when torch sees one, else the CPU)")  # fmt: skip
-    if "--dtype" not in have:
+    if dtype and "--dtype" not in have:
         parser.add_argument("--dtype", choices=DTYPES, default=TrainConfig.dtype,
                             help="autocast dtype (auto: bfloat16 on a GPU that has it, else "
                             "float32)")  # fmt: skip
@@ -254,12 +258,13 @@ def _model_context(args: argparse.Namespace):
     machine lacks is one line, exit 2). ``train`` takes them into its TrainConfig instead."""
     from attnlab import runtime
 
-    if args.verb == "train" or not hasattr(args, "dtype"):
+    if args.verb == "train" or not hasattr(args, "device"):
         return contextlib.nullcontext()
     device = runtime.resolve_device(args.device)
-    dtype = runtime.resolve_dtype(args.dtype, device)
     args.device = str(device)  # "auto" resolved once: the verb's loaders take it as is
-    return runtime.autocast(device, dtype)
+    if not hasattr(args, "dtype"):
+        return contextlib.nullcontext()
+    return runtime.autocast(device, runtime.resolve_dtype(args.dtype, device))
 
 
 def main(argv: list[str] | None = None) -> int:

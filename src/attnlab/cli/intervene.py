@@ -245,7 +245,9 @@ def register(sub) -> None:
     p.add_argument("--context", action="store_true", help="an LSTM decoder's context vector")
     p.add_argument("--positions", metavar="P,...", help="ablate only these positions")
     p.add_argument("--neurons", metavar="N,...", help="with --site: only these units")
-    p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero")
+    p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
+                   help="zero: zeros; mean: the mean over the positions of --reference (or of "
+                   "the text); resample: values from --reference (or the text shuffled)")  # fmt: skip
     p.add_argument("--reference", metavar="TEXT",
                    help="mean/resample: the input to take values from")  # fmt: skip
     p.add_argument("--top", type=int, default=5, help="top predictions to show")
@@ -258,9 +260,10 @@ def register(sub) -> None:
                        "logit of TARGET (minus FOIL's). Attribution patching (the gradient "
                        "approximation) is reported beside it, with its error.")  # fmt: skip
     common(p, text=False)
-    p.add_argument("--clean", required=True, metavar="TEXT")
-    p.add_argument("--corrupt", required=True, metavar="TEXT")
-    p.add_argument("--target", required=True, metavar="TOKEN")
+    p.add_argument("--clean", required=True, metavar="TEXT", help="the input that gives TARGET")
+    p.add_argument("--corrupt", required=True, metavar="TEXT",
+                   help="the input the clean activations are patched into")  # fmt: skip
+    p.add_argument("--target", required=True, metavar="TOKEN", help="the token whose logit")
     p.add_argument("--foil", metavar="TOKEN", help="metric = logit(TARGET) - logit(FOIL)")
     p.add_argument("--by", choices=("position", "head"), default="position",
                    help="layer x position (the residual stream) or layer x head")  # fmt: skip
@@ -296,7 +299,8 @@ def register(sub) -> None:
                        "input x gradient on the input embeddings, with IG's completeness "
                        "error.")  # fmt: skip
     common(p)
-    p.add_argument("--method", required=True, choices=("dla", "rollout", "flow", "ig", "grad"))
+    p.add_argument("--method", required=True, choices=("dla", "rollout", "flow", "ig", "grad"),
+                   help="how (above)")  # fmt: skip
     p.add_argument("--target", metavar="TOKEN", help="dla, ig, grad: the token whose logit")
     p.add_argument("--foil", metavar="TOKEN", help="attribute logit(TARGET) - logit(FOIL)")
     p.add_argument("--steps", type=int, default=64, help="ig: integration steps")

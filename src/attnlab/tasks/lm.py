@@ -143,9 +143,18 @@ class LanguageModel(Task):
 
     @classmethod
     def defaults_for(cls, given: dict) -> dict:
-        """A preset's training recipe (PRESET_TRAINING), where it has one."""
+        """A preset's training recipe (PRESET_TRAINING), where it has one. With another
+        ``max_iters`` given, a shorter run keeps the recipe's share of warmup and evaluation
+        interval (a 40-step ``fast`` run warms up for 4 steps, not 100, and evaluates at its
+        end); a longer one keeps the recipe's numbers."""
         preset = given.get("preset") if isinstance(given, dict) else None
-        return {**cls.train_defaults, **PRESET_TRAINING.get(preset, {})}
+        recipe = dict(PRESET_TRAINING.get(preset, {}))
+        steps = given.get("max_iters") if isinstance(given, dict) else None
+        if recipe and isinstance(steps, int) and 0 < steps < recipe["max_iters"]:
+            for name, least in (("warmup_iters", 0), ("eval_interval", 1)):
+                if name in recipe:
+                    recipe[name] = max(least, recipe[name] * steps // recipe["max_iters"])
+        return {**cls.train_defaults, **recipe}
 
     @classmethod
     def redirect(cls, given: dict) -> type[Task]:

@@ -45,6 +45,7 @@ from attnlab.tokenizers import (
     build_tokenizer,
 )
 from attnlab.training.metrics import Metric
+from attnlab.training.progress import count as count_done
 
 ARCHS = ("transformer", "lstm-attention", "lstm")
 MAX_VAL = 1000  # held-out pairs decoded at each evaluation
@@ -149,6 +150,7 @@ def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[st
                     for s, _ in chunk]  # fmt: skip
         exact += sum(o == t[: t.index(EOS)] for o, (_, t) in zip(outs, chunk))
         decoded += [tokenizer.decode_target(o) for o in outs]
+        count_done(len(decoded), len(encoded), "pairs")  # a Heartbeat around this shows it
     model.train(was)
     n, tokens = max(len(encoded), 1), max(total, 1)
     return {"exact": exact / n, "token_acc": correct / tokens, "loss": loss_sum / tokens,
