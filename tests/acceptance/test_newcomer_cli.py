@@ -173,6 +173,19 @@ def test_every_verb_that_runs_a_model_takes_device_dtype_and_json():
             assert "--json" in have, verb
 
 
+def test_dtype_runs_the_model_under_autocast(cli, home):
+    """--dtype bfloat16 on a verb that runs a model: the same answer to bfloat16's precision,
+    and not the float32 bits (so the option does reach the model)."""
+
+    def probs(dtype: str) -> list[float]:
+        r = cli("predict", "run", "All", "--json", "--device", "cpu", "--dtype", dtype, cwd=home)
+        assert r.returncode == 0, r.stderr
+        return [t["p"] for t in json.loads(r.stdout)["predictions"][0]["next"]]
+
+    full, half = probs("float32"), probs("bfloat16")
+    assert full == pytest.approx(half, rel=0.02) and full != half
+
+
 def test_generate_takes_the_prompt_positionally_as_other_verbs_take_text(cli, home):
     common = ["--max-new-tokens", "12", "--seed", "3", "--device", "cpu"]
     positional = cli("generate", "run", "All:", *common, cwd=home)
@@ -285,7 +298,6 @@ def test_a_size_too_big_for_the_machine_is_one_warning_with_its_memory():
 
     with torch.device("meta"):  # sizes without allocating
         huge = GPT(GPTConfig(vocab_size=65, block_size=100_000, n_layer=4, n_head=4, d_model=128))
-        gpt2 = GPT(GPTConfig(vocab_size=65, **{**PRESETS["gpt2"], "dropout": 0.0}))
         baby = GPT(GPTConfig(vocab_size=65, **PRESETS["baby"]))
     cfg, cpu = TrainConfig(), torch.device("cpu")
     (line,) = size_warnings(huge, cfg, None, cpu)
@@ -293,9 +305,19 @@ def test_a_size_too_big_for_the_machine_is_one_warning_with_its_memory():
     assert (
         "more memory than this machine has" in line and f"{s.total_bytes / 2**30:.1f} GiB" in line
     )
-    (line,) = size_warnings(gpt2, cfg, None, cpu)
-    assert "slow on a CPU" in line and "GiB" in line and "M parameters" in line
     assert size_warnings(baby, cfg, None, cpu) == []
+
+
+@pytest.mark.slow
+def test_the_gpt2_preset_on_a_cpu_is_one_warning_with_its_memory():
+    from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+    from attnlab.training.config import TrainConfig
+    from attnlab.training.memory import size_warnings
+
+    with torch.device("meta"):  # ~6 s to build, though nothing is allocated
+        gpt2 = GPT(GPTConfig(vocab_size=65, **{**PRESETS["gpt2"], "dropout": 0.0}))
+    (line,) = size_warnings(gpt2, TrainConfig(), None, torch.device("cpu"))
+    assert "slow on a CPU" in line and "GiB" in line and "85.9M parameters" in line
 
 
 def test_train_says_the_warning_before_training(home, tmp_path, monkeypatch, capsys):
