@@ -334,7 +334,7 @@ def test_train_says_the_warning_before_training(home, tmp_path, monkeypatch, cap
 
 
 def test_a_heartbeat_says_how_far_long_work_is_and_nothing_for_short_work():
-    from attnlab.training.progress import Heartbeat, count
+    from attnlab.heartbeat import Heartbeat, count
 
     said: list[str] = []
     with Heartbeat("scoring", said.append, every=0.2):

@@ -27,7 +27,7 @@ def import_hf(args: argparse.Namespace) -> int:
         from attnlab.interop.minilm import minilm_dir
 
         src = minilm_dir()
-    from attnlab.training.progress import Heartbeat
+    from attnlab.heartbeat import Heartbeat
 
     with Heartbeat(f"importing {src}"):  # a large model: a line every 2 s
         out = do_import(src, args.out)
@@ -37,8 +37,8 @@ def import_hf(args: argparse.Namespace) -> int:
 
 
 def export_hf(args: argparse.Namespace) -> int:
+    from attnlab.heartbeat import Heartbeat
     from attnlab.interop.hf import export_hf as do_export
-    from attnlab.training.progress import Heartbeat
 
     with Heartbeat(f"exporting {args.run}"):
         out = do_export(args.run, args.dir)

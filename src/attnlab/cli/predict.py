@@ -82,7 +82,7 @@ def eval_(args: argparse.Namespace) -> int:
     if png is not None and run.task.name not in ("classify", "vision"):
         raise UsageError(f"--png draws a classifier's confusion matrix; {args.run} is a "
                          f"{run.kind} run")  # fmt: skip
-    from attnlab.training.progress import Heartbeat
+    from attnlab.heartbeat import Heartbeat
 
     with Heartbeat(f"scoring {args.data or args.run}"):  # a big file: a line every 2 s
         ev = run.evaluate(options=options)

@@ -25,11 +25,12 @@ from torch import Tensor, nn
 
 from attnlab import data
 from attnlab.config import BaseConfig, ConfigError
+from attnlab.heartbeat import beating
+from attnlab.heartbeat import count as count_done
 from attnlab.models.gpt import GPT, PRESETS, GPTConfig
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import Tokenizer, build_tokenizer
 from attnlab.training.metrics import Metric
-from attnlab.training.progress import count as count_done
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
 
@@ -187,7 +188,8 @@ class LanguageModel(Task):
         corpus = data.open_corpus(o.data, o.encoding)
         if run_dir is None and not data.streams(corpus, o.token_cache):
             self.log(f"building the {o.tokenizer} tokenizer on {corpus.name} ...")
-            self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)  # fmt: skip
+            with beating(f"building the {o.tokenizer} tokenizer", self.log):
+                self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)  # fmt: skip
             text = corpus.read()
             tokens = np.asarray(self.tokenizer.encode(text), dtype=data.token_dtype(self.tokenizer.vocab_size))  # fmt: skip
             self.info = data.TokenFileInfo(len(tokens), len(text), tokens.dtype.name, str(o.data))

@@ -33,6 +33,7 @@ from attnlab.data.tasks import (
     rebuild,
 )
 from attnlab.generation import beam_search, greedy, pad_ids
+from attnlab.heartbeat import count as count_done
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.tasks.base import EvalOptions, Task, predict_options
@@ -45,7 +46,6 @@ from attnlab.tokenizers import (
     build_tokenizer,
 )
 from attnlab.training.metrics import Metric
-from attnlab.training.progress import count as count_done
 
 ARCHS = ("transformer", "lstm-attention", "lstm")
 MAX_VAL = 1000  # held-out pairs decoded at each evaluation

@@ -60,6 +60,7 @@ import torch
 from torch import nn
 
 from attnlab import checkpoint as ckpt
+from attnlab.heartbeat import count as count_done
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
@@ -85,7 +86,6 @@ from attnlab.training.optim import (
 )
 from attnlab.training.plots import plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
-from attnlab.training.progress import count as count_done
 from attnlab.training.state import check_rng_state, rng_state, set_rng_state
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)

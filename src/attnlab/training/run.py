@@ -29,13 +29,13 @@ import torch
 
 from attnlab import checkpoint as ckpt
 from attnlab.config import BaseConfig, ConfigError
+from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.runtime import resolve_device
 from attnlab.tasks.base import Task, task_class, task_for_run
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 from attnlab.training.memory import size_warnings
-from attnlab.training.progress import Heartbeat, stamped
 
 RUN_OPTIONS = {"task", "out", "resume", "quiet"}
 # Options that may change when a run is resumed; every other one comes from the run.
@@ -227,13 +227,12 @@ def _heartbeat(log, quiet: bool):
 
 def _prepare(task: Task, out: Path, beat):
     """A new run's directory, data, tokenizer and model; bad input leaves nothing behind.
-    ``beat(what)`` keeps each long part from being silent (training a BPE tokenizer on a big
-    corpus, building a large model)."""
+    ``beat(what)`` keeps building a large model from being silent (the data's own steps say
+    themselves once the data is checked: no line may come before a data error's)."""
     ckpt.check_new_run(out)
     created = ckpt.create_run_dir(out)
     try:
-        with beat("preparing the data and the tokenizer"):
-            task.prepare(out)
+        task.prepare(out)
         ckpt.write_tokenizer(out, task.tokenizer)
         torch.manual_seed(task.seed)
         with beat("building the model"):
