@@ -4,6 +4,7 @@ One choice of each, used by training and by every verb that runs a model:
     resolve_device("auto" | "cpu" | "cuda" | "cuda:1" | "mps" | "xpu")  -> torch.device, or a
         ConfigError (one line, exit 2 at the CLI) when this machine has no such device
     resolve_dtype("auto" | "float32" | "bfloat16" | "float16", device) -> autocast dtype
+    autocast(device, dtype)  -> the context a verb runs its model in (none for float32)
     set_threads(requested)  -> ThreadChoice: how many intra-op CPU threads, and why
 
 Threads. torch's default (one thread per core) is fastest on an idle machine. When other
@@ -101,6 +102,19 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "float16" and device.type != "cuda":
         raise ConfigError("float16 autocast needs a CUDA GPU; on CPU use bfloat16 or float32")
     return getattr(torch, name)
+
+
+@contextmanager
+def autocast(device: torch.device, dtype: torch.dtype) -> Iterator[None]:
+    """Run the block under ``torch.autocast`` in ``dtype`` on ``device``'s kind; float32 runs
+    as written (no autocast), so the default on a CPU changes nothing."""
+    import torch
+
+    if dtype == torch.float32:
+        yield
+        return
+    with torch.autocast(device_type=device.type, dtype=dtype):
+        yield
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -143,8 +144,9 @@ def test_explore_cli(run, tmp_path, capsys):
     assert _embedded(out.read_text())["title"] == f"attnlab explorer: {SENTENCE}"
     code, _, err = run_main(capsys, "explore", path, SENTENCE, "--html", tmp_path / "e.txt")
     assert code == 2 and "expected a .html" in err
-    code, _, err = run_main(capsys, "explore", path, SENTENCE)
-    assert code == 2 and "--html" in err
+    code, printed, err = run_main(capsys, "explore", path, SENTENCE)  # no --html: in the run
+    assert code == 0 and printed == f"{Path(path) / 'explorer.html'}\n", err
+    assert _embedded((Path(path) / "explorer.html").read_text())["title"].endswith(SENTENCE)
 
 
 # ---------------------------------------------------------------------------------------------

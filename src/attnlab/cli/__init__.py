@@ -95,21 +95,149 @@ def int_at_least(low: int):
 
 # Verbs that run no model; every other verb takes --threads (see add_threads_option).
 NO_MODEL_VERBS = {"import-hf", "export-hf"}
+# Verbs that run a model take --device and --dtype (and --json, but for these two: embed's
+# result is JSON already, explore's is a page); timeline reads snapshots and runs none.
+READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
+NO_JSON_VERBS = {"embed", "explore"}
+# check compares computations with float32 tolerances: it runs in float32 (no --dtype)
+NO_DTYPE_VERBS = {"check"}
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Each option's help followed by its default, as the parser holds it (so a default is
+    written once, where it is defined). A switch (off by default) and an option whose absence
+    its help explains (default None, or a help that already says "default") show none."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (
+            not action.option_strings
+            or default in (None, False, argparse.SUPPRESS)
+            or "default" in text.lower()
+        ):
+            return text
+        return text + " (default: %(default)s)"
+
+
+class DescribedHelpFormatter(argparse.RawDescriptionHelpFormatter, HelpFormatter):
+    """The same, with the description (and epilog) kept as written."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with attnlab's convention for bad input: one line ``attnlab: error: ...`` on
+    stderr and exit 2 (no usage block first); an unknown verb, option or choice names the
+    closest one (``did you mean ...?``)."""
+
+    def __init__(self, *args, **kw):
+        kw.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kw)
+
+    def error(self, message: str):
+        self.exit(2, f"attnlab: error: {self._reworded(message)}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+            known = [o for a in self._actions for o in a.option_strings]
+            if not any(o.startswith(argv[0].split("=")[0]) for o in known):
+                self.error(unknown_option(argv[0], known, "attnlab --help"))
+        parsed, extras = self.parse_known_args(argv, namespace)
+        if extras:
+            verb = getattr(parsed, "verb", None)
+            sub = verbs(self).get(verb)
+            known = [o for a in (sub or self)._actions for o in a.option_strings]
+            where = f"attnlab {verb} --help" if verb else "attnlab --help"
+            if extras[0].startswith("-"):
+                self.error(unknown_option(extras[0], known, where))
+            self.error(f"unexpected argument {extras[0]!r} (quote a text that has spaces; "
+                       f"{where} lists what {verb or 'attnlab'} takes)")  # fmt: skip
+        return parsed
+
+    def _reworded(self, message: str) -> str:
+        """argparse's messages in attnlab's words: an unknown verb or choice with the closest
+        one, and a missing verb with where to find the list."""
+        import difflib
+        import re
+
+        if re.match(r"the following arguments are required: VERB", message):
+            return "give a verb: attnlab VERB ... (attnlab --help lists them)"
+        m = re.match(
+            r"argument (\S+?)(?:/\S+)?: invalid choice: (.+?) \(choose from .*\)$", message
+        )
+        if m:
+            name, given = m.group(1), m.group(2).strip("'\"")
+            action = next((a for a in self._actions
+                           if name in a.option_strings or a.metavar == name), None)  # fmt: skip
+            choices = [str(c) for c in (action.choices or ())] if action else []
+            close = difflib.get_close_matches(given, choices, n=1, cutoff=0.6)
+            what = "verb" if name == "VERB" else f"{name} choice"
+            if close:
+                return f"unknown {what} {given!r}; did you mean {close[0]!r}?"
+            if name == "VERB":
+                return f"unknown verb {given!r} (attnlab --help lists them)"
+            return f"unknown {what} {given!r} (choose from {', '.join(choices)})"
+        return message
+
+
+def unknown_option(given: str, known: list[str], where: str) -> str:
+    """``unknown option '--max-itres'; did you mean '--max-iters'?``"""
+    import difflib
+
+    name = given.split("=", 1)[0]
+    close = difflib.get_close_matches(name, [o for o in known if o.startswith("--")], n=1,
+                                      cutoff=0.6)  # fmt: skip
+    if close:
+        return f"unknown option {name!r}; did you mean {close[0]!r}?"
+    return f"unknown option {name!r} ({where} lists the options)"
+
+
+def verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """verb -> its sub-parser."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            return dict(a.choices)
+    return {}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from attnlab import __version__
+
+    parser = Parser(
         prog="attnlab",
         description="Build, train and look inside transformers. Every verb prints its results on "
-        "stdout and its progress on stderr.",
+        "stdout and its progress on stderr; `attnlab VERB --help` describes a verb.",
     )
+    parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
     for area in AREAS:
         importlib.import_module(f"attnlab.cli.{area}").register(sub)
     for verb, p in sub.choices.items():
         if verb not in NO_MODEL_VERBS:
             add_threads_option(p)
+        if verb not in READS_ONLY_VERBS:
+            add_model_options(p, json=verb not in NO_JSON_VERBS, dtype=verb not in NO_DTYPE_VERBS)
     return parser
+
+
+def add_model_options(
+    parser: argparse.ArgumentParser, json: bool = True, dtype: bool = True
+) -> None:
+    """``--device``, ``--dtype`` and ``--json``, spelt and defaulted alike on every verb that
+    runs a model (the defaults are TrainConfig's; a verb that defines one keeps its own)."""
+    from attnlab.training.config import DTYPES, TrainConfig
+
+    have = {o for a in parser._actions for o in a.option_strings}
+    if "--device" not in have:
+        parser.add_argument("--device", default=TrainConfig.device,
+                            help="where the model runs: cpu, cuda, cuda:N, mps, xpu, or auto "
+                            "(a GPU when torch sees one, else the CPU)")  # fmt: skip
+    if dtype and "--dtype" not in have:
+        parser.add_argument("--dtype", choices=DTYPES, default=TrainConfig.dtype,
+                            help="autocast dtype (auto: bfloat16 on a GPU that has it, else "
+                            "float32)")  # fmt: skip
+    if json and "--json" not in have:
+        parser.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
 def add_threads_option(parser: argparse.ArgumentParser) -> None:
@@ -125,7 +253,26 @@ def add_threads_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _model_context(args: argparse.Namespace):
+    """The device and autocast a verb's model runs in, checked before any work (a device this
+    machine lacks is one line, exit 2). ``train`` takes them into its TrainConfig instead."""
+    from attnlab import runtime
+
+    if args.verb == "train" or not hasattr(args, "device"):
+        return contextlib.nullcontext()
+    device = runtime.resolve_device(args.device)
+    args.device = str(device)  # "auto" resolved once: the verb's loaders take it as is
+    if not hasattr(args, "dtype"):
+        return contextlib.nullcontext()
+    return runtime.autocast(device, runtime.resolve_dtype(args.dtype, device))
+
+
 def main(argv: list[str] | None = None) -> int:
+    if list(sys.argv[1:] if argv is None else argv) == ["--version"]:  # at once: no torch import
+        from attnlab import __version__
+
+        print(f"attnlab {__version__}")
+        return 0
     try:
         with _interrupts_deferred() as interrupted:  # importing torch, building the parser
             from attnlab import runtime
@@ -138,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
         threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
         if args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
-            with runtime.using_threads(threads):
+            with runtime.using_threads(threads), _model_context(args):
                 result = args.func(args)
         else:
             result = args.func(args)

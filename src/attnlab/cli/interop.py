@@ -27,16 +27,21 @@ def import_hf(args: argparse.Namespace) -> int:
         from attnlab.interop.minilm import minilm_dir
 
         src = minilm_dir()
-    out = do_import(src, args.out)
+    from attnlab.heartbeat import Heartbeat
+
+    with Heartbeat(f"importing {src}"):  # a large model: a line every 2 s
+        out = do_import(src, args.out)
     _err(f"imported {src} -> {out}")
     print(out)
     return 0
 
 
 def export_hf(args: argparse.Namespace) -> int:
+    from attnlab.heartbeat import Heartbeat
     from attnlab.interop.hf import export_hf as do_export
 
-    out = do_export(args.run, args.dir)
+    with Heartbeat(f"exporting {args.run}"):
+        out = do_export(args.run, args.dir)
     cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
     _err(f"exported {args.run} -> {out} ({cfg['architectures'][0]}.from_pretrained and "
          "AutoTokenizer.from_pretrained load it)")  # fmt: skip
@@ -49,7 +54,7 @@ def embed(args: argparse.Namespace) -> int:
     from attnlab.embeddings import sentence_embeddings
     from attnlab.models.encoder import Encoder
 
-    model, tokenizer = load_run(args.run)
+    model, tokenizer = load_run(args.run, args.device)
     if not isinstance(model, Encoder):
         raise UsageError(f"{args.run}: embed needs an encoder run, not {model.model_type!r}")
     if tokenizer is None:

@@ -57,7 +57,7 @@ def _ints(text: str | None, option: str) -> list[int] | None:
 def _subject(args):
     from attnlab.interventions import load_subject
 
-    return load_subject(args.run)
+    return load_subject(args.run, args.device)
 
 
 def _show(result, args) -> int:
@@ -200,7 +200,7 @@ def cmd_heads(args) -> int:
     if not given:  # a trained run: its task's held-out loss, as training measured it
         from attnlab.interventions import Subject, held_out
 
-        h = held_out(args.run)
+        h = held_out(args.run, args.device)
         s = Subject(h.model, h.task.tokenizer)
         result = head_importance(s, h.loss(), args.mode, h.source, prune=not args.no_prune,
                                  quiet=args.quiet)  # fmt: skip
@@ -245,10 +245,12 @@ def register(sub) -> None:
     p.add_argument("--context", action="store_true", help="an LSTM decoder's context vector")
     p.add_argument("--positions", metavar="P,...", help="ablate only these positions")
     p.add_argument("--neurons", metavar="N,...", help="with --site: only these units")
-    p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero")
+    p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
+                   help="zero: zeros; mean: the mean over the positions of --reference (or of "
+                   "the text); resample: values from --reference (or the text shuffled)")  # fmt: skip
     p.add_argument("--reference", metavar="TEXT",
                    help="mean/resample: the input to take values from")  # fmt: skip
-    p.add_argument("--top", type=int, default=5, help="top predictions to show (default 5)")
+    p.add_argument("--top", type=int, default=5, help="top predictions to show")
     position(p)
     p.set_defaults(func=cmd_ablate)
 
@@ -258,9 +260,10 @@ def register(sub) -> None:
                        "logit of TARGET (minus FOIL's). Attribution patching (the gradient "
                        "approximation) is reported beside it, with its error.")  # fmt: skip
     common(p, text=False)
-    p.add_argument("--clean", required=True, metavar="TEXT")
-    p.add_argument("--corrupt", required=True, metavar="TEXT")
-    p.add_argument("--target", required=True, metavar="TOKEN")
+    p.add_argument("--clean", required=True, metavar="TEXT", help="the input that gives TARGET")
+    p.add_argument("--corrupt", required=True, metavar="TEXT",
+                   help="the input the clean activations are patched into")  # fmt: skip
+    p.add_argument("--target", required=True, metavar="TOKEN", help="the token whose logit")
     p.add_argument("--foil", metavar="TOKEN", help="metric = logit(TARGET) - logit(FOIL)")
     p.add_argument("--by", choices=("position", "head"), default="position",
                    help="layer x position (the residual stream) or layer x head")  # fmt: skip
@@ -296,10 +299,11 @@ def register(sub) -> None:
                        "input x gradient on the input embeddings, with IG's completeness "
                        "error.")  # fmt: skip
     common(p)
-    p.add_argument("--method", required=True, choices=("dla", "rollout", "flow", "ig", "grad"))
+    p.add_argument("--method", required=True, choices=("dla", "rollout", "flow", "ig", "grad"),
+                   help="how (above)")  # fmt: skip
     p.add_argument("--target", metavar="TOKEN", help="dla, ig, grad: the token whose logit")
     p.add_argument("--foil", metavar="TOKEN", help="attribute logit(TARGET) - logit(FOIL)")
-    p.add_argument("--steps", type=int, default=64, help="ig: integration steps (default 64)")
+    p.add_argument("--steps", type=int, default=64, help="ig: integration steps")
     p.add_argument("--rule", choices=("gauss-legendre", "riemann"), default="gauss-legendre",
                    help="ig: quadrature rule")  # fmt: skip
     p.add_argument("--stack", choices=("encoder", "decoder"), default=None,
@@ -328,7 +332,7 @@ def register(sub) -> None:
                       help="loss change per ablated head, and the pruning curve")  # fmt: skip
     p.add_argument("--data", metavar="FILE", help="a GPT: measure on windows of this corpus")
     p.add_argument("--inputs", metavar="FILE", help="measure on these inputs, one per line")
-    p.add_argument("--windows", type=int, default=16, help="--data: windows (default 16)")
+    p.add_argument("--windows", type=int, default=16, help="--data: windows")
     p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
                    help="how a head is ablated")  # fmt: skip
     p.add_argument("--no-prune", action="store_true", help="skip the pruning curve")
@@ -337,7 +341,7 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the result as JSON (the scores: [{layer, head, scores, kind}])")  # fmt: skip
     p.add_argument("--sequences", type=int_at_least(1), default=16,
-                   help="scores: random sequences r r (default 16)")  # fmt: skip
+                   help="scores: random sequences r r")  # fmt: skip
     p.add_argument("--seed", type=int_at_least(0), default=0, help="scores: their seed")
     p.add_argument("--all", action="store_true",
                    help="scores with --json: also the sample scores, losses and composition")  # fmt: skip

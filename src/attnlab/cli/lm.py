@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from attnlab import checkpoint as ckpt
-from attnlab.cli import UsageError, as_options
+from attnlab.cli import DescribedHelpFormatter, UsageError, as_options
 from attnlab.models.gpt import WINDOWS
 
 # ---------------------------------------------------------------------------------------------
@@ -42,6 +42,17 @@ def _typed(args: argparse.Namespace) -> set[str]:
     return {t[2:].split("=", 1)[0].replace("-", "_") for t in typed}
 
 
+ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def unescaped(text: str) -> str:
+    """``--stop '\\n'`` as typed in a shell (backslash, n) means a newline: \\n, \\t, \\r and
+    \\\\ are read as the characters they name; any other backslash stays as it is."""
+    import re
+
+    return re.sub(r"\\([ntr\\])", lambda m: ESCAPES[m.group(1)], text)
+
+
 def add_sampling_options(a, temperature: float) -> None:
     """The sampling options ``generate`` and ``translate`` share (``a`` = add_argument), with
     ``SamplingConfig``'s defaults (``temperature`` is the verb's: translate decodes greedily)."""
@@ -50,14 +61,27 @@ def add_sampling_options(a, temperature: float) -> None:
 
     a("--temperature", type=float, default=temperature, help="0 = greedy")
     a("--top-k", type=int, default=SamplingConfig.top_k,
-      help="sample from the k most probable tokens only")  # fmt: skip
-    a("--top-p", type=float, default=SamplingConfig.top_p, help="nucleus sampling, in (0, 1]")
+      help="sample from the k most probable tokens only (default: all)")  # fmt: skip
+    a(
+        "--top-p",
+        type=float,
+        default=SamplingConfig.top_p,
+        help="nucleus sampling, in (0, 1] (default: off)",
+    )
     a("--repetition-penalty", type=float, default=SamplingConfig.repetition_penalty,
       help="> 1 discourages repeats")  # fmt: skip
-    a("--stop", action="append", help="stop when this string appears (repeatable)")
-    a("--seed", type=int, default=SamplingConfig.seed, help="for reproducible samples")
+    a("--stop", action="append", type=unescaped,
+      help="stop when this string appears (repeatable; \\n, \\t, \\r and \\\\ are a newline, a "
+      "tab, a carriage return and a backslash)")  # fmt: skip
+    a(
+        "--seed",
+        type=int,
+        default=SamplingConfig.seed,
+        help="for reproducible samples (default: unseeded)",
+    )
     a("--num-samples", type=int, default=1, help="samples per prompt (with --beam: the best N)")
-    a("--beam", type=int, default=None, help="beam search of this width instead of sampling")
+    a("--beam", type=int, default=None,
+      help="beam search of this width instead of sampling (default: sample)")  # fmt: skip
     a("--alpha", type=float, default=PredictOptions.alpha,
       help="beam search: length penalty exponent")  # fmt: skip
 
@@ -88,7 +112,7 @@ def decoding_settings(args: argparse.Namespace, max_new_tokens: int | None):
 
 
 def generate(args: argparse.Namespace) -> int:
-    """``attnlab generate RUN --prompt TEXT``: sample a continuation (or beam-search one); text
+    """``attnlab generate RUN TEXT`` (or ``--prompt TEXT``): sample a continuation (or beam-search one); text
     on stdout."""
     from attnlab.checkpoint import read_run_config
     from attnlab.generation import beam_generate
@@ -98,7 +122,7 @@ def generate(args: argparse.Namespace) -> int:
     if read_run_config(args.run).get("model_type") in ("seq2seq", "rnn"):
         raise UsageError(f"{args.run} is an encoder-decoder run: use attnlab translate "
                          f"{args.run} TEXT (--temperature 0.8 to sample)")  # fmt: skip
-    prompts = args.prompt or ["\n"]
+    prompts = [*args.text, *(args.prompt or [])] or ["\n"]
     model, tokenizer = _load_gpt(args.run, args.device)
     try:
         model.check_window(args.window, use_cache=not args.no_cache)
@@ -110,9 +134,12 @@ def generate(args: argparse.Namespace) -> int:
         best = beam_generate(model, tokenizer, prompts, args.beam, args.alpha,
                              args.max_new_tokens, n_best=args.num_samples, window=args.window,
                              use_cache=not args.no_cache)  # fmt: skip
-        print(("\n" + "-" * 40 + "\n").join(s.prompt + s.text for row in best for s in row))
+        found = [s for row in best for s in row]
+        if args.json:
+            return _print_json(found)
+        print(("\n" + "-" * 40 + "\n").join(s.prompt + s.text for s in found))
         return 0
-    single = len(prompts) == 1 and args.num_samples == 1
+    single = len(prompts) == 1 and args.num_samples == 1 and not args.json
 
     def stream(piece: str) -> None:
         sys.stdout.write(piece)
@@ -134,10 +161,21 @@ def generate(args: argparse.Namespace) -> int:
     if single:
         stream("\n")
         return 0
+    if args.json:
+        return _print_json(samples)
     for n, s in enumerate(samples):
         if n:
             print("-" * 40)
         print(s.prompt + s.text)
+    return 0
+
+
+def _print_json(samples) -> int:
+    """--json: one object, a list of {prompt, text} (the continuation without the prompt)."""
+    import json
+
+    rows = [{"prompt": s.prompt, "text": s.text} for s in samples]
+    print(json.dumps({"samples": rows}, ensure_ascii=False))
     return 0
 
 
@@ -165,12 +203,6 @@ Within the block all three are the KV cache, equal to recomputing the whole cont
 """
 
 
-class _DescribedDefaults(
-    argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter
-):
-    """Help with the description as written and every option's default."""
-
-
 def register(sub) -> None:
     """Add ``generate`` (``train --task lm`` lives in cli/train.py)."""
     from attnlab.generation import SamplingConfig
@@ -178,17 +210,14 @@ def register(sub) -> None:
     g = sub.add_parser(
         "generate",
         help="sample text from a trained language model",
-        formatter_class=_DescribedDefaults,
+        formatter_class=DescribedHelpFormatter,
         description=GENERATE_HELP,
     )
     g.set_defaults(func=generate)
     a = g.add_argument
     a("run", help="run directory")
-    a(
-        "--prompt",
-        action="append",
-        help="text to continue (repeat for a batch of prompts; default a newline)",
-    )
+    a("text", nargs="*", help="text(s) to continue, a batch when several (default: a newline)")
+    a("--prompt", action="append", help="a text to continue, as TEXT (repeatable)")
     a(
         "--max-new-tokens",
         type=int,
@@ -202,4 +231,3 @@ def register(sub) -> None:
         action="store_true",
         help="recompute the whole window every step (no KV cache)",
     )
-    a("--device", default="auto", help="cpu, cuda or auto")

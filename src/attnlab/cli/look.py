@@ -1,7 +1,8 @@
 """Look-inside verbs: trace, attention, similarity, influence, explore, check.
 
 Each verb loads a run directory, records one forward pass over the text and calls one library
-function of ``attnlab.inspect``; results go to stdout, "wrote FILE" lines to stderr.
+function of ``attnlab.inspect``; results go to stdout (explore's: the page's path), "wrote
+FILE" lines to stderr.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _user_errors(fn):
 def _load(args):
     from attnlab.run import load_run
 
-    return load_run(args.run)
+    return load_run(args.run, args.device)
 
 
 def _record(args):
@@ -136,7 +137,8 @@ def cmd_influence(args) -> int:
 def cmd_explore(args) -> int:
     from attnlab.inspect.explorer import explore
 
-    out = output_file(args.html, ".html", "--html")
+    # the page: --html FILE, else explorer.html in the run directory
+    out = output_file(args.html, ".html", "--html") or Path(args.run) / "explorer.html"
     if args.steps:  # the run's snapshots on a step slider: no text, no forward pass
         from attnlab.inspect.step_explorer import explore_steps
 
@@ -147,6 +149,7 @@ def cmd_explore(args) -> int:
             )
         explore_steps(args.run).save(out)
         _wrote(out, "step explorer")
+        print(out)
         return 0
     if args.text is None:
         raise UsageError("explore needs TEXT (or --steps for the run's snapshots over training)")
@@ -164,6 +167,7 @@ def cmd_explore(args) -> int:
     if page.data["note"]:
         print(f"attnlab: note: {page.data['note']}", file=sys.stderr)
     _wrote(out, "explorer page")
+    print(out)
     return 0
 
 
@@ -207,10 +211,10 @@ def register(sub) -> None:
         "encoder-decoder (with its cross-attention), an LSTM's alignment.",
     )
     _run_and_text(p)
-    p.add_argument("--layer", type=nonneg, default=0, help="layer to open up (default 0)")
-    p.add_argument("--head", type=nonneg, default=0, help="head to open up (default 0)")
+    p.add_argument("--layer", type=nonneg, default=0, help="layer to open up")
+    p.add_argument("--head", type=nonneg, default=0, help="head to open up")
     p.add_argument("--top", type=pos, default=5,
-                   help="predictions to show: next tokens, [MASK] fillers, classes (default 5)")  # fmt: skip
+                   help="predictions to show: next tokens, [MASK] fillers, classes")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the same data as JSON")
     p.set_defaults(func=cmd_trace)
 
@@ -221,9 +225,9 @@ def register(sub) -> None:
         "--png saves a heatmap of it, or with --all a grid of every layer x head.",
     )
     _run_and_text(p)
-    p.add_argument("--layer", type=nonneg, default=None, help="layer (default 0)")
+    p.add_argument("--layer", type=nonneg, default=None, help="layer (default: 0)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--head", type=nonneg, default=None, help="head (default 0)")
+    g.add_argument("--head", type=nonneg, default=None, help="head (default: 0)")
     g.add_argument("--mean", action="store_true", help="the mean over heads")
     p.add_argument(
         "--map",
@@ -264,10 +268,8 @@ def register(sub) -> None:
         "FFN, and the source tokens that contributed most (weight x ||W_O v||).",
     )
     _run_and_text(p)
-    p.add_argument(
-        "--top", type=pos, default=20, help="rows of the ranked table to print (default 20)"
-    )
-    p.add_argument("--sources", type=pos, default=3, help="source tokens per row (default 3)")
+    p.add_argument("--top", type=pos, default=20, help="rows of the ranked table to print")
+    p.add_argument("--sources", type=pos, default=3, help="source tokens per row")
     p.add_argument("--csv", metavar="FILE", help="save the whole ranked table as CSV")
     p.add_argument("--json", action="store_true", help="print the whole table as JSON")
     p.set_defaults(func=cmd_influence)
@@ -282,7 +284,8 @@ def register(sub) -> None:
     p.add_argument("text", nargs="?", help="the text to run through the model")
     p.add_argument("--steps", action="store_true",
                    help="the run's snapshots on a step slider instead of TEXT")  # fmt: skip
-    p.add_argument("--html", metavar="FILE", required=True, help="the page to write")
+    p.add_argument("--html", metavar="FILE",
+                   help="the page to write (default: RUN/explorer.html); its path is printed")  # fmt: skip
     p.add_argument(
         "--max-tokens",
         type=pos,
@@ -302,10 +305,8 @@ def register(sub) -> None:
         "measured difference of each; exit 1 if any fails.",
     )
     p.add_argument("run", help="run directory")
-    p.add_argument(
-        "--length", type=pos, default=16, help="sequence length of the probes (default 16)"
-    )
-    p.add_argument("--batch", type=pos, default=2, help="batch size of the probes (default 2)")
+    p.add_argument("--length", type=pos, default=16, help="sequence length of the probes")
+    p.add_argument("--batch", type=pos, default=2, help="batch size of the probes")
     p.add_argument("--seed", type=nonneg, default=0, help="seed of the random probe ids")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(func=cmd_check)

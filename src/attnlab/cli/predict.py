@@ -82,7 +82,10 @@ def eval_(args: argparse.Namespace) -> int:
     if png is not None and run.task.name not in ("classify", "vision"):
         raise UsageError(f"--png draws a classifier's confusion matrix; {args.run} is a "
                          f"{run.kind} run")  # fmt: skip
-    ev = run.evaluate(options=options)
+    from attnlab.heartbeat import Heartbeat
+
+    with Heartbeat(f"scoring {args.data or args.run}"):  # a big file: a line every 2 s
+        ev = run.evaluate(options=options)
     if png is not None:
         ev.save_png(png)
     if args.json:
@@ -105,7 +108,6 @@ def _eval_ablated(args: argparse.Namespace, options) -> int:
     from attnlab.data import open_corpus
     from attnlab.inspect.display import console
     from attnlab.interventions import ablated_eval, held_out
-    from attnlab.runtime import resolve_device
 
     given = [o for o in HELD_OUT_ONLY if any(a.split("=")[0] == o for a in args._argv)]
     if args.data is not None:
@@ -126,7 +128,7 @@ def _eval_ablated(args: argparse.Namespace, options) -> int:
         if given:
             raise UsageError(f"{given[0]} does not apply to --ablate: the run is scored on the "
                              "held-out split it was trained with, as training scored it")  # fmt: skip
-        h = held_out(args.run, resolve_device(args.device))
+        h = held_out(args.run, args.device)
         model, score, source = h.model, h.figures, h.source
     result = ablated_eval(model, score, args.ablate, args.mode, source, quiet=False)
     if args.json:
@@ -152,16 +154,14 @@ def register(sub) -> None:
     )
     p.add_argument("run", help="run directory (trained or imported)")
     p.add_argument("input", nargs="+", help="text(s), image(s) or test:N; '-' reads stdin")
-    p.add_argument("--top-k", type=pos, default=pd["top_k"],
-                   help=f"alternatives to show (default {pd['top_k']})")  # fmt: skip
+    p.add_argument("--top-k", type=pos, default=pd["top_k"], help="alternatives to show")
     p.add_argument("--beam", type=pos, default=pd["beam"],
-                   help="encoder-decoder: beam width (default 1 = greedy)")  # fmt: skip
+                   help="encoder-decoder: beam width (1 = greedy)")  # fmt: skip
     p.add_argument("--alpha", type=float, default=pd["alpha"],
-                   help=f"encoder-decoder: length penalty exponent (default {pd['alpha']})")  # fmt: skip
+                   help="encoder-decoder: length penalty exponent")  # fmt: skip
     p.add_argument("--max-len", type=pos, default=pd["max_len"],
                    help="encoder-decoder: longest output in tokens")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.set_defaults(func=predict)
 
     e = sub.add_parser(
@@ -179,24 +179,23 @@ def register(sub) -> None:
     e.add_argument("--data", default=ed["data"], help="a file (or image folder) to score")
     e.add_argument("--encoding", default=ed["encoding"], help="of --data")
     e.add_argument("--split", choices=["test", "val", "train"], default=ed["split"],
-                   help="which split of the run (default its held-out one)")  # fmt: skip
+                   help="which split of the run (default: its held-out one)")  # fmt: skip
     e.add_argument("--json", action="store_true", help="print one JSON object")
     e.add_argument("--png", metavar="FILE", help="a classifier: draw the confusion matrix")
     e.add_argument("--batch-size", type=pos, default=ed["batch_size"],
-                   help=f"(default {ed['batch_size']})")  # fmt: skip
+                   help="examples scored per forward pass")  # fmt: skip
     e.add_argument("--max-tokens", type=pos, default=ed["max_tokens"],
-                   help=f"a GPT: score at most this many tokens (default {ed['max_tokens']})")  # fmt: skip
+                   help="a GPT: score at most this many tokens")  # fmt: skip
     e.add_argument("--beam", type=pos, default=ed["beam"],
-                   help="encoder-decoder: beam width (default 1 = greedy)")  # fmt: skip
+                   help="encoder-decoder: beam width (1 = greedy)")  # fmt: skip
     e.add_argument("--alpha", type=float, default=ed["alpha"],
-                   help=f"encoder-decoder: length penalty exponent (default {ed['alpha']})")  # fmt: skip
+                   help="encoder-decoder: length penalty exponent")  # fmt: skip
     e.add_argument("--limit", type=int, default=ed["limit"],
-                   help="score only the first N examples (default 0 = all)")  # fmt: skip
-    e.add_argument("--device", default="auto", help="cpu, cuda or auto")
+                   help="score only the first N examples (0 = all)")  # fmt: skip
     e.add_argument("--ablate", metavar="L.H[,L.H...]",
                    help="the figures intact and with these heads ablated (1.2; decoder.0.1, "
                    "cross.1.0, encoder.0.3 in an encoder-decoder; context for an LSTM): on the "
                    "run's held-out split, for every task, or a GPT on --data")  # fmt: skip
     e.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
-                   help="--ablate: how (default zero)")  # fmt: skip
+                   help="--ablate: how")  # fmt: skip
     e.set_defaults(func=eval_)

@@ -5,6 +5,7 @@ of every kind of run is cli/predict.py). Greedy and beam translations are ``pred
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -31,7 +32,7 @@ def translate(args: argparse.Namespace) -> int:
     cfg = decoding_settings(args, args.max_len)
     if args.max_len is not None and args.max_len < 1:
         raise UsageError(f"--max-len must be positive, got {args.max_len}")
-    run = _load(args.run)
+    run = _load(args.run, args.device)
     model, tok = run
     texts = args.text if args.text != ["-"] else [ln.rstrip("\n") for ln in sys.stdin]
     limit = getattr(model.config, "max_len", None)
@@ -44,11 +45,18 @@ def translate(args: argparse.Namespace) -> int:
         best = beam_generate(model, tok, texts, args.beam, args.alpha, args.max_len,
                              n_best=args.num_samples)  # fmt: skip
         lines = [s.text for row in best for s in row]
+        sources = [s.prompt for row in best for s in row]
     elif sampled or args.num_samples > 1:
         samples = sample(model, tok, texts, cfg, stop=args.stop or (), num_samples=args.num_samples)
         lines = [s.text for s in samples]
+        sources = [s.prompt for s in samples]
     else:  # greedy: predict's answer
         lines = [p["output"] for p in run.predict(texts, alpha=args.alpha, max_len=args.max_len)]
+        sources = texts
+    if args.json:
+        rows = [{"source": src, "output": out} for src, out in zip(sources, lines)]
+        print(json.dumps({"outputs": rows}, ensure_ascii=False))
+        return 0
     for line in lines:
         print(line)
     return 0
@@ -59,7 +67,6 @@ def register(sub) -> None:
     from attnlab.cli.lm import add_sampling_options
 
     p = sub.add_parser("translate", help="translate text with a trained encoder-decoder run",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Decode each TEXT (or stdin lines with '-') with the run's "
                        "model: greedy by default, beam search with --beam N, sampling with "
                        "--temperature T > 0 (--seed, --top-k, --top-p, --num-samples). One "
@@ -70,7 +77,7 @@ def register(sub) -> None:
         "--max-len",
         type=int,
         default=None,
-        help="longest output, in tokens (None: twice the source + 10)",
+        help="longest output, in tokens (default: twice the source + 10)",
     )
     add_sampling_options(p.add_argument, temperature=0.0)
     p.set_defaults(func=translate)

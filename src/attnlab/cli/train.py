@@ -1,10 +1,11 @@
 """`attnlab train`: one verb for every task. It parses the options and calls
 ``attnlab.training.run``: ``plan`` checks them, ``train`` trains. An option not typed is None
-here and takes the task's default (listed at the end of ``attnlab train --help``)."""
+here and takes the task's default (``attnlab train --help`` shows each, read from the tasks)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -12,7 +13,7 @@ def run(args: argparse.Namespace) -> int:
     from attnlab.training import run as training
     from attnlab.training.loop import TrainingError
 
-    given = {k: v for k, v in vars(args).items() if k not in ("func", "verb", "_argv")}
+    given = {k: v for k, v in vars(args).items() if k not in ("func", "verb", "_argv", "json")}
     p = training.plan(given)
     # Everything before this line reads only; train() writes p.out, holding its writer lock.
     try:
@@ -29,28 +30,66 @@ def run(args: argparse.Namespace) -> int:
               f"train --task {task} --data {p.options.data} --out {p.out} --resume",
               file=sys.stderr)  # fmt: skip
         return 130 if r.interrupted == "SIGINT" else 143
+    if args.json:
+        print(json.dumps(outcome.to_dict(), ensure_ascii=False))
+        return 0
     print(outcome.summary)
     print(f"run: {p.out}  (model.safetensors, metrics.jsonl, loss.png; best/ holds the best model)")
     return 0
 
 
-def _defaults_epilog() -> str:
-    """Each task's defaults, read from the tasks themselves (one definition each)."""
-    from attnlab.tasks import TASKS, task_class
+# Defaults that are chosen when the run starts, in words (the rules are TrainConfig's and the
+# tasks'; the numbers below them are read from the tasks, never written here).
+RULES = {
+    "warmup_iters": "min(100, max_iters // 10)",
+    "eval_interval": "min(250, max(1, max_iters // 8))",
+    "lr_decay_iters": "max_iters",
+    "compile": "when the run is long enough to repay it",
+    "token_cache": "a corpus of 32 MiB or more streams, into $ATTNLAB_CACHE or ~/.cache/attnlab",
+    "src_tokenizer": "--tokenizer",
+    "tgt_tokenizer": "--tokenizer",
+}
+SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm"}
+# The tasks in the order their defaults are listed; a variant is (label, task, given options).
+VARIANTS = [
+    (name, name, {}) for name in ("lm", "mlm", "classify", "seq2seq", "vision", "induction")
+]
+VARIANTS.insert(4, ("seq2seq --arch lstm*", "seq2seq", {"arch": "lstm"}))
 
-    lines = ["defaults by task (an option not given takes its task's default):"]
-    shown = ("max_iters", "batch_size", "lr", "weight_decay", "warmup_iters", "eval_interval",
-             "tokenizer", "preset", "n_layer", "n_head", "d_model", "patch_size")  # fmt: skip
-    for name in TASKS:
-        d = task_class(name).option_defaults()
-        parts = [f"{k}={d[k]}" for k in shown if k in d and d[k] is not None]
-        lines.append(f"  {name:9s} " + ", ".join(parts))
-    lines.append("  seq2seq   --arch lstm-attention or lstm: max_iters=3000")
-    lines.append(
-        "  unset warmup_iters = min(100, max_iters // 10); eval_interval = "
-        "min(250, max(1, max_iters // 8))"
-    )
-    return "\n".join(lines)
+
+def _option_defaults() -> list[tuple[str, dict]]:
+    from attnlab.tasks import task_class
+
+    return [(label, task_class(t).option_defaults(given)) for label, t, given in VARIANTS]
+
+
+def default_text(name: str, per_task: list[tuple[str, dict]]) -> str | None:
+    """An option's default as ``--help`` shows it: the first task's (lm's), then each task whose
+    default differs (``2000; classify 500, vision 600``); None where no task has the option."""
+    values = [(label, d[name]) for label, d in per_task if name in d]
+    if not values:
+        return RULES.get(name)
+
+    def words(v) -> str:
+        if v is None:
+            return RULES.get(name) or ("the preset's" if name in SIZED else "none")
+        return str(v)
+
+    own = {label: v for label, v in values if " " not in label}  # each task's plain default
+    base = values[0][1]
+    others = [f"{label} {words(v)}" for label, v in values[1:]
+              if v != own.get(label.split()[0], base) or (" " not in label and v != base)]  # fmt: skip
+    text = words(base) if values[0][0] == "lm" else f"{values[0][0]}: {words(base)}"
+    return text + ("; " + ", ".join(others) if others else "")
+
+
+def presets() -> tuple[list[str], str]:
+    """Every size preset a task accepts (the GPT's, then the encoder's), and whose each is."""
+    from attnlab.models.encoder import ENCODER_PRESETS
+    from attnlab.models.gpt import PRESETS
+
+    whose = f"a GPT: {', '.join(PRESETS)}; an encoder: {', '.join(ENCODER_PRESETS)}"
+    return list(dict.fromkeys([*PRESETS, *ENCODER_PRESETS])), whose
 
 
 def register(sub) -> None:
@@ -60,36 +99,42 @@ def register(sub) -> None:
         description="Train a model. --task lm (the default) trains a GPT on next-token "
         "prediction; mlm and classify train a BERT-style encoder; classify on images (--data "
         "digits or DIR/<label>/*.png, or --arch vit) trains a vision transformer; seq2seq "
-        "trains an encoder-decoder (--arch transformer, lstm-attention or lstm).",
-        epilog=_defaults_epilog(),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "trains an encoder-decoder (--arch transformer, lstm-attention or lstm). An option "
+        "not given takes its task's default, shown after each option: lm's, then each task "
+        "whose default differs.",
     )
     p.set_defaults(func=run)
+    per_task = _option_defaults()
 
-    def a(*names, **kw):
-        p.add_argument(*names, **kw, default=None)  # None: not given, the task's default
+    def a(*names, help: str, **kw):
+        """An option whose absence (None) means its task's default, which the help shows."""
+        dest = names[0].lstrip("-").replace("-", "_")
+        shown = None if kw.get("action") == "store_true" else default_text(dest, per_task)
+        if shown is not None:
+            help += f" (default: {shown})"
+        p.add_argument(*names, **kw, help=help.replace("%", "%%"), default=None)
 
     from attnlab.tasks import TASKS
+    from attnlab.training.config import DTYPES, SCHEDULES
 
-    a("--task", choices=list(TASKS), help="what to train (default lm; classify on images trains a ViT)")  # fmt: skip
+    a("--task", choices=list(TASKS), help="what to train (classify on images trains a ViT)")
     a("--data",
       help="a text file, a directory of .txt files, a built-in corpus (shakespeare), a "
       "label<TAB>text or source<TAB>target file, a generated task (dates, copy, reverse, sort, "
       "addition), repeating random tokens (--task induction: repeat, "
       "repeat:vocab=64,min_period=8,max_period=40) or images (digits, DIR/<label>/*.png)")  # fmt: skip
-    a("--out", help="run directory to write (default runs/<data name>)")
-    a("--encoding", help="text encoding of the data files (utf-8)")
+    a("--out", help="run directory to write (default: runs/<data name>)")
+    a("--encoding", help="text encoding of the data files")
     a("--token-cache", metavar="DIR",
       help="--task lm: stream the corpus through token shards cached in DIR, which the next run "
-      "on the same files reuses (default: a corpus of 32 MiB or more streams, into "
-      "$ATTNLAB_CACHE or ~/.cache/attnlab)")  # fmt: skip
+      "on the same files reuses")  # fmt: skip
     a("--tokenizer", choices=["char", "word", "bpe", "wordpiece"],
-      help="tokenizer to build (char; wordpiece: encoder tasks only)")  # fmt: skip
-    a("--vocab-size", type=int, help="BPE / WordPiece vocabulary size (512)")
-    a("--min-freq", type=int, help="word tokenizer: rarer words become <unk> (1)")
-    a("--preset", help="GPT or encoder size preset: baby, fast (rotary, trained hot and short), "
-      "small, gpt2 / bert-base")  # fmt: skip
-    a("--n-layer", type=int, help="layers (default: the preset's or the architecture's)")
+      help="tokenizer to build (wordpiece: encoder tasks only)")  # fmt: skip
+    a("--vocab-size", type=int, help="BPE / WordPiece vocabulary size")
+    a("--min-freq", type=int, help="word tokenizer: rarer words become <unk>")
+    names, whose = presets()
+    a("--preset", choices=names, help=f"size preset ({whose})")
+    a("--n-layer", type=int, help="layers")
     a("--n-head", type=int, help="attention heads")
     a("--d-model", type=int, help="model width (an LSTM's hidden units)")
     a("--block-size", type=int, help="longest sequence, in tokens")
@@ -99,41 +144,43 @@ def register(sub) -> None:
     # optimisation: TrainConfig (attnlab.training.config)
     a("--max-iters", type=int, help="optimizer steps")
     a("--batch-size", type=int, help="examples per step (per process)")
-    a("--grad-accum", type=int, help="micro-batches per step (1)")
+    a("--grad-accum", type=int, help="micro-batches per step")
     a("--lr", type=float, help="peak learning rate")
-    a("--min-lr", type=float, help="cosine schedule: the floor (1e-4)")
-    a("--schedule", choices=["cosine", "noam", "constant"], help="learning-rate schedule (cosine)")  # fmt: skip
-    a("--warmup-iters", type=int, help="linear warmup steps (min(100, max_iters // 10))")
-    a("--lr-decay-iters", type=int, help="cosine: the step it reaches --min-lr (--max-iters)")
+    a("--min-lr", type=float, help="cosine schedule: the floor")
+    a("--schedule", choices=list(SCHEDULES), help="learning-rate schedule")
+    a("--warmup-iters", type=int, help="linear warmup steps")
+    a("--lr-decay-iters", type=int, help="cosine: the step it reaches --min-lr")
     a("--weight-decay", type=float, help="AdamW weight decay on matrices")
-    a("--beta2", type=float, help="AdamW beta2 (0.99)")
-    a("--grad-clip", type=float, help="gradient norm clipping, 0 = none (1.0)")
-    a("--eval-interval", type=int, help="steps between evaluations (min(250, max(1, max_iters // 8)))")  # fmt: skip
-    a("--eval-iters", type=int, help="validation batches sampled where a task samples (20)")
-    a("--log-interval", type=int, help="steps between log lines (10)")
+    a("--beta2", type=float, help="AdamW beta2")
+    a("--grad-clip", type=float, help="gradient norm clipping, 0 = none")
+    a("--eval-interval", type=int, help="steps between evaluations")
+    a("--eval-iters", type=int, help="validation batches sampled where a task samples")
+    a("--log-interval", type=int, help="steps between log lines")
     a("--checkpoint-seconds", type=float,
-      help="also checkpoint when this many seconds have passed (30; 0: at evaluations only)")  # fmt: skip
-    a("--val-fraction", type=float, help="held-out fraction of the data (0.1)")
-    a("--seed", type=int, help="seed of the data split, the initial weights and the batches (1337)")  # fmt: skip
-    a("--device", help="cpu, cuda, or auto (auto)")
-    a("--dtype", choices=["auto", "float32", "bfloat16", "float16"], help="autocast dtype (auto)")
-    a("--compile", action=argparse.BooleanOptionalAction,
-      help="torch.compile the model (default: when the run is long enough to repay it)")  # fmt: skip
+      help="also checkpoint when this many seconds have passed (0: at evaluations only)")  # fmt: skip
+    a("--val-fraction", type=float, help="held-out fraction of the data")
+    a("--seed", type=int, help="seed of the data split, the initial weights and the batches")
+    a("--device", help="where the model trains: cpu, cuda, cuda:N, mps, xpu, or auto (a GPU "
+      "when torch sees one, else the CPU)")  # fmt: skip
+    a("--dtype", choices=list(DTYPES),
+      help="autocast dtype (auto: bfloat16 on a GPU that has it, else float32)")  # fmt: skip
+    a("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the model")
     a("--fsdp", action="store_true",
       help="under torchrun: shard parameters, gradients and optimizer state (FSDP)")  # fmt: skip
     a("--snapshot-every", type=int, metavar="N",
       help="every N steps, record each head's attention and scores into snapshots/ (read by "
-      "attnlab timeline; 0: never; --task induction: max_iters // 40)")  # fmt: skip
+      "attnlab timeline; 0: never)")  # fmt: skip
     a("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     a("--quiet", action="store_true", help="no progress on stderr")
     a("--log", choices=["tensorboard"],
       help="also write the metrics as TensorBoard event files in the run directory (needs "
       "pip install 'attnlab[tensorboard]')")  # fmt: skip
+    a("--json", action="store_true", help="print the result as JSON")
     # encoder-decoder and vision
     a("--arch", choices=["transformer", "lstm-attention", "lstm", "vit"],
-      help="seq2seq architecture (transformer), or vit for --task classify on images")  # fmt: skip
-    a("--patch-size", type=int, help="--arch vit: side of a square patch in pixels (2)")
-    a("--score", choices=["dot", "general", "additive"], help="LSTM attention score (dot)")
-    a("--label-smoothing", type=float, help="seq2seq: label smoothing (0)")
+      help="seq2seq architecture, or vit for --task classify on images")  # fmt: skip
+    a("--patch-size", type=int, help="--arch vit: side of a square patch in pixels")
+    a("--score", choices=["dot", "general", "additive"], help="LSTM attention score")
+    a("--label-smoothing", type=float, help="seq2seq: label smoothing")
     a("--src-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: source tokenizer")
     a("--tgt-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: target tokenizer")

@@ -47,5 +47,4 @@ def register(sub) -> None:
         "--top", type=int_at_least(1), default=d["top_k"], help="how many classes to show"
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto")
     p.set_defaults(func=cmd_classify)

@@ -47,6 +47,7 @@ from attnlab.data.shards import (
     tokenizer_sha256,
 )
 from attnlab.data.tokens import RandomWindows
+from attnlab.heartbeat import beating
 from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer, load_tokenizer
 
 STREAM_BYTES = 32 << 20  # corpora this large or larger stream from the cache by default
@@ -163,7 +164,9 @@ def cached_tokenizer(
             size = min(sample_bytes, corpus_bytes(corpus))
             what = "the whole text" if kind == "char" else f"a {size / 1e6:,.1f} MB sample"
             log(f"building the {kind} tokenizer on {what} of {corpus.name} ...")
-        tokenizer = build_tokenizer_from_sample(kind, corpus, vocab_size, min_freq, sample_bytes)
+        with beating(f"building the {kind} tokenizer", log):
+            tokenizer = build_tokenizer_from_sample(kind, corpus, vocab_size, min_freq,
+                                                    sample_bytes)  # fmt: skip
         atomic_write_text(path, tokenizer.to_json())
         return tokenizer, False
 
@@ -271,7 +274,8 @@ def prepare_lm_tokens(
         if tokenizer is None:
             if log is not None:
                 log(f"building the {kind} tokenizer on {corpus.name} ...")
-            tokenizer = build_tokenizer(kind, corpus.chunks(), vocab_size, min_freq)
+            with beating(f"building the {kind} tokenizer", log):
+                tokenizer = build_tokenizer(kind, corpus.chunks(), vocab_size, min_freq)
         dest = Path(run_dir) / TOKENS_DIR
     result = shards_for(corpus, tokenizer, dest, SHARD_BYTES, workers, log)
     record = {

@@ -436,9 +436,10 @@ class Subject:
         return [TIED_READOUT_NOTE] if self.kind == "encoder" else []
 
 
-def load_subject(run: str) -> Subject:
-    """The run directory's model and tokenizer as a Subject (class names from config.json)."""
+def load_subject(run: str, device: str = "cpu") -> Subject:
+    """The run directory's model and tokenizer on ``device``, as a Subject (class names from
+    config.json)."""
     from attnlab.checkpoint import load_run, read_run_config
 
-    model, tokenizer = load_run(run)
+    model, tokenizer = load_run(run, device)
     return Subject(model, tokenizer, read_run_config(run).get("labels"))

@@ -25,6 +25,8 @@ from torch import Tensor, nn
 
 from attnlab import data
 from attnlab.config import BaseConfig, ConfigError
+from attnlab.heartbeat import beating
+from attnlab.heartbeat import count as count_done
 from attnlab.models.gpt import GPT, PRESETS, GPTConfig
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import Tokenizer, build_tokenizer
@@ -74,6 +76,7 @@ def score_tokens(model: nn.Module, tokens, chars_per_token: float, batch_size: i
                                    y.to(device).reshape(-1), reduction="sum")  # fmt: skip
             total += float(loss)
             count += y.numel()
+            count_done(count, None, "tokens scored")  # a Heartbeat around this shows it
     loss = total / count
     return {
         "loss": loss,
@@ -141,9 +144,18 @@ class LanguageModel(Task):
 
     @classmethod
     def defaults_for(cls, given: dict) -> dict:
-        """A preset's training recipe (PRESET_TRAINING), where it has one."""
+        """A preset's training recipe (PRESET_TRAINING), where it has one. With another
+        ``max_iters`` given, a shorter run keeps the recipe's share of warmup and evaluation
+        interval (a 40-step ``fast`` run warms up for 4 steps, not 100, and evaluates at its
+        end); a longer one keeps the recipe's numbers."""
         preset = given.get("preset") if isinstance(given, dict) else None
-        return {**cls.train_defaults, **PRESET_TRAINING.get(preset, {})}
+        recipe = dict(PRESET_TRAINING.get(preset, {}))
+        steps = given.get("max_iters") if isinstance(given, dict) else None
+        if recipe and isinstance(steps, int) and 0 < steps < recipe["max_iters"]:
+            for name, least in (("warmup_iters", 0), ("eval_interval", 1)):
+                if name in recipe:
+                    recipe[name] = max(least, recipe[name] * steps // recipe["max_iters"])
+        return {**cls.train_defaults, **recipe}
 
     @classmethod
     def redirect(cls, given: dict) -> type[Task]:
@@ -176,7 +188,8 @@ class LanguageModel(Task):
         corpus = data.open_corpus(o.data, o.encoding)
         if run_dir is None and not data.streams(corpus, o.token_cache):
             self.log(f"building the {o.tokenizer} tokenizer on {corpus.name} ...")
-            self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)  # fmt: skip
+            with beating(f"building the {o.tokenizer} tokenizer", self.log):
+                self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)  # fmt: skip
             text = corpus.read()
             tokens = np.asarray(self.tokenizer.encode(text), dtype=data.token_dtype(self.tokenizer.vocab_size))  # fmt: skip
             self.info = data.TokenFileInfo(len(tokens), len(text), tokens.dtype.name, str(o.data))

@@ -33,6 +33,7 @@ from attnlab.data.tasks import (
     rebuild,
 )
 from attnlab.generation import beam_search, greedy, pad_ids
+from attnlab.heartbeat import count as count_done
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.tasks.base import EvalOptions, Task, predict_options
@@ -149,6 +150,7 @@ def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[st
                     for s, _ in chunk]  # fmt: skip
         exact += sum(o == t[: t.index(EOS)] for o, (_, t) in zip(outs, chunk))
         decoded += [tokenizer.decode_target(o) for o in outs]
+        count_done(len(decoded), len(encoded), "pairs")  # a Heartbeat around this shows it
     model.train(was)
     n, tokens = max(len(encoded), 1), max(total, 1)
     return {"exact": exact / n, "token_acc": correct / tokens, "loss": loss_sum / tokens,

@@ -64,6 +64,7 @@ import torch
 from torch import nn
 
 from attnlab import checkpoint as ckpt
+from attnlab.heartbeat import count as count_done
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
@@ -418,9 +419,10 @@ class Trainer:
     def mean_loss(self, batches: list) -> float:
         total = 0.0
         with self._eval_mode(self.model):
-            for batch in batches:
+            for i, batch in enumerate(batches):
                 with self._autocast():
                     total += float(self.task.loss(self.model, self._to_device(batch)))
+                count_done(i + 1, len(batches), "batches")
         return total / max(len(batches), 1)
 
     def evaluate(self) -> dict:

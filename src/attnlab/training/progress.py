@@ -1,6 +1,9 @@
 """Progress on stderr, in the task's words: a rich bar (step, loss, throughput, ETA) on a
 terminal, plain lines otherwise (CI logs, pipes); both show the CPU threads torch uses. Throughput is counted in the task's unit:
-tokens/s for language models, pairs/s, images/s or examples/s for the others."""
+tokens/s for language models, pairs/s, images/s or examples/s for the others.
+
+An evaluation runs inside a ``Heartbeat`` (attnlab.heartbeat): a line every two seconds it
+goes on with nothing else said, so a long one is never silent."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import contextlib
 import sys
 from collections.abc import Callable
 
+from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.training.metrics import Metric
 
 
@@ -41,7 +45,7 @@ class Progress:
         enabled: bool,
         log: Callable[[str], None],
     ):
-        self.enabled, self.log, self.unit = enabled, log, unit
+        self.enabled, self.log, self.unit = enabled, stamped(log), unit
         self.bar = None
         if enabled and sys.stderr.isatty():
             from rich.console import Console
@@ -99,20 +103,25 @@ class Progress:
     @contextlib.contextmanager
     def evaluating(self, step: int, first: bool):
         """Around an evaluation: the first one is announced (it can take seconds before any
-        step is shown); on a terminal the bar says so while each one runs."""
+        step is shown); on a terminal the bar says so while each one runs. One that runs on
+        says how far it is every two seconds (a Heartbeat: batches done of all)."""
         if not self.enabled:
             yield
             return
+        what = f"evaluating at step {step}"
         if self.bar is not None:
-            self.bar.update(self.task, what=f"evaluating at step {step} ...")
+            bar, task = self.bar, self.task
+            bar.update(task, what=what + " ...")
             try:
-                yield
+                with Heartbeat(what, show=lambda line: bar.update(task, what=line)):
+                    yield
             finally:
-                self.bar.update(self.task, what="step")
+                bar.update(task, what="step")
             return
         if first:
-            self.log(f"evaluating at step {step} ...")
-        yield
+            self.log(f"{what} ...")
+        with Heartbeat(what, show=self.log):
+            yield
 
     def note(self, line: str) -> None:
         if not self.enabled:

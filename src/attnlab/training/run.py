@@ -17,6 +17,7 @@ Under ``torchrun`` every process calls both; rank 0 alone prepares the data and 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -28,11 +29,13 @@ import torch
 
 from attnlab import checkpoint as ckpt
 from attnlab.config import BaseConfig, ConfigError
+from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.runtime import resolve_device
 from attnlab.tasks.base import Task, task_class, task_for_run
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
+from attnlab.training.memory import size_warnings
 
 RUN_OPTIONS = {"task", "out", "resume", "quiet", "log"}
 # Options that may change when a run is resumed; every other one comes from the run.
@@ -78,6 +81,15 @@ class TrainOutcome:
     summary: str  # the result line for stdout
     out: Path
     main: bool = True  # rank 0 (the one process that reports)
+
+    def to_dict(self) -> dict:
+        """The outcome as JSON-ready data (``attnlab train --json``): the run directory, the
+        task, the last step, the last evaluation's figures, the best one and the final ones."""
+        r = self.result
+        return {"run": str(self.out), "task": self.task.name, "step": r.step,
+                "train_loss": r.train_loss, "val_loss": r.val_loss, "best": r.best,
+                "metrics": {k: v for k, v in r.last_eval.items() if k != "lr"},
+                "final": self.final, "summary": self.summary}  # fmt: skip
 
 
 def plan(given: dict) -> TrainPlan:
@@ -141,7 +153,7 @@ def check_fsdp(config: TrainConfig) -> None:
 
 def train(p: TrainPlan, log: Callable[[str], None] | None = None) -> TrainOutcome:
     """Prepare (or reopen), train and record the run ``p`` describes."""
-    log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = stamped(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
     device = resolve_device(p.config.device)
     # One writer per run directory, whatever the task: a second train into p.out is refused
     # here, naming this process, until it ends (kill -9 too). Rank 0 alone takes it.
@@ -163,13 +175,18 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
         task, config = p.task(p.options, seed=p.config.seed), p.config
         if not p.quiet and dist.is_main:
             task.log = log
-        model = _prepare(task, p.out) if dist.is_main else None
+        beat = _heartbeat(log, p.quiet or not dist.is_main)
+        model = _prepare(task, p.out, beat) if dist.is_main else None
         barrier(dist)
         if model is None:  # the other processes read what rank 0 prepared
             task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
             model = _build(task, config)
-    trainer = Trainer(model, task, config, p.out, dist_info=dist, quiet=p.quiet, log=log,
-                      callbacks=_callbacks(task, config, p.log))  # fmt: skip
+    if dist.is_main and not p.quiet:
+        for line in size_warnings(model, config, task, device):
+            log(f"attnlab: warning: {line}")
+    with _heartbeat(log, p.quiet or not dist.is_main)("setting up the optimizer"):
+        trainer = Trainer(model, task, config, p.out, dist_info=dist, quiet=p.quiet, log=log,
+                          callbacks=_callbacks(task, config, p.log))  # fmt: skip
     if p.resume:  # a checkpoint that cannot be continued: one line, before anything else
         trainer.load_checkpoint()
         if task.model_config().to_dict() != model.config.to_dict():
@@ -214,15 +231,23 @@ def _build(task: Task, config: TrainConfig):
     return task.build_model()
 
 
-def _prepare(task: Task, out: Path):
-    """A new run's directory, data, tokenizer and model; bad input leaves nothing behind."""
+def _heartbeat(log, quiet: bool):
+    """``Heartbeat(what)`` saying through ``log``, or nothing when the run is quiet."""
+    return (lambda what: contextlib.nullcontext()) if quiet else (lambda what: Heartbeat(what, log))
+
+
+def _prepare(task: Task, out: Path, beat):
+    """A new run's directory, data, tokenizer and model; bad input leaves nothing behind.
+    ``beat(what)`` keeps building a large model from being silent (the data's own steps say
+    themselves once the data is checked: no line may come before a data error's)."""
     ckpt.check_new_run(out)
     created = ckpt.create_run_dir(out)
     try:
         task.prepare(out)
         ckpt.write_tokenizer(out, task.tokenizer)
         torch.manual_seed(task.seed)
-        return task.build_model()
+        with beat("building the model"):
+            return task.build_model()
     except BaseException:
         ckpt.remove_partial_run(out, created, task.data_files)
         raise
