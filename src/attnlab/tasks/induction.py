@@ -42,6 +42,7 @@ import math
 import string
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from attnlab.config import ConfigError
@@ -214,7 +215,8 @@ class Induction(LanguageModel):
             return repeated_once(n, half, self.repeat["vocab"], g, self.repeat["distinct"])
         tokens = self.val_tokens
         starts = torch.randint(0, len(tokens) - half, (n,), generator=g).tolist()
-        r = torch.stack([torch.as_tensor(tokens[s : s + half].astype("int64")) for s in starts])
+        rows = [np.asarray(tokens[np.arange(s, s + half)], dtype=np.int64) for s in starts]
+        r = torch.as_tensor(np.stack(rows))  # (n, half): an array or shards, read alike
         return torch.cat([r, r], dim=1)
 
     def sample_inputs(self, n, max_len):
