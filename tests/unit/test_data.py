@@ -143,3 +143,20 @@ def test_sequential_batches_cover_disjoint_windows():
     tokens = np.arange(101, dtype=np.uint16)
     xs = torch.cat([x for x, _ in sequential_batches(tokens, 10, batch_size=3)])
     assert xs.shape == (10, 10) and len(set(xs[:, 0].tolist())) == 10
+
+
+def test_a_run_records_a_builtin_corpus_by_name_and_a_file_by_absolute_path(tmp_path, monkeypatch):
+    from attnlab.data import corpus as corpora
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("some text\n", encoding="utf-8")
+    assert corpora.where("shakespeare") == "shakespeare"  # read again from any directory
+    assert corpora.where("mine.txt") == str(tmp_path / "mine.txt")
+    (tmp_path / "shakespeare").write_text("a file of that name wins, as in open_corpus\n")
+    assert corpora.where("shakespeare") == str(tmp_path / "shakespeare")
+    # reopening: the recorded path while it exists, else what the run was given
+    assert corpora.recorded({"data_path": str(tmp_path / "mine.txt")}, "x") == str(
+        tmp_path / "mine.txt"
+    )
+    assert corpora.recorded({"data_path": "/nowhere/shakespeare"}, "shakespeare") == "shakespeare"
+    assert corpora.recorded({}, "shakespeare") == "shakespeare"

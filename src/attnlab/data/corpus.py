@@ -168,6 +168,22 @@ def fingerprint(files: list[Path]) -> str:
     return h.hexdigest()
 
 
+def where(spec: str | Path) -> str:
+    """What a run records to find its data again from any directory: the absolute path of a
+    file or directory, or a built-in corpus's name as it is (the rule of ``open_corpus``)."""
+    path = Path(str(spec)).expanduser()
+    if not path.exists() and str(spec) in BUILTIN:
+        return str(spec)
+    return str(path.resolve())
+
+
+def recorded(cfg: dict, given: str | Path) -> str:
+    """Where a run's data is: its recorded ``data_path`` while that exists, else the spec it
+    was given (a built-in name; or a moved file, which the run's fingerprint then checks)."""
+    path = cfg.get("data_path")
+    return path if path and Path(path).exists() else str(given)
+
+
 def load_text(spec: str | Path, encoding: str = "utf-8") -> str:
     """The whole text of a file, a directory of ``.txt`` files, or a built-in corpus."""
     return open_corpus(spec, encoding).read()

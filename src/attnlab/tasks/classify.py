@@ -20,6 +20,7 @@ import torch.nn.functional as F
 
 from attnlab import data
 from attnlab.config import ConfigError
+from attnlab.data import corpus as corpora
 from attnlab.data.batches import RandomBatches, pad_batch
 from attnlab.models.encoder import Encoder
 from attnlab.tasks.base import EvalOptions, Task, predict_options, task_class
@@ -94,7 +95,7 @@ class TextClassifier(Task):
         self._split(labels, texts)
 
     def reload(self, run_dir, tokenizer, cfg):
-        labels, texts, corpus = read_labelled(cfg.get("data_path") or self.options.data,
+        labels, texts, corpus = read_labelled(corpora.recorded(cfg, self.options.data),
                                               self.options.encoding)  # fmt: skip
         check_fingerprint(corpus, cfg)
         self.tokenizer, self.sha256 = tokenizer, cfg.get("data_sha256")
@@ -168,7 +169,7 @@ class TextClassifier(Task):
 
     def run_config(self):
         return {**super().run_config(), "labels": self.classes, "data": str(self.options.data),
-                "data_path": str(Path(self.options.data).resolve()),
+                "data_path": corpora.where(self.options.data),
                 "data_sha256": self.sha256}  # fmt: skip
 
     def describe(self, model):

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from attnlab import data
 from attnlab.config import BaseConfig, ConfigError
+from attnlab.data import corpus as corpora
 from attnlab.data.batches import RandomBatches
 from attnlab.models.encoder import (
     ENCODER_PRESETS,
@@ -119,7 +120,7 @@ class MaskedLM(Task):
         self.sha256 = data.fingerprint(corpus.files)
 
     def reload(self, run_dir, tokenizer, cfg):
-        texts, corpus = read_texts(cfg.get("data_path") or self.options.data, self.options.encoding)
+        texts, corpus = read_texts(corpora.recorded(cfg, self.options.data), self.options.encoding)
         check_fingerprint(corpus, cfg)
         self.tokenizer, self.sha256 = tokenizer, cfg.get("data_sha256")
         self._split(texts)
@@ -213,7 +214,7 @@ class MaskedLM(Task):
 
     def run_config(self):
         return {**super().run_config(), "data": str(self.options.data),
-                "data_path": str(Path(self.options.data).resolve()),
+                "data_path": corpora.where(self.options.data),
                 "data_sha256": self.sha256}  # fmt: skip
 
     def describe(self, model):
