@@ -18,7 +18,9 @@ from attnlab.training.snapshots import PATTERN_BUDGET, Snapshots, default_interv
 from lm_helpers import metrics
 from task_helpers import train_args, write_task_data
 
-SCHEDULE = ["--warmup-iters", "2", "--lr-decay-iters", "8", "--eval-interval", "4",
+# --threads 1: runs compared bit for bit use one thread count, whatever the machine is doing
+# (attnlab takes fewer threads when other processes keep the cores busy)
+SCHEDULE = ["--threads", "1", "--warmup-iters", "2", "--lr-decay-iters", "8", "--eval-interval", "4",
             "--checkpoint-seconds", "0", "--snapshot-every", "2"]  # fmt: skip
 
 
@@ -147,7 +149,22 @@ def test_snapshots_survive_resume_exactly(data_dir, whole, tmp_path):
     # a snapshot written after the last checkpoint (a crash in between) is taken again
     meta, tensors = ckpt.read_snapshot(half, 4)
     ckpt.write_snapshot(half, 6, {k: torch.zeros_like(v) for k, v in tensors.items()}, meta)
-    assert main(["train", "--out", str(half), "--resume", "--quiet", "--max-iters", "8"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--out",
+                str(half),
+                "--resume",
+                "--quiet",
+                "--max-iters",
+                "8",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert same_snapshots(half, whole)
 
 
@@ -159,7 +176,7 @@ def test_a_signal_mid_run_then_resume_gives_the_same_snapshots(data_dir, whole, 
     assert train(data_dir, run, "induction", "--max-iters", "8") == 130
     assert ckpt.snapshot_steps(run) == [0, 2]
     monkeypatch.delenv(FAULT_ENV)
-    assert main(["train", "--out", str(run), "--resume", "--quiet"]) == 0
+    assert main(["train", "--out", str(run), "--resume", "--quiet", "--threads", "1"]) == 0
     assert same_snapshots(run, whole)
 
 
