@@ -29,6 +29,17 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(scope="module")
+def forked_cli():
+    """The real CLI, a process per call forked from one warm interpreter (``forked_cli.py``);
+    a module whose tests make many calls takes it as its ``cli``."""
+    from forked_cli import ForkedCLI
+
+    server = ForkedCLI()
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _ctrl_c_reaches_the_suite_and_its_children():
     """SIGINT as in a terminal's foreground, however the suite was started.

@@ -33,17 +33,14 @@ from attnlab.cli import (
 )
 from attnlab.cli.lm import unescaped
 from conftest import SRC
-from forked_cli import ForkedCLI
 from lm_helpers import TEXT, TINY_TRAIN
 
 ONE_STEP = ["--max-iters", "1", "--eval-interval", "1", "--eval-iters", "1"]
 
 
 @pytest.fixture(scope="module")
-def cli():
-    server = ForkedCLI()
-    yield server
-    server.close()
+def cli(forked_cli):
+    return forked_cli
 
 
 @pytest.fixture(scope="module")

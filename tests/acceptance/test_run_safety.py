@@ -39,7 +39,7 @@ from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from attnlab.training import FAULT_ENV
 from attnlab.training import run as training
 from conftest import SRC, run_cli
-from forked_cli import ForkedCLI, watch
+from forked_cli import watch
 from lm_helpers import TEXT, TINY_TRAIN, train_losses
 from task_helpers import TASKS, given, train_args, write_task_data
 
@@ -377,10 +377,8 @@ def test_an_imported_run_may_have_a_padded_vocabulary_but_no_unknown_ids(tmp_pat
 
 
 @pytest.fixture(scope="module")
-def cli():
-    server = ForkedCLI()
-    yield server
-    server.close()
+def cli(forked_cli):
+    return forked_cli
 
 
 @pytest.fixture(scope="module")

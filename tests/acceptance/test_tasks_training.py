@@ -234,12 +234,8 @@ def test_an_option_a_task_cannot_use_is_refused_by_name(opts, needle):
 
 
 @pytest.fixture(scope="module")
-def forked():
-    from forked_cli import ForkedCLI
-
-    server = ForkedCLI()
-    yield server
-    server.close()
+def forked(forked_cli):
+    return forked_cli
 
 
 @pytest.mark.slow

@@ -29,7 +29,6 @@ import pytest
 import torch
 
 from conftest import SRC, run_cli
-from forked_cli import ForkedCLI
 from lm_helpers import TEXT, TINY_TRAIN
 
 # ---------------------------------------------------------------------------------------------
@@ -38,10 +37,8 @@ from lm_helpers import TEXT, TINY_TRAIN
 
 
 @pytest.fixture(scope="module")
-def cli():
-    server = ForkedCLI()
-    yield server
-    server.close()
+def cli(forked_cli):
+    return forked_cli
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,6 @@ import pytest
 from attnlab import runtime
 from attnlab.cli import main
 from conftest import SRC
-from forked_cli import ForkedCLI
 from lm_helpers import TEXT, TINY_TRAIN
 
 COPY = "copy:n_train=40,n_val=8,n_test=8,min_len=3,max_len=5,symbols=4"
@@ -31,10 +30,8 @@ ONE_STEP = ["--max-iters", "1", "--eval-interval", "1", "--eval-iters", "1"]
 
 
 @pytest.fixture(scope="module")
-def cli():
-    server = ForkedCLI()
-    yield server
-    server.close()
+def cli(forked_cli):
+    return forked_cli
 
 
 @pytest.fixture(scope="module")

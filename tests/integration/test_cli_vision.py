@@ -11,7 +11,6 @@ import pytest
 
 from attnlab.tasks.base import PredictOptions
 from conftest import SRC, run_cli
-from forked_cli import ForkedCLI
 
 pytest.importorskip("sklearn")
 
@@ -21,10 +20,8 @@ QUICK = ("--task", "classify", "--data", "digits", "--max-iters", "30", "--eval-
 
 
 @pytest.fixture(scope="module")
-def cli():
-    server = ForkedCLI()
-    yield server
-    server.close()
+def cli(forked_cli):
+    return forked_cli
 
 
 @pytest.fixture(scope="module")
