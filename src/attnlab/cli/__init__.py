@@ -34,9 +34,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
         errors.append(DataError)
     except ImportError:
         pass
+    from attnlab.inspect.recording import InspectError
     from attnlab.interventions.subjects import InterventionError
 
-    errors.append(InterventionError)
+    errors += [InspectError, InterventionError]
     return tuple(errors)
 
 

@@ -8,41 +8,9 @@ one line on stderr and exit code 2.
 
 from __future__ import annotations
 
-import functools
 import sys
-from pathlib import Path
 
-from attnlab.cli import UsageError, int_at_least
-
-
-def _user_errors(fn):
-    """The interventions' and inspection tools' bad-input errors as usage errors (exit 2)."""
-
-    @functools.wraps(fn)
-    def wrapper(args):
-        from attnlab.inspect.recording import InspectError
-        from attnlab.interventions import InterventionError
-
-        try:
-            return fn(args)
-        except (InterventionError, InspectError) as e:
-            raise UsageError(str(e)) from None
-
-    return wrapper
-
-
-def _png(path: str | None) -> Path | None:
-    """--png checked before any work: a .png name in an existing directory."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.suffix.lower() != ".png":
-        raise UsageError(f"--png {path}: expected a .png file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"--png {path}: directory {p.parent} does not exist")
-    if p.is_dir():
-        raise UsageError(f"--png {path}: is a directory")
-    return p
+from attnlab.cli import UsageError, int_at_least, output_file
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
@@ -76,11 +44,10 @@ def _show(result, args) -> int:
     return 0
 
 
-@_user_errors
 def cmd_ablate(args) -> int:
     from attnlab.interventions import ablation
 
-    args._png = _png(args.png)
+    args._png = output_file(args.png, ".png", "--png")
     chosen = [x for x in (args.head, args.site, args.context or None) if x]
     if len(chosen) != 1:
         raise UsageError("say what to ablate: --head L.H[,L.H...], --site HOOK_NAME or --context")
@@ -103,11 +70,10 @@ def cmd_ablate(args) -> int:
     return _show(result, args)
 
 
-@_user_errors
 def cmd_patch(args) -> int:
     from attnlab.interventions import patch
 
-    args._png = _png(args.png)
+    args._png = output_file(args.png, ".png", "--png")
     s = _subject(args)
     result = patch(s, args.clean, args.corrupt, args.target, foil=args.foil, by=args.by,
                    position=args.position, reverse=args.reverse,
@@ -115,12 +81,11 @@ def cmd_patch(args) -> int:
     return _show(result, args)
 
 
-@_user_errors
 def cmd_lens(args) -> int:
     from attnlab.interventions import TunedLens, fit_tuned_lens, logit_lens
     from attnlab.interventions.lens import describe_fit
 
-    args._png = _png(args.png)
+    args._png = output_file(args.png, ".png", "--png")
     if args.train_tuned:
         if args.data is None:
             raise UsageError("--train-tuned needs --data FILE (the text to fit the probes on)")
@@ -153,11 +118,10 @@ def cmd_lens(args) -> int:
     return _show(logit_lens(s, args.text, tuned), args)
 
 
-@_user_errors
 def cmd_attribute(args) -> int:
     from attnlab.interventions import attention_paths, direct_logit_attribution, input_attribution
 
-    args._png = _png(args.png)
+    args._png = output_file(args.png, ".png", "--png")
     if args.method in ("dla", "ig", "grad") and args.target is None:
         raise UsageError(f"--method {args.method} attributes a token's logit: give --target TOKEN")
     if args.method in ("rollout", "flow") and (args.target or args.foil):
@@ -175,7 +139,6 @@ def cmd_attribute(args) -> int:
     return _show(result, args)
 
 
-@_user_errors
 def cmd_heads(args) -> int:
     from attnlab.interventions import corpus_loss, head_importance, text_loss
     from attnlab.interventions.importance import inputs_loss
@@ -191,7 +154,7 @@ def cmd_heads(args) -> int:
         return cmd_head_scores(args)
     if args.all or args.sequences != 16:
         raise UsageError("--sequences and --all go with the head scores, not --importance")
-    args._png = _png(args.png)
+    args._png = output_file(args.png, ".png", "--png")
     given = [x for x in (args.text, args.data, args.inputs) if x is not None]
     if len(given) > 1:
         raise UsageError("--importance measures the loss on TEXT, on --data FILE (a GPT: windows "

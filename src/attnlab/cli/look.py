@@ -7,27 +7,11 @@ FILE" lines to stderr.
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
 
 from attnlab.cli import UsageError, int_at_least, output_file
-
-
-def _user_errors(fn):
-    """Report the inspect package's bad-input errors as usage errors (one line, exit 2)."""
-
-    @functools.wraps(fn)
-    def wrapper(args):
-        from attnlab.inspect.recording import InspectError
-
-        try:
-            return fn(args)
-        except InspectError as e:
-            raise UsageError(str(e)) from None
-
-    return wrapper
 
 
 def _load(args):
@@ -62,7 +46,6 @@ def _wrote(path: Path, what: str) -> None:
     print(f"wrote {what} {path} ({path.stat().st_size / 1024:.1f} KiB)", file=sys.stderr)
 
 
-@_user_errors
 def cmd_trace(args) -> int:
     from attnlab.inspect.trace import trace
 
@@ -76,7 +59,6 @@ def cmd_trace(args) -> int:
     return 0
 
 
-@_user_errors
 def cmd_attention(args) -> int:
     from attnlab.inspect.attention import attention, attention_grid
 
@@ -109,7 +91,6 @@ def cmd_attention(args) -> int:
     return 0
 
 
-@_user_errors
 def cmd_similarity(args) -> int:
     from attnlab.inspect.similarity import similarity
 
@@ -118,7 +99,6 @@ def cmd_similarity(args) -> int:
     return 0
 
 
-@_user_errors
 def cmd_influence(args) -> int:
     from attnlab.inspect.influence import influence
 
@@ -133,7 +113,6 @@ def cmd_influence(args) -> int:
     return 0
 
 
-@_user_errors
 def cmd_explore(args) -> int:
     from attnlab.inspect.explorer import explore
 
@@ -183,7 +162,6 @@ def _intervention_tabs(model, tokenizer, args) -> dict[str, str]:
         raise UsageError(str(e)) from None
 
 
-@_user_errors
 def cmd_check(args) -> int:
     from attnlab.inspect.check import check
 

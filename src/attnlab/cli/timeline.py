@@ -7,27 +7,10 @@ Each parses its arguments and calls one library function: ``attnlab.inspect.time
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
-from pathlib import Path
 
-from attnlab.cli import UsageError
-
-
-def _user_errors(fn):
-    """The inspect package's bad-input errors are usage errors (one line, exit 2)."""
-
-    @functools.wraps(fn)
-    def wrapper(args):
-        from attnlab.inspect.recording import InspectError
-
-        try:
-            return fn(args)
-        except InspectError as e:
-            raise UsageError(str(e)) from None
-
-    return wrapper
+from attnlab.cli import output_file
 
 
 def _show(result, as_json: bool) -> None:
@@ -39,25 +22,10 @@ def _show(result, as_json: bool) -> None:
         console().print(result)
 
 
-def _png_path(path: str | None) -> Path | None:
-    """--png FILE, checked before any work: a .png name in an existing directory."""
-    if path is None:
-        return None
-    p = Path(path)
-    if p.suffix.lower() != ".png":
-        raise UsageError(f"--png {path}: expected a .png file name")
-    if not p.parent.is_dir():
-        raise UsageError(f"--png {path}: directory {p.parent} does not exist")
-    if p.is_dir():
-        raise UsageError(f"--png {path}: is a directory")
-    return p
-
-
-@_user_errors
 def cmd_timeline(args) -> int:
     from attnlab.inspect.timeline import timeline
 
-    png = _png_path(args.png)
+    png = output_file(args.png, ".png", "--png")
     tl = timeline(args.run, args.probe)
     if png is not None:  # written before anything is printed
         tl.save_png(png)
@@ -67,7 +35,6 @@ def cmd_timeline(args) -> int:
     return 0
 
 
-@_user_errors
 def cmd_head_scores(args) -> int:
     """``attnlab heads RUN`` without --importance: every head's scores and kind."""
     from attnlab.inspect.heads import heads_of_run
