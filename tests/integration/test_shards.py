@@ -567,7 +567,9 @@ print(own, kids, data.n_tokens)
 @pytest.mark.slow
 def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
     """Tokenizing and reading 16 MB and 64 MB corpora: the peak resident set of the process
-    and of its workers stays the same (within 40 MB), far from the corpus size."""
+    and of its workers stays the same (within 40 MB), and under the 2 GiB the corpus issue
+    allows. Most of the ~1 GB is torch's own libraries, which a fresh environment maps more
+    of, so the absolute bound is the issue's, not a tighter one measured on one machine."""
     rng = np.random.default_rng(0)
     words = np.array(
         ["".join(rng.choice(list("abcdefghijklmnopqrstuvwxyzé"), 6)) for _ in range(500)]
@@ -593,4 +595,4 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
         assert n_tokens > mb * 0.8e6  # one token per character; "é" is 2 bytes
         peaks[mb] = max(own, kids)
     assert peaks[64] - peaks[16] < 40, peaks  # 48 MB more text, no more memory
-    assert peaks[64] < 1024, peaks
+    assert peaks[64] < 2048, peaks
