@@ -2,12 +2,14 @@
 flag, then its figure, as the README's table of defaults states it.
 
     OMP_NUM_THREADS=1 python benchmarks/task_defaults.py \\
-        --text /work/shared/data/tinyshakespeare/input.txt [--only lm,digits] [--keep runs/defaults]
+        --text /work/shared/data/tinyshakespeare/input.txt [--only lm,digits] [--keep runs/defaults] \\
+        [--seeds 1337,1,2]
 
 Runs one after another (about 15-25 CPU-minutes in all on one thread) and prints a markdown
 table: the command, the figure (held-out, as `attnlab eval` or the run's config.json states it)
 and the wall time. The machine's load average is printed beside each, since a shared machine
-inflates the times.
+inflates the times. With `--seeds`, each task is trained once per seed (`--seed S`; 1337 is the
+default seed) and the table gives each seed's figure.
 """
 
 from __future__ import annotations
@@ -75,26 +77,30 @@ def main() -> None:
     p.add_argument("--text", required=True, help="tiny shakespeare's input.txt")
     p.add_argument("--only", default="", help="comma-separated names (default: all)")
     p.add_argument("--keep", default=None, help="keep the runs under this directory")
+    p.add_argument("--seeds", default="1337", help="comma-separated seeds (default: 1337)")
     args = p.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
     todo = runs(args.text)
     if args.only:
         todo = {k: v for k, v in todo.items() if k in args.only.split(",")}
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="attnlab-defaults-"))
     rows = []
     for name, train in todo.items():
-        out = base / name
-        t0 = time.perf_counter()
-        r = attnlab("train", *train, "--out", str(out), "--quiet")
-        wall = time.perf_counter() - t0
-        if r.returncode != 0:
-            sys.exit(f"{name}: attnlab train failed:\n{r.stderr}")
-        load = os.getloadavg()[0]
-        fig = figure(name, out)
-        rows.append((name, "attnlab train " + " ".join(train), fig, wall, load))
-        print(f"{name}: {fig}, {wall:.0f} s (load average {load:.1f})", flush=True)
-    print("\n| task | command | figure | wall time |\n|---|---|---|---|")
-    for name, cmd, fig, wall, load in rows:
-        print(f"| {name} | `{cmd}` | {fig} | {wall:.0f} s (load {load:.1f}) |")
+        for seed in seeds:
+            out = base / (name if seed == 1337 else f"{name}-seed{seed}")
+            extra = [] if seed == 1337 else ["--seed", str(seed)]
+            t0 = time.perf_counter()
+            r = attnlab("train", *train, *extra, "--out", str(out), "--quiet")
+            wall = time.perf_counter() - t0
+            if r.returncode != 0:
+                sys.exit(f"{name}: attnlab train failed:\n{r.stderr}")
+            load = os.getloadavg()[0]
+            fig = figure(name, out)
+            rows.append((name, seed, "attnlab train " + " ".join(train), fig, wall, load))
+            print(f"{name} seed {seed}: {fig}, {wall:.0f} s (load average {load:.1f})", flush=True)
+    print("\n| task | seed | command | figure | wall time |\n|---|---|---|---|---|")
+    for name, seed, cmd, fig, wall, load in rows:
+        print(f"| {name} | {seed} | `{cmd}` | {fig} | {wall:.0f} s (load {load:.1f}) |")
 
 
 if __name__ == "__main__":
