@@ -1,13 +1,16 @@
 """Every kind of run, trained briefly, then what `attnlab predict` and `attnlab eval` print for it
 (the README's table).
 
-    OMP_NUM_THREADS=1 python benchmarks/every_kind.py --runs runs/kinds [--only gpt-char,vit]
+    OMP_NUM_THREADS=1 python benchmarks/every_kind.py --runs runs/kinds [--only gpt-char,vit] \
+        [--seed 2]
 
 Trains each recipe below into RUNS/<name> (a run already there is reused), imports
 all-MiniLM-L6-v2 and exports then re-imports the masked LM (an "imported BERT"), then runs one
 `predict` and one `eval` (the run's held-out split; an imported run is scored on the text given
 beside it) per run, and prints a markdown table with the training time, the answer and the
 figures. The machine's load average is printed too: a shared machine inflates the times.
+``--seed S`` trains with ``attnlab train --seed S`` into RUNS/<name>-seedS (the default seed,
+1337, into RUNS/<name>), so the same table over several seeds gives each figure's range.
 """
 
 from __future__ import annotations
@@ -100,22 +103,26 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--runs", required=True, help="where the runs are trained (and reused)")
     p.add_argument("--only", default="", help="comma-separated names (default: all)")
+    p.add_argument("--seed", type=int, default=1337, help="attnlab train's --seed")
     args = p.parse_args()
     base = Path(args.runs)
+    seed = [] if args.seed == 1337 else ["--seed", str(args.seed)]
+    suffix = f"-seed{args.seed}" if seed else ""
     names = [*RECIPES, *IMPORTED]
     if args.only:
         names = [n for n in names if n in args.only.split(",")]
     rows = []
     for name in names:
-        run, wall = base / name, 0.0
+        run, wall = base / (name + suffix), 0.0
         if not run.is_dir():
             if name in RECIPES:
-                r, wall = attnlab("train", *RECIPES[name][0], "--out", str(run), "--quiet")
+                r, wall = attnlab("train", *RECIPES[name][0], *seed, "--out", str(run), "--quiet")
             elif name == "minilm":
                 r, _ = attnlab("import-hf", "minilm", "--out", str(run))
             else:  # the masked LM, out to Hugging Face's format and back in
-                attnlab("export-hf", str(base / "mlm"), str(base / "mlm-hf"))
-                r, _ = attnlab("import-hf", str(base / "mlm-hf"), "--out", str(run))
+                mlm = base / ("mlm" + suffix)
+                attnlab("export-hf", str(mlm), str(base / ("mlm-hf" + suffix)))
+                r, _ = attnlab("import-hf", str(base / ("mlm-hf" + suffix)), "--out", str(run))
             if r.returncode != 0:
                 sys.exit(f"{name}: {r.stderr.strip()}")
         probe = RECIPES[name][1] if name in RECIPES else IMPORTED[name]
