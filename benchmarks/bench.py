@@ -406,10 +406,14 @@ def card(args, runner: Runner, skip: set[str]) -> None:
         say(f"  reproduce: {cmd}")
         nano_ref = n_wall
     say("\ntraining, each at its default thread count")
+    default = None if "OMP_NUM_THREADS" in os.environ else torch.get_num_threads()
     if "defaults" in skip:
         say("  (skipped)")
     elif runner.nano is None:
         say(f"  {no_nano}")
+    elif default == th and nano_ref is not None:  # the same runs: not timed twice
+        say(f"  both default to {th} threads here (all cores; attnlab takes fewer only when "
+            "it measures the cores busy): the runs above are these")  # fmt: skip
     else:
         res = paired(runner, args.pairs, None, None, it)
         ratio = med([n["wall"] / a["wall"] for n, a in res])
