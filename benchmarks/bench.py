@@ -13,8 +13,9 @@ run unchanged from the given checkout (nothing is copied into attnlab).
 Sections: the machine; fp32 matmul peak measured here (for MFU); training at equal threads and
 at each side's default; time to val <= 1.88 with `--preset fast`; where a training step's time
 goes (torch.profiler); sampling and large corpora (their own benchmarks, when this checkout has
-them); FSDP's memory per process; the GPU (when there is one). With --pairs 1 the card takes
-about 8 minutes on an idle 2-core machine; a busy one stretches every time alike.
+them); FSDP's memory per process; the GPU (when there is one). With --pairs 1 the card took
+12 minutes (727 s) on a quiet 2-core machine, where one 2000-step whole run takes 140-165 s a
+side; a busy one stretches every time alike.
 """
 
 from __future__ import annotations
@@ -248,7 +249,8 @@ def fsdp_memory() -> str:
     """2 gloo processes, the small preset: per-process parameter + optimizer bytes, DDP vs
     FSDP, and the largest loss difference."""
     code = (
-        "import sys; sys.path.insert(0, 'tests'); import tempfile, json, test_fsdp as t, "
+        "import sys; sys.path[:0] = ['tests', 'tests/integration']; import tempfile, json, "
+        "test_fsdp as t, "
         "torch.multiprocessing as mp; from task_helpers import write_task_data; "
         "from pathlib import Path; d = write_task_data(Path(tempfile.mkdtemp())); "
         "mp.spawn(t._worker, args=(2, t._free_port(), str(d)), nprocs=2, join=True); "
