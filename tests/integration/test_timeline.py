@@ -122,6 +122,11 @@ def train(data_dir, out, task_id="induction", *more) -> int:
     return main(train_args(task_id, data_dir, out, *SCHEDULE, *more))
 
 
+def resume(out, *more) -> int:
+    """``train --resume`` on one thread, as the runs it is compared with were trained."""
+    return main(["train", "--out", str(out), "--resume", "--quiet", "--threads", "1", *more])
+
+
 @pytest.fixture(scope="module")
 def whole(data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole") / "induction"
@@ -149,22 +154,7 @@ def test_snapshots_survive_resume_exactly(data_dir, whole, tmp_path):
     # a snapshot written after the last checkpoint (a crash in between) is taken again
     meta, tensors = ckpt.read_snapshot(half, 4)
     ckpt.write_snapshot(half, 6, {k: torch.zeros_like(v) for k, v in tensors.items()}, meta)
-    assert (
-        main(
-            [
-                "train",
-                "--out",
-                str(half),
-                "--resume",
-                "--quiet",
-                "--max-iters",
-                "8",
-                "--threads",
-                "1",
-            ]
-        )
-        == 0
-    )
+    assert resume(half, "--max-iters", "8") == 0
     assert same_snapshots(half, whole)
 
 
@@ -176,7 +166,7 @@ def test_a_signal_mid_run_then_resume_gives_the_same_snapshots(data_dir, whole, 
     assert train(data_dir, run, "induction", "--max-iters", "8") == 130
     assert ckpt.snapshot_steps(run) == [0, 2]
     monkeypatch.delenv(FAULT_ENV)
-    assert main(["train", "--out", str(run), "--resume", "--quiet", "--threads", "1"]) == 0
+    assert resume(run) == 0
     assert same_snapshots(run, whole)
 
 
