@@ -380,8 +380,17 @@ def test_the_fast_preset_is_baby_with_rotary_trained_by_its_own_recipe_that_flag
     assert {k: getattr(fast.config, k) for k in recipe} == recipe
     model = fast.options.model_config(65)
     assert model.pos == "rotary" and (model.n_layer, model.d_model) == (4, 128)
+    assert model.d_ff == 2 * model.d_model  # baby's is 4x
     assert PRESETS["fast"]["block_size"] == PRESETS["baby"]["block_size"]
     mine = run.plan({"data": "input.txt", "preset": "fast", "out": "r", "lr": 1e-3})
     assert mine.config.lr == 1e-3 and mine.config.max_iters == recipe["max_iters"]
+    # the recipe's floor keeps its share of a peak given instead: a low --lr is not refused
+    share = recipe["min_lr"] / recipe["lr"]
+    assert mine.config.min_lr == pytest.approx(1e-3 * share)
+    low = run.plan({"data": "input.txt", "preset": "fast", "out": "r", "lr": 1e-5})
+    assert low.config.min_lr == pytest.approx(1e-5 * share) and low.config.min_lr <= 1e-5
+    floor = run.plan({"data": "input.txt", "preset": "fast", "out": "r", "lr": 1e-3,
+                      "min_lr": 0.0})  # fmt: skip
+    assert floor.config.min_lr == 0.0
     baby = run.plan({"data": "input.txt", "out": "r"})
     assert (baby.config.lr, baby.config.max_iters) == (1e-3, 2000)
