@@ -53,7 +53,7 @@ format: $(STAMP)
 	$(BIN)/ruff format $(LINTED)
 	$(BIN)/ruff check --fix $(LINTED)
 
-# One results card (benchmarks/bench.py), ~12 minutes on a quiet 2-core machine; not part of
+# One results card (benchmarks/bench.py), under 10 minutes (574 s) on a quiet 2-core machine; not part of
 # `make test`. NANOGPT=DIR names a nanoGPT checkout, BENCH_DATA the tiny Shakespeare input.txt.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)

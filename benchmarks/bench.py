@@ -14,8 +14,9 @@ Sections: the machine; fp32 matmul peak measured here (for MFU); training at equ
 at each side's default; time to val <= 1.88 with `--preset fast`; where a training step's time
 goes (torch.profiler); sampling and large corpora (their own benchmarks, when this checkout has
 them); FSDP's memory per process; the GPU (when there is one). With --pairs 1 the card took
-12 minutes (727 s) on a quiet 2-core machine, where one 2000-step whole run takes 140-165 s a
-side; a busy one stretches every time alike.
+574 s on a quiet 2-core machine (training 300 s, the fast preset 68 s, the profile 15 s,
+sampling and the 200 MB corpus 170 s, FSDP 21 s: its last line says so for each card), where
+one 2000-step whole run takes 140-165 s a side; a busy machine stretches every time alike.
 """
 
 from __future__ import annotations
@@ -198,6 +199,20 @@ def nanogpt_model(nano, T: int, V: int):
     return model, model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
 
 
+@contextlib.contextmanager
+def quiet_stderr():
+    """The profiler's C++ side prints its start and stop to file descriptor 2, into the card."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 def profile_steps(threads: int, nanogpt: Path | None, steps: int = 15) -> dict[str, dict]:
     """Self CPU time per category of one training step, attnlab's and nanoGPT's model."""
     from torch.profiler import ProfilerActivity, profile
@@ -241,7 +256,7 @@ def profile_steps(threads: int, nanogpt: Path | None, steps: int = 15) -> dict[s
         for _ in range(5):
             step()
         t = time.perf_counter()
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
                 step()
         wall = (time.perf_counter() - t) / steps
