@@ -139,6 +139,12 @@ def _torchrun(d, out, *more) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def _failure(r: subprocess.CompletedProcess) -> str:
+    """What torchrun's ranks said: the whole of it, since a dying rank's own message comes
+    before torchrun's long summary of the failure (a tail would keep only the summary)."""
+    return f"exit {r.returncode}\n--- stdout ---\n{r.stdout[-4000:]}\n--- stderr ---\n{r.stderr}"
+
+
 @pytest.mark.slow
 def test_torchrun_fsdp_writes_an_ordinary_run_that_resumes_exactly(tmp_path):
     """2 FSDP steps, then --resume to 4: the losses of one process training the same global
@@ -150,11 +156,11 @@ def test_torchrun_fsdp_writes_an_ordinary_run_that_resumes_exactly(tmp_path):
                 "--lr-decay-iters", "4")  # fmt: skip
     out = tmp_path / "fsdp"
     r = _torchrun(d, out, "--max-iters", "2", *schedule)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, _failure(r)
     model, _ = load_run(out)  # one process, no torch.distributed: an ordinary run directory
     assert not any(type(p).__name__ == "DTensor" for p in model.parameters())
     r = _torchrun(d, out, "--max-iters", "4", "--resume", *schedule)
-    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.returncode == 0, _failure(r)
     assert read_trainer_state(out)["step"] == 4
     one = tmp_path / "one"
     args = train_args("lm", d, one, "--dropout", "0", "--max-iters", "4", *schedule,

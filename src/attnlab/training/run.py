@@ -160,7 +160,11 @@ def train(p: TrainPlan, log: Callable[[str], None] | None = None) -> TrainOutcom
     with ckpt.writer_lock(p.out):
         dist = init_distributed(device)
         try:
-            return _train(p, dist, device, log)
+            outcome = _train(p, dist, device, log)
+            # every process leaves together: one that closes its gloo connections while rank 0
+            # still writes the run's last files could cut a peer off mid-read (gloo aborts)
+            barrier(dist)
+            return outcome
         except ConfigError as e:  # found in the data (an image size, ...): name the option typed
             raise ConfigError(as_flags(str(e), option_names(p.task))) from None
         finally:
