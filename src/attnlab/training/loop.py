@@ -146,7 +146,7 @@ class Trainer:
         self.task = task
         self.device = resolve_device(c.device)
         self.amp_dtype = resolve_dtype(c.dtype, self.device)
-        self.threads = thread_choice()  # made by the caller (the CLI: runtime.using_threads)
+        self.threads = thread_choice()  # made by the caller (training.run.train, a CLI verb)
         self.dist = dist_info or DistInfo()
         self.raw_model = model.to(self.device)
         self.out_dir = Path(out_dir) if out_dir is not None else None
