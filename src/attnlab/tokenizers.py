@@ -335,11 +335,7 @@ def _encoder_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> HFTo
     else:  # wordpiece, trained here: the library's trainer breaks ties in no fixed order
         normalizer = normalizers.BertNormalizer(lowercase=False)
         pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        counts: Counter[str] = Counter()
-        for piece in texts:
-            counts.update(
-                w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(piece))
-            )
+        counts = _word_counts(texts, normalizer, pre_tokenizer)
         vocab = wordpiece_vocab(counts, vocab_size, specials)
         tok = HFTok(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
         tok.normalizer = normalizer
@@ -354,6 +350,23 @@ def _encoder_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> HFTo
         special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
     )
     return HFTokenizer(tok)
+
+
+def _word_counts(texts: Iterable[str], normalizer, pre_tokenizer) -> Counter[str]:
+    """How often each word occurs, as ``normalizer`` and ``pre_tokenizer`` (the tokenizer's
+    own) split the texts. Both break at spaces and newlines, so the texts are cut there first
+    and each distinct piece is split once (a word of ASCII letters and digits is its own)."""
+    pieces: Counter[str] = Counter()
+    for text in texts:
+        pieces.update(text.replace("\n", " ").split(" "))
+    counts: Counter[str] = Counter()
+    for piece, n in pieces.items():
+        if piece.isascii() and piece.isalnum():
+            counts[piece] += n
+        elif piece:
+            for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(piece)):
+                counts[word] += n
+    return counts
 
 
 def wordpiece_vocab(
@@ -392,31 +405,50 @@ def wordpiece_vocab(
         if merged not in known:
             known.add(merged)
             vocab.append(merged)
-        changed: set[tuple[str, str]] = set()
-        for i in sorted(where.pop((a, b))):
-            w, f = words[i], freq[i]
+        delta: dict[tuple[str, str], int] = {}  # how each pair's count changes
+        for i in where.pop((a, b)):
+            w = words[i]
+            out = _merge(w, a, b, merged)
+            if len(out) == len(w):  # the pair has left this word since it was indexed
+                continue
+            f = freq[i]
             for pair in zip(w, w[1:]):
-                pairs[pair] -= f
-                changed.add(pair)
-            out, j = [], 0
-            while j < len(w):  # left to right, as BPE merges: a a a -> aa a
-                if j + 1 < len(w) and w[j] == a and w[j + 1] == b:
-                    out.append(merged)
-                    j += 2
-                else:
-                    out.append(w[j])
-                    j += 1
-            words[i] = out
+                delta[pair] = delta.get(pair, 0) - f
             for pair in zip(out, out[1:]):
-                pairs[pair] += f
-                changed.add(pair)
-                where.setdefault(pair, set()).add(i)
-        for pair in sorted(changed):
-            if pairs[pair] > 0:
-                heapq.heappush(heap, (-pairs[pair], *pair))
+                delta[pair] = delta.get(pair, 0) + f
+                if merged in pair:  # a new pair in this word; the others were indexed before
+                    where.setdefault(pair, set()).add(i)
+            words[i] = out
+        for pair, d in delta.items():
+            if d == 0:
+                continue
+            count = pairs[pair] + d
+            if count > 0:
+                pairs[pair] = count
+                heapq.heappush(heap, (-count, *pair))  # the older entry is now stale
             else:
                 del pairs[pair]
     return vocab
+
+
+def _merge(word: list[str], a: str, b: str, merged: str) -> list[str]:
+    """``word`` with every ``a b`` replaced by ``merged``, left to right (``a a a`` -> ``aa a``)."""
+    out: list[str] = []
+    j, n = 0, len(word)
+    while True:
+        try:
+            k = word.index(a, j)
+        except ValueError:
+            break
+        if k + 1 < n and word[k + 1] == b:
+            out += word[j:k]
+            out.append(merged)
+            j = k + 2
+        else:
+            out += word[j : k + 1]
+            j = k + 1
+    out += word[j:]
+    return out
 
 
 def special_id(tokenizer: Tokenizer, name: str) -> int:

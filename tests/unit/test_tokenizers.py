@@ -134,6 +134,42 @@ def test_wordpiece_vocab_is_a_function_of_the_counts_not_their_order(counts, siz
     assert len(vocab) == len(set(vocab))
 
 
+def wordpiece_by_the_definition(counts: dict[str, int], size: int) -> list[str]:
+    """wordpiece_vocab the slow way: every pair counted again before each merge."""
+    words = {w: [w[0]] + ["##" + c for c in w[1:]] for w in counts}
+    vocab = sorted({w[0] for w in counts})
+    vocab += sorted({t for s in words.values() for t in s[1:]})
+    while len(vocab) < size:
+        pairs: dict[tuple[str, str], int] = {}
+        for w, symbols in words.items():
+            for pair in zip(symbols, symbols[1:]):
+                pairs[pair] = pairs.get(pair, 0) + counts[w]
+        if not pairs:
+            break
+        a, b = min(pairs, key=lambda p: (-pairs[p], p))
+        merged = a + b.removeprefix("##")
+        vocab += [] if merged in vocab else [merged]
+        for w, symbols in words.items():
+            out, j = [], 0
+            while j < len(symbols):
+                if symbols[j : j + 2] == [a, b]:
+                    out, j = [*out, merged], j + 2
+                else:
+                    out, j = [*out, symbols[j]], j + 1
+            words[w] = out
+    return vocab
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text(alphabet="aab", min_size=1, max_size=8),
+                       st.integers(1, 4), min_size=1, max_size=25),  # fmt: skip
+       st.integers(2, 30))  # fmt: skip
+def test_wordpiece_vocab_merges_as_its_definition_says(counts, size):
+    """The counts kept up to date merge by merge give the vocabulary that counting every pair
+    again before each merge gives (repeated letters: a a a -> aa a, one token by two paths)."""
+    assert wordpiece_vocab(counts, size) == wordpiece_by_the_definition(counts, size)
+
+
 def test_wordpiece_tokenizer_encodes_with_the_vocabulary_it_learned():
     rng = random.Random(0)
     text = " ".join(rng.choice(["the", "then", "there", "other", "these"]) for _ in range(200))
