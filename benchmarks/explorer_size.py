@@ -1,4 +1,4 @@
-"""Size of the HTML explorer page for short and long inputs (the README quotes this table).
+"""Size of the HTML explorer page for short and long inputs (docs/figures.md quotes this table).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/explorer_size.py
 

@@ -13,7 +13,7 @@ figures the in-context loss: on sequences r r that repeat once (r of block_size 
         ``loss_first_half`` (predicting r, which nothing gives away) and ``loss_repeated_half``
         (predicting r again, which an induction head copies from the first half)
 
-Why these defaults (measured with plain PyTorch, then through this task; see the README):
+Why these defaults (measured with plain PyTorch, then through this task; see docs/interpretability.md):
 with learned absolute positions the model takes a positional shortcut (a fixed period of 32:
 the repeated half reaches 0 with no previous-token head); periods drawn per sequence and rotary
 positions make the two-head circuit the way to win: a previous-token head in layer 0, and an
