@@ -20,11 +20,14 @@ The prediction: what ``trace`` ends with (the next tokens, each [MASK]'s fillers
 the translation and each decoder step's next token), read from its steps' data; it needs the
 tokenizer.
 
-Size: weights are stored as integers in thousandths (3 decimals); q and k as little-endian
-float32 in base64 (exact: 5.3 characters a number), which is what keeps the neuron view's sum
-equal to the recorded score. Long inputs are cut to a window of ``max_tokens`` tokens per stack
-(default 128, the page says so), and ``start`` pages through the rest; rows then show only the
-keys inside the window.
+Size: q and k are stored as little-endian float32 in base64 (exact, 5.3 characters a number),
+with one bit per (query, key) saying whether the query may see the key. Where the softmax of
+q·k/sqrt(d_k) over those keys reproduces the recorded weights (to 1e-5, checked here), the page
+computes the weights itself and carries no others: its size grows as tokens x width, not
+tokens squared. Elsewhere (no q and k, or a window that cuts off keys a query sees) the weights
+are stored as integers in thousandths (3 decimals). Long inputs are cut to a window of
+``max_tokens`` tokens per stack (default 128, the page says so), and ``start`` pages through
+the rest; rows then show only the keys inside the window.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from attnlab.inspect.display import Result
 from attnlab.inspect.influence import influence, influence_bars
@@ -76,7 +80,7 @@ class Explorer(Result):
 
     def __rich__(self):
         n_maps = len(self.data["maps"])
-        heads = sum(len(m["w"]) for m in self.data["maps"])
+        heads = sum(m["H"] for m in self.data["maps"])
         line = f"explorer: {n_maps} attention maps, {heads} heads, {self.size / 1024:.0f} KiB"
         return line + (f"\n{self.data['note']}" if self.data["note"] else "")
 
@@ -127,8 +131,14 @@ def _neuron(rec: Recording, info, model, windows) -> dict:
         return {"why": "no Q·K neuron view for this attention: its recorded scores are not "
                        f"q·k/√d_k (they differ by up to {err:.3g}): it scores otherwise, e.g. "
                        "with another scale or a cap."}  # fmt: skip
-    w = rec.weights(info.name)[:, qa:qb, ka:kb]  # (H, T, S)
-    sees = (w > 0).any(0).numpy().reshape(-1)  # masked keys have weight exactly 0 in every head
+    w = rec.weights(info.name)[:, qa:qb, ka:kb].double()  # (H, T, S)
+    sees = (w > 0).any(0)  # (T, S): masked keys have weight exactly 0 in every head
+    all_keys = (ka, kb) == (0, len(rec.tokens[info.key_stack]))
+    # the page derives the weights as the model does, softmax over the keys a query may see,
+    # when that reproduces the recorded ones (so it need not carry them); a window that cuts off
+    # keys a query sees, or an attention that weighs otherwise, keeps its rounded weights
+    werr = float((_softmax_seen(mine, sees) - w).abs().max()) if w.numel() else 0.0
+    derived = werr <= SCORE_TOL
     module = model.get_submodule(path) if model is not None else None
     return {
         "D": D,
@@ -136,11 +146,21 @@ def _neuron(rec: Recording, info, model, windows) -> dict:
         "group": H // Hk,  # query heads per key head (1 without grouped-query attention)
         "q": [_b64(h.numpy()) for h in q],
         "k": [_b64(h.numpy()) for h in k],
-        "sees": base64.b64encode(np.packbits(sees).tobytes()).decode("ascii"),
-        "all_keys": (ka, kb) == (0, len(rec.tokens[info.key_stack])),
+        "sees": base64.b64encode(np.packbits(sees.numpy().reshape(-1)).tobytes()).decode("ascii"),
+        "all_keys": all_keys,
+        "derived": derived,  # the page computes the weights from q, k and ``sees``
+        "wcheck": werr,  # max |that softmax - recorded weight| over the map
         "check": err,  # max |q·k/sqrt(d_k) - recorded score| over the map, float64 from float32
         "rotary": None if module is None else getattr(module, "rotary", None) is not None,
     }
+
+
+def _softmax_seen(scores, sees):
+    """Softmax of (H, T, S) scores over the keys ``sees`` (T, S) allows; zeros where none."""
+    masked = scores.masked_fill(~sees, float("-inf"))
+    top = masked.amax(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).min)  # (H, T, 1)
+    e = (masked - top).exp()
+    return e / e.sum(-1, keepdim=True).clamp_min(torch.finfo(scores.dtype).tiny)
 
 
 def _prediction(rec: Recording, model, tokenizer, top_k: int = TOP_K) -> dict:
@@ -234,6 +254,7 @@ def explorer_data(
         ka, kb = windows[info.key_stack]
         w = rec.weights(info.name).numpy()[:, qa:qb, ka:kb]  # (H, T, S) inside the window
         ints = np.rint(np.clip(w, 0.0, 1.0) * SCALE).astype(np.int64)
+        neuron = _neuron(rec, info, model, windows)
         prefix = info.module_path.rsplit(".", 1)[0] + "." if "." in info.module_path else ""
         maps.append(
             {
@@ -246,8 +267,9 @@ def explorer_data(
                 "kstack": info.key_stack,
                 "T": int(w.shape[1]),
                 "S": int(w.shape[2]),
-                "w": [h.reshape(-1).tolist() for h in ints],
-                "neuron": _neuron(rec, info, model, windows),
+                "H": int(w.shape[0]),
+                **({} if neuron.get("derived") else {"w": [h.reshape(-1).tolist() for h in ints]}),
+                "neuron": neuron,
             }
         )
     bars = []
