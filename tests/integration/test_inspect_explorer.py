@@ -479,6 +479,12 @@ def test_neuron_view_products_sum_to_the_score_in_the_matrix_in_chromium(
     assert _canvas(browser, "matrix") != before
     assert "key" in _text(browser, "cell") and browser.eval("window.attnlabExplorer.state.nk") == 0
 
+    # a prediction read at a query token shows that token in the neuron view when clicked
+    at = next(s for s in data["prediction"]["sections"] if s.get("stack") == m["qstack"])
+    browser.eval(f"document.querySelectorAll('#predict h3.link')"
+                 f"[{data['prediction']['sections'].index(at)}].click()")  # fmt: skip
+    st = json.loads(browser.eval("JSON.stringify(window.attnlabExplorer.state)"))
+    assert (st["map"], st["nq"]) == (mi, at["at"] - data["stacks"][m["qstack"]]["offset"])
     # the prediction panel: predict's top answer
     items = json.loads(browser.eval("JSON.stringify(Array.from(document.querySelectorAll("
                                     "'#predict .item')).map(e => e.dataset.label))"))  # fmt: skip

@@ -174,7 +174,7 @@ def _prediction(rec: Recording, model, tokenizer, top_k: int = TOP_K) -> dict:
 
     try:
         tr = trace(model, tokenizer, rec.text, top_k=top_k, rec=rec)
-    except (InspectError, KeyError, IndexError) as e:
+    except (ValueError, KeyError, IndexError, AttributeError) as e:  # ValueError: AttnlabError
         return {"sections": [], "note": f"no prediction: {e}"}
     only = next(iter(rec.tokens)) if len(rec.tokens) == 1 else None
     out: dict = {"sections": [], "note": "", "meaning": []}
