@@ -141,6 +141,7 @@ def cmd_explore(args) -> int:
         max_tokens=args.max_tokens,
         start=args.start,
         tabs=tabs,
+        tokenizer=tokenizer,
     )
     page.save(out)
     if page.data["note"]:
