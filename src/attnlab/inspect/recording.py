@@ -55,13 +55,14 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import hooks
+from attnlab.errors import AttnlabError
 from attnlab.hooks import ActivationCache
 
 MAP_SUFFIXES = ("attn.weights", "cross.weights")
 _LAYER_RE = re.compile(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.")
 
 
-class InspectError(ValueError):
+class InspectError(AttnlabError):
     """Input the look-inside tools cannot use (text too long, unknown layer or head)."""
 
 
