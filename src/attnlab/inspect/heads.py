@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from attnlab import hooks
 from attnlab.inspect.display import Result
 from attnlab.inspect.recording import InspectError, max_positions, output_tensor
+from attnlab.modes import evaluating
 
 SCORES = ("previous-token", "duplicate-token", "induction", "first-token", "self", "entropy")
 # a head is named after a score at or over its threshold (the one furthest over it)
@@ -196,13 +197,8 @@ def run_probe(model: nn.Module, x: Tensor, ids: bool = True, repeated: bool = Fa
     next-token loss of each half is measured (causal models whose output is (B, T, V))."""
     points = hooks.hook_points(model)
     names = [n for n in points if n.endswith(SELF_MAPS)]
-    was = model.training
-    model.eval()
-    try:
-        with hooks.record(model, names=names) as cache:
-            out = probe_forward(model)(x)
-    finally:
-        model.train(was)
+    with evaluating(model), hooks.record(model, names=names) as cache:
+        out = probe_forward(model)(x)
     T = x.size(1) if ids else None
     if T is None:  # images: every square map is over the patches
         maps = {k: v for k, v in cache.items() if v.dim() == 4 and v.size(-1) == v.size(-2)}

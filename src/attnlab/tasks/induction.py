@@ -50,6 +50,7 @@ from attnlab.data import DataError
 from attnlab.data.batches import RandomBatches
 from attnlab.inspect import heads as head_tools
 from attnlab.models.gpt import GPTConfig
+from attnlab.modes import evaluating
 from attnlab.tasks.lm import LanguageModel, LMOptions
 from attnlab.tokenizers import CharTokenizer
 from attnlab.training.metrics import Metric
@@ -236,12 +237,8 @@ class Induction(LanguageModel):
         does, through ``evaluate``)."""
         device = next(model.parameters()).device
         x = self.eval_sequences(n).to(device)
-        was = model.training
-        model.eval()
-        try:
+        with evaluating(model):
             first, repeated = head_tools.half_losses(model(x), x)
-        finally:
-            model.train(was)
         return {"loss_first_half": first, "loss_repeated_half": repeated,
                 "ln_vocab": math.log(model.config.vocab_size), "sequences": n,
                 "half": x.size(1) // 2}  # fmt: skip

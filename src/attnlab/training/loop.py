@@ -65,6 +65,7 @@ from torch import nn
 
 from attnlab import checkpoint as ckpt
 from attnlab.heartbeat import count as count_done
+from attnlab.modes import evaluating
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (
@@ -406,19 +407,9 @@ class Trainer:
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _eval_mode(self, model: nn.Module):
-        was = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            model.train(was)
-
     def mean_loss(self, batches: list) -> float:
         total = 0.0
-        with self._eval_mode(self.model):
+        with evaluating(self.model), torch.no_grad():
             for i, batch in enumerate(batches):
                 with self._autocast():
                     total += float(self.task.loss(self.model, self._to_device(batch)))
@@ -432,7 +423,7 @@ class Trainer:
             out["train_loss"] = self.mean_loss(self.train_eval_batches)
         if self.val_batches:
             out["val_loss"] = self.mean_loss(self.val_batches)
-            with self._eval_mode(self.raw_model), self.unsharded():
+            with evaluating(self.raw_model), torch.no_grad(), self.unsharded():
                 out.update(self.task.evaluate(self.raw_model, out["val_loss"]))
         return out
 
@@ -444,7 +435,7 @@ class Trainer:
         self._write_metrics(row)
         progress.note(eval_line(row, self.metrics))
         if progress.enabled or self.sharded:  # sharded: every process gathers the weights
-            with self._eval_mode(self.raw_model), self.unsharded():
+            with evaluating(self.raw_model), torch.no_grad(), self.unsharded():
                 example = self.task.example(self.raw_model) if progress.enabled else None
             if example:
                 progress.note(f"      {example}")
