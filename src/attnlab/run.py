@@ -89,7 +89,7 @@ class Run:
 
     def _repr_html_(self) -> str:
         """In a notebook: the directory, what the model is, its size and its last figures."""
-        from attnlab.inspect.display import table_html
+        from attnlab.render.display import table_html
 
         n = sum(p.numel() for p in self.model.parameters())
         rows = [["path", str(self.path)], ["kind", self.kind], ["model", self.describe()],

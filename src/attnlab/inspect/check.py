@@ -32,9 +32,9 @@ from torch import Tensor, nn
 from attnlab import hooks
 from attnlab.attention import MultiHeadAttention
 from attnlab.checks import find_future_leak
-from attnlab.inspect.display import Result, table_html
 from attnlab.inspect.recording import max_positions, output_tensor
 from attnlab.modes import evaluating
+from attnlab.render.display import Result, table_html
 
 
 @dataclass

@@ -38,9 +38,9 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.inspect.display import Result
 from attnlab.inspect.recording import InspectError, max_positions, output_tensor
 from attnlab.modes import evaluating
+from attnlab.render.display import Result
 
 SCORES = ("previous-token", "duplicate-token", "induction", "first-token", "self", "entropy")
 # a head is named after a score at or over its threshold (the one furthest over it)

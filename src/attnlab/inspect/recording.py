@@ -229,7 +229,7 @@ class Recording:
         the attention maps (name, kind, heads, queries x keys)."""
         import html
 
-        from attnlab.inspect.display import table_html, tokens_html
+        from attnlab.render.display import table_html, tokens_html
 
         what = html.escape(self.description or self.kind or self.model_type or "a model")
         parts = [f"<div><b>Recording</b> of one forward pass: <i>{what}</i></div>"]

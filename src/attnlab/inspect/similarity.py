@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table, rounded
 from attnlab.inspect.recording import _LAYER_RE, InspectError, Recording
+from attnlab.render.display import Result, heatmap_html, matrix_table, rounded
 
 
 def cosine_matrix(h: np.ndarray) -> np.ndarray:

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab import checkpoint as ckpt
-from attnlab.inspect.display import Result
 from attnlab.inspect.heads import SCORES, head_label
 from attnlab.inspect.recording import InspectError
+from attnlab.render.display import Result
 
 # the score a head's curve shows in the figure, and the head named in the summary
 FIGURE_SCORES = ("induction", "previous-token", "duplicate-token", "first-token")

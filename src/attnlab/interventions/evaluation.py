@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from attnlab.inspect.display import Result
 from attnlab.interventions.edits import MODES, EditLog, ablate
 from attnlab.interventions.subjects import InterventionError, Subject
 from attnlab.modes import evaluating
+from attnlab.render.display import Result
 
 
 @dataclass
