@@ -213,7 +213,7 @@ def add_model_options(
 ) -> None:
     """``--device``, ``--dtype`` and ``--json``, spelt and defaulted alike on every verb that
     runs a model (the defaults are TrainConfig's; a verb that defines one keeps its own)."""
-    from attnlab.training.config import DTYPES, TrainConfig
+    from attnlab.train_config import DTYPES, TrainConfig
 
     have = {o for a in parser._actions for o in a.option_strings}
     if "--device" not in have:

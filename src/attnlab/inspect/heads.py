@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.inspect.recording import InspectError, max_positions, output_tensor
+from attnlab.metrics import half_losses
 from attnlab.modes import evaluating
 from attnlab.render.display import Result
 
@@ -210,17 +211,6 @@ def run_probe(model: nn.Module, x: Tensor, ids: bool = True, repeated: bool = Fa
     if repeated and ids and causal and out.dim() == 3 and out.size(1) == T:
         result.loss_first_half, result.loss_repeated_half = half_losses(out, x)
     return result
-
-
-def half_losses(logits: Tensor, x: Tensor) -> tuple[float, float]:
-    """Next-token loss (nats) on the first half of r r (predicting r[1:], which nothing in the
-    context gives away) and on the repeated half (predicting r again, which an induction head
-    can copy): logits (B, 2P, V), x (B, 2P)."""
-    P = x.size(1) // 2
-    nll = torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none"
-    )  # (B, 2P - 1): position t predicts x[t + 1]
-    return float(nll[:, : P - 1].mean()), float(nll[:, P - 1 :].mean())
 
 
 # ---------------------------------------------------------------------------------------------

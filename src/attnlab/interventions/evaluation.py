@@ -156,7 +156,7 @@ def held_out(run_dir, device="cpu") -> HeldOut:
     (imported ones) have nothing held out: an InterventionError says so."""
     from attnlab.checkpoint import load_run, read_run_config
     from attnlab.tasks import open_task
-    from attnlab.training.config import TrainConfig
+    from attnlab.train_config import TrainConfig
 
     cfg = read_run_config(run_dir)
     if "task" not in cfg and "train_config" not in cfg:

@@ -34,6 +34,7 @@ from attnlab.data.tasks import (
 )
 from attnlab.generation import beam_search, greedy, pad_ids
 from attnlab.heartbeat import count as count_done
+from attnlab.metrics import Metric
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.modes import evaluating
@@ -46,7 +47,6 @@ from attnlab.tokenizers import (
     TokenizerError,
     build_tokenizer,
 )
-from attnlab.training.metrics import Metric
 
 ARCHS = ("transformer", "lstm-attention", "lstm")
 MAX_VAL = 1000  # held-out pairs decoded at each evaluation

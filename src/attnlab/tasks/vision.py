@@ -20,10 +20,10 @@ import torch.nn.functional as F
 
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.data import images as im
+from attnlab.metrics import Metric
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, Task, predict_options
-from attnlab.training.metrics import Metric
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "patch_size", "dropout")
 

@@ -65,9 +65,10 @@ from torch import nn
 
 from attnlab import checkpoint as ckpt
 from attnlab.heartbeat import count as count_done
+from attnlab.metrics import Metric, val_loss_metric
 from attnlab.modes import evaluating
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
-from attnlab.training.config import TrainConfig
+from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import (
     DistInfo,
     all_sum,
@@ -80,7 +81,6 @@ from attnlab.training.distributed import (
     unsharded,
 )
 from attnlab.training.faults import Faults
-from attnlab.training.metrics import Metric, val_loss_metric
 from attnlab.training.optim import (
     check_optimizer_tensors,
     load_optimizer,

@@ -32,7 +32,7 @@ from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.runtime import resolve_device
 from attnlab.tasks.base import Task, task_class, task_for_run
-from attnlab.training.config import TrainConfig
+from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 from attnlab.training.memory import size_warnings

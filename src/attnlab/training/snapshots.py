@@ -44,12 +44,6 @@ from attnlab.inspect.heads import SCORES, ProbeResult, repeated_tokens, run_prob
 
 PATTERN_BUDGET = 4 * 2**20  # bytes of attention patterns per run, at most
 PATTERN_TOKENS = 48  # longest probe sequence whose pattern is stored
-DEFAULT_SNAPSHOTS = 40  # a task that snapshots by default does so about this often per run
-
-
-def default_interval(max_iters: int) -> int:
-    """Steps between snapshots when a task takes them by default: about 40 per run."""
-    return max(1, max_iters // DEFAULT_SNAPSHOTS)
 
 
 class Snapshots:
