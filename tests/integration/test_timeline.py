@@ -12,10 +12,10 @@ import torch
 
 from attnlab import checkpoint as ckpt
 from attnlab.cli import main
+from attnlab.inspect.snapshots import PATTERN_BUDGET, Snapshots
 from attnlab.inspect.timeline import fastest_change, timeline
 from attnlab.train_config import default_snapshot_interval
 from attnlab.training import FAULT_ENV
-from attnlab.training.snapshots import PATTERN_BUDGET, Snapshots
 from lm_helpers import metrics
 from task_helpers import train_args, write_task_data
 

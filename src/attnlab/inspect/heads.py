@@ -22,7 +22,7 @@ the second half; a held-out sample of the run's own data
 shows what the heads do on real input. A head is named after the score that is furthest over
 its threshold (``THRESHOLDS``), on the repeated tokens.
 
-Used by training snapshots (``attnlab.training.snapshots``), ``attnlab heads`` and
+Used by training snapshots (``attnlab.inspect.snapshots``), ``attnlab heads`` and
 ``attnlab timeline``; a head named here is ablated with ``attnlab.interventions.ablate``.
 ``composition_scores`` gives Elhage et al.'s Q-, K- and V-composition between the heads of
 consecutive layers, read from the weights alone.

@@ -1,7 +1,9 @@
 """Snapshots during training: how every head's attention forms, step by step.
 
-``Snapshots(every)`` is a Trainer callback (see ``attnlab.training.loop``). Every ``every``
-steps, and at the last step, it runs the model (in eval mode, without gradients) on two fixed
+``Snapshots(every)`` is a Trainer callback (see ``attnlab.training.loop``): inspection that
+runs during training, so it lives here beside the head scores it records and the timeline
+that reads them; the train verb (``attnlab.training.run``) hands it to the Trainer. Every
+``every`` steps, and at the last step, it runs the model (in eval mode, without gradients) on two fixed
 probes and writes ``snapshots/step-NNNNNNNN.safetensors`` into the run directory
 (``attnlab.checkpoint.write_snapshot``):
 
