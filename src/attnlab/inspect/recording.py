@@ -59,7 +59,7 @@ from attnlab.errors import AttnlabError
 from attnlab.hooks import ActivationCache
 
 MAP_SUFFIXES = ("attn.weights", "cross.weights")
-_LAYER_RE = re.compile(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.")
+LAYER_RE = re.compile(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.")  # blocks.3.attn.weights -> 3
 
 
 class InspectError(AttnlabError):
@@ -139,7 +139,7 @@ class Recording:
             if not name.endswith(MAP_SUFFIXES) or t.dim() != 4:
                 continue
             stack = self.stack_of(name)
-            m = _LAYER_RE.search(name)
+            m = LAYER_RE.search(name)
             kind = "cross" if name.endswith("cross.weights") else "self"
             key_stack = stack if kind == "self" else (self.memory_stack or stack)
             S = t.size(-1)
