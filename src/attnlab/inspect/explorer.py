@@ -43,10 +43,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.inspect.display import Result
 from attnlab.inspect.influence import influence, influence_bars
 from attnlab.inspect.recording import InspectError, Recording
 from attnlab.inspect.similarity import layer_label
+from attnlab.render.display import Result
 
 SCALE = 1000  # weights stored as round(w * SCALE): 3 decimals
 MAX_TOKENS = 128
@@ -282,7 +282,7 @@ def explorer_data(
     top = max((v for b in bars for v in b["rel_change"]), default=1.0)
     image = None
     if rec.extra.get("image") is not None:  # a ViT: the image its patch tokens come from
-        from attnlab.inspect.images import png_data_uri
+        from attnlab.render.images import png_data_uri
 
         img = rec.extra["image"]
         image = {"src": png_data_uri(img), "patch": int(rec.extra["patch_size"]),
