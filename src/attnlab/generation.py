@@ -72,6 +72,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.models.gpt import WINDOWS
+from attnlab.modes import evaluating
 from attnlab.tokenizers import BOS, EOS, PAD  # an encoder-decoder's reserved ids
 
 __all__ = ["WINDOWS", "SamplingConfig", "generate", "generate_ids", "greedy", "beam_search",
@@ -153,13 +154,8 @@ def decoding(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def run(model: nn.Module, *args, **kwargs):
-        was = model.training
-        model.eval()
-        try:
-            with torch.inference_mode():
-                return fn(model, *args, **kwargs)
-        finally:
-            model.train(was)
+        with evaluating(model), torch.inference_mode():
+            return fn(model, *args, **kwargs)
 
     return run
 

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table
 from attnlab.interventions.edits import edited, head_edits
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import HeadRef, InterventionError, Subject
+from attnlab.render.display import Result, heatmap_html, matrix_table
 
 
 @dataclass
