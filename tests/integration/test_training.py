@@ -167,6 +167,33 @@ def test_a_run_reads_the_loss_back_only_at_log_lines_evaluations_and_checkpoints
     assert set(calls) <= {0, 10, 20} and len(calls) <= 5  # not once a step
 
 
+def test_an_evaluation_counts_each_pass_under_its_own_name(monkeypatch):
+    """The train and validation passes once shared one label, so a long evaluation's heartbeat
+    went backwards (11/20, 4/20, 12/20 batches); each now counts up under its own name."""
+    from attnlab import heartbeat
+    from attnlab.training import loop
+
+    said: list[str] = []
+    trainer = make_trainer(eval_iters=3)
+    beat = heartbeat.Heartbeat("evaluating at step 0", show=said.append)
+    counted: list[tuple[str, int, int]] = []
+
+    def count(done, total=None, unit=""):
+        heartbeat.count(done, total, unit)
+        counted.append((unit, done, total))
+        said.append(beat.line(1.0))
+
+    monkeypatch.setattr(loop, "count_done", count)
+    with beat:
+        trainer.evaluate()
+    assert [u for u, _, _ in counted] == ["train batches"] * 3 + ["val batches"] * 3
+    assert [(d, t) for _, d, t in counted] == [(1, 3), (2, 3), (3, 3)] * 2
+    assert said[:4] == ["evaluating at step 0: 1/3 train batches, 1 s",
+                        "evaluating at step 0: 2/3 train batches, 1 s",
+                        "evaluating at step 0: 3/3 train batches, 1 s",
+                        "evaluating at step 0: 1/3 val batches, 1 s"]  # fmt: skip
+
+
 def test_compile_pays_only_when_the_steps_left_repay_it():
     from attnlab.training.loop import COMPILE_COST, compile_pays
 

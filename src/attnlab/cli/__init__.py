@@ -83,6 +83,9 @@ def int_at_least(low: int):
 
 # Verbs that run no model; every other verb takes --threads (see add_threads_option).
 NO_MODEL_VERBS = {"import-hf", "export-hf"}
+# Verbs whose library call chooses the threads itself (training.run.train: the Python API makes
+# the same choice); the CLI passes --threads on to them instead of choosing first.
+OWN_THREADS_VERBS = {"train"}
 # Verbs that run a model take --device and --dtype (and --json, but for these two: embed's
 # result is JSON already, explore's is a page); timeline reads snapshots and runs none.
 READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
@@ -272,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
         threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
-        if args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
+        if args.verb in OWN_THREADS_VERBS:
+            args.threads = threads  # the library chooses, as it does when called from Python
+            result = args.func(args)
+        elif args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
             with runtime.using_threads(threads), _model_context(args):
                 result = args.func(args)
         else:

@@ -147,7 +147,7 @@ class Trainer:
         self.task = task
         self.device = resolve_device(c.device)
         self.amp_dtype = resolve_dtype(c.dtype, self.device)
-        self.threads = thread_choice()  # made by the caller (the CLI: runtime.using_threads)
+        self.threads = thread_choice()  # made by the caller (training.run.train, a CLI verb)
         self.dist = dist_info or DistInfo()
         self.raw_model = model.to(self.device)
         self.out_dir = Path(out_dir) if out_dir is not None else None
@@ -407,22 +407,25 @@ class Trainer:
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    def mean_loss(self, batches: list) -> float:
+    def mean_loss(self, batches: list, name: str = "") -> float:
+        """The mean loss over ``batches``; a Heartbeat around it shows ``12/20 <name> batches``
+        (each pass its own name: one shared label made the count run 20/20, then 4/20)."""
+        unit = f"{name} batches".strip()
         total = 0.0
         with evaluating(self.model), torch.no_grad():
             for i, batch in enumerate(batches):
                 with self._autocast():
                     total += float(self.task.loss(self.model, self._to_device(batch)))
-                count_done(i + 1, len(batches), "batches")
+                count_done(i + 1, len(batches), unit)
         return total / max(len(batches), 1)
 
     def evaluate(self) -> dict:
         """Mean loss on the fixed validation (and training) batches, and the task's figures."""
         out: dict[str, float] = {}
         if self.train_eval_batches:
-            out["train_loss"] = self.mean_loss(self.train_eval_batches)
+            out["train_loss"] = self.mean_loss(self.train_eval_batches, "train")
         if self.val_batches:
-            out["val_loss"] = self.mean_loss(self.val_batches)
+            out["val_loss"] = self.mean_loss(self.val_batches, "val")
             with evaluating(self.raw_model), torch.no_grad(), self.unsharded():
                 out.update(self.task.evaluate(self.raw_model, out["val_loss"]))
         return out

@@ -3,10 +3,13 @@
     p = plan({"task": "seq2seq", "data": "dates", "arch": "lstm-attention"})  # checks options
     outcome = train(p)            # prepares the data, trains, writes p.out; see TrainOutcome
 
-``plan`` checks every option and reads or writes nothing. An option that is not given takes
+``plan`` checks every option and reads or writes nothing. Its options are ``attnlab train``'s,
+every one of them (``--threads`` too), so a run planned in Python is the run the command makes. An option that is not given takes
 the task's default (``Task.option_defaults``). An option the task has no use for is refused.
 
-``train`` then holds the run directory's writer lock (``checkpoint.writer_lock``) while it:
+``train`` chooses the CPU threads as every verb does (``runtime.using_threads``: ``threads``, else
+OMP_NUM_THREADS, else one per core less those other processes keep busy), then holds the run
+directory's writer lock (``checkpoint.writer_lock``) while it:
   - a new run: refuses a directory that already holds a run; prepares the data and the
     tokenizer (bad data leaves nothing behind); builds the model from the seed;
   - ``resume``: rebuilds the task from the run's config.json (its options, its tokenizer, its
@@ -30,14 +33,14 @@ import torch
 from attnlab import checkpoint as ckpt
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
-from attnlab.runtime import resolve_device
+from attnlab.runtime import resolve_device, using_threads
 from attnlab.tasks.base import Task, task_class, task_for_run
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 from attnlab.training.memory import size_warnings
 
-RUN_OPTIONS = {"task", "out", "resume", "quiet", "log"}
+RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads"}
 # Options that may change when a run is resumed; every other one comes from the run.
 RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
              "device", "dtype", "compile", "compile_backend", "fsdp"}  # fmt: skip
@@ -71,6 +74,7 @@ class TrainPlan:
     resume: bool = False
     quiet: bool = False
     log: str | None = None  # an experiment tracker: "tensorboard" (attnlab.training.tracking)
+    threads: int | None = None  # CPU threads; None: the busy-machine choice (attnlab.runtime)
 
 
 @dataclasses.dataclass
@@ -128,13 +132,16 @@ def plan(given: dict) -> TrainPlan:
             f"--snapshot-every records self-attention heads, and this {cls.label} model has "
             "none (an LSTM's attention reads the encoder from the decoder)"
         )
+    threads = given.get("threads")
+    if threads is not None and (type(threads) is not int or threads < 1):
+        raise ConfigError(f"--threads must be an integer of at least 1, got {threads!r}")
     if given.get("log"):  # its package checked now: before any data is read or step trained
         from attnlab.training.tracking import require
 
         require(given["log"])
     out = Path(given["out"]) if given.get("out") else cls.default_out(options)
     return TrainPlan(cls, options, config, given, out, bool(given.get("resume")),
-                     bool(given.get("quiet")), given.get("log"))  # fmt: skip
+                     bool(given.get("quiet")), given.get("log"), threads)  # fmt: skip
 
 
 def check_fsdp(config: TrainConfig) -> None:
@@ -152,8 +159,15 @@ def check_fsdp(config: TrainConfig) -> None:
 
 
 def train(p: TrainPlan, log: Callable[[str], None] | None = None) -> TrainOutcome:
-    """Prepare (or reopen), train and record the run ``p`` describes."""
+    """Prepare (or reopen), train and record the run ``p`` describes, on the CPU threads
+    ``p.threads`` or the busy-machine rule gives (torch's count as it was afterwards)."""
     log = stamped(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
+    with using_threads(p.threads):  # the Trainer says the choice (first line, config.json)
+        return _locked(p, log)
+
+
+def _locked(p: TrainPlan, log: Callable[[str], None]) -> TrainOutcome:
+    """``train`` in the run directory's writer lock, in the process group."""
     device = resolve_device(p.config.device)
     # One writer per run directory, whatever the task: a second train into p.out is refused
     # here, naming this process, until it ends (kill -9 too). Rank 0 alone takes it.
