@@ -61,6 +61,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ConfigError
+from attnlab.errors import AttnlabError
 from attnlab.tokenizers import PairTokenizer, Tokenizer, TokenizerError, load_tokenizer
 
 FORMAT_VERSION = 1
@@ -77,7 +78,7 @@ MODEL_TYPES: dict[str, str] = {
 PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
 
 
-class RunError(ValueError):
+class RunError(AttnlabError):
     """A run directory that is missing, incomplete, corrupt or inconsistent."""
 
 

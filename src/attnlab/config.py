@@ -6,8 +6,10 @@ import dataclasses
 import json
 from typing import Any
 
+from attnlab.errors import AttnlabError
 
-class ConfigError(ValueError):
+
+class ConfigError(AttnlabError):
     """A configuration value is out of range or inconsistent."""
 
 

@@ -74,6 +74,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.decoding import WINDOWS, decoder_for
+from attnlab.modes import evaluating
 from attnlab.tokenizers import BOS, EOS, PAD  # an encoder-decoder's reserved ids
 
 __all__ = ["WINDOWS", "decoder_for", "SamplingConfig", "generate", "generate_ids", "greedy", "beam_search",
@@ -155,13 +156,8 @@ def decoding(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def run(model: nn.Module, *args, **kwargs):
-        was = model.training
-        model.eval()
-        try:
-            with torch.inference_mode():
-                return fn(model, *args, **kwargs)
-        finally:
-            model.train(was)
+        with evaluating(model), torch.inference_mode():
+            return fn(model, *args, **kwargs)
 
     return run
 

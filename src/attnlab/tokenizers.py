@@ -25,6 +25,8 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
+from attnlab.errors import AttnlabError
+
 UNK = "<unk>"
 PAD, BOS, EOS = 0, 1, 2  # encoder-decoder ids; a PairTokenizer shifts each side's ids by 3
 PAIR_SPECIALS = ("<pad>", "<bos>", "<eos>")
@@ -32,7 +34,7 @@ ENCODER_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # at ids 0-4
 TOKENIZER_KINDS = ("char", "word", "bpe", "wordpiece")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(AttnlabError):
     """Text that a tokenizer cannot encode, or a tokenizer file that cannot be read."""
 
 

@@ -290,7 +290,7 @@ def test_train_json_reports_the_run(cli, home, tmp_path):
 
 def test_a_size_too_big_for_the_machine_is_one_warning_with_its_memory():
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
-    from attnlab.training.config import TrainConfig
+    from attnlab.train_config import TrainConfig
     from attnlab.training.memory import run_size, size_warnings
 
     with torch.device("meta"):  # sizes without allocating
@@ -308,7 +308,7 @@ def test_a_size_too_big_for_the_machine_is_one_warning_with_its_memory():
 @pytest.mark.slow
 def test_the_gpt2_preset_on_a_cpu_is_one_warning_with_its_memory():
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
-    from attnlab.training.config import TrainConfig
+    from attnlab.train_config import TrainConfig
     from attnlab.training.memory import size_warnings
 
     with torch.device("meta"):  # ~6 s to build, though nothing is allocated

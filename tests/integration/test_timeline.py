@@ -12,9 +12,10 @@ import torch
 
 from attnlab import checkpoint as ckpt
 from attnlab.cli import main
+from attnlab.inspect.snapshots import PATTERN_BUDGET, Snapshots
 from attnlab.inspect.timeline import fastest_change, timeline
+from attnlab.train_config import default_snapshot_interval
 from attnlab.training import FAULT_ENV
-from attnlab.training.snapshots import PATTERN_BUDGET, Snapshots, default_interval
 from lm_helpers import metrics
 from task_helpers import train_args, write_task_data
 
@@ -73,10 +74,10 @@ def test_fastest_change_skips_gaps_and_ignores_the_other_direction():
 
 
 @pytest.mark.parametrize("every", [1, 7, 50])
-def test_default_interval_gives_about_forty_snapshots(every):
+def test_default_snapshot_interval_gives_about_forty_snapshots(every):
     steps = every * 40
-    assert default_interval(steps) == every
-    assert default_interval(3) == 1
+    assert default_snapshot_interval(steps) == every
+    assert default_snapshot_interval(3) == 1
 
 
 def test_patterns_are_thinned_to_the_budget_and_scores_kept_at_every_snapshot(tmp_path):

@@ -30,7 +30,7 @@ def _subject(args):
 
 def _show(result, args) -> int:
     """Write --png (before printing, so a failed write prints only its error), then print."""
-    from attnlab.inspect.display import console
+    from attnlab.render.display import console
 
     png = getattr(args, "_png", None)
     if png is not None:

@@ -33,8 +33,9 @@ from attnlab import hooks
 from attnlab.attention import MultiHeadAttention
 from attnlab.checks import find_future_leak
 from attnlab.decoding import decoder_for
-from attnlab.inspect.display import Result, table_html
 from attnlab.inspect.recording import max_positions, output_tensor
+from attnlab.modes import evaluating
+from attnlab.render.display import Result, table_html
 
 
 @dataclass
@@ -265,9 +266,7 @@ def check_determinism(model, ids) -> CheckResult:
 
 def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> CheckReport:
     """Run every conformance check on ``model`` (in eval mode; its mode is restored after)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         make = getattr(model, "conformance_inputs", None)  # e.g. a ViT's random images
         ids = make(batch, seed) if make is not None else random_ids(model, batch, length, seed)
         results = [
@@ -279,6 +278,4 @@ def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> 
             check_padding(model, ids),
             check_determinism(model, ids),
         ]
-    finally:
-        model.train(was_training)
     return CheckReport(results)

@@ -27,7 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.inspect.display import (
+from attnlab.inspect.recording import InspectError, Recording
+from attnlab.inspect.similarity import layer_label
+from attnlab.render.display import (
     Result,
     heatmap_html,
     matrix_table,
@@ -35,8 +37,6 @@ from attnlab.inspect.display import (
     show_token,
     table_html,
 )
-from attnlab.inspect.recording import InspectError, Recording
-from attnlab.inspect.similarity import layer_label
 
 
 @dataclass

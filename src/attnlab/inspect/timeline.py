@@ -1,5 +1,5 @@
 """Attention over training time: the loss curve beside every head's scores, read from a run's
-snapshots (``attnlab.training.snapshots``) and metrics.jsonl.
+snapshots (``attnlab.inspect.snapshots``) and metrics.jsonl.
 
     tl = timeline("runs/induction")
     tl.fastest["induction"]          # {"head": "1.0", "step": 275, "from": 0.46, "to": 0.78, ...}
@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab import checkpoint as ckpt
-from attnlab.inspect.display import Result
 from attnlab.inspect.heads import SCORES, head_label
 from attnlab.inspect.recording import InspectError
+from attnlab.render.display import Result
 
 # the score a head's curve shows in the figure, and the head named in the summary
 FIGURE_SCORES = ("induction", "previous-token", "duplicate-token", "first-token")

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.inspect.display import Result, show_token
 from attnlab.interventions.edits import EditLog, ablation_edit, edited, head_edits
 from attnlab.interventions.figures import figure_html, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Prepared, Subject
+from attnlab.render.display import Result, show_token
 
 
 @dataclass

@@ -23,10 +23,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table
 from attnlab.interventions.edits import clean_means, edited, head_edits, replayed_means
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import HeadRef, InterventionError, Subject
+from attnlab.render.display import Result, heatmap_html, matrix_table
 
 MEAN_FROM = "the clean run of the measured inputs, each forward pass's batch and positions"
 

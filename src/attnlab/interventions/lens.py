@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table, show_token
 from attnlab.interventions.edits import edited
 from attnlab.interventions.figures import heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Point, Subject
+from attnlab.render.display import Result, heatmap_html, matrix_table, show_token
 
 LENS_FILE, LENS_META = "tuned_lens.safetensors", "tuned_lens.json"
 LENS_KINDS = ("gpt", "mlm", "encoder", "classify", "seq2seq", "vit")

@@ -34,7 +34,7 @@ Callbacks (``callbacks=``) see the run without the loop knowing what they do: ea
     on_metrics(trainer, row)    each row as it is added to metrics.jsonl (a log line or an
                                 evaluation; every process, written or not)
     on_close(trainer)           once the loop has ended, however it ended
-Training snapshots (``attnlab.training.snapshots``) and the TensorBoard log
+Training snapshots (``attnlab.inspect.snapshots``) and the TensorBoard log
 (``attnlab.training.tracking``) are two. A callback must not draw from the
 global RNGs, so that a run with callbacks trains exactly as one without.
 
@@ -65,8 +65,10 @@ from torch import nn
 
 from attnlab import checkpoint as ckpt
 from attnlab.heartbeat import count as count_done
+from attnlab.metrics import Metric, val_loss_metric
+from attnlab.modes import evaluating
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
-from attnlab.training.config import TrainConfig
+from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import (
     DistInfo,
     all_sum,
@@ -79,7 +81,6 @@ from attnlab.training.distributed import (
     unsharded,
 )
 from attnlab.training.faults import Faults
-from attnlab.training.metrics import Metric, val_loss_metric
 from attnlab.training.optim import (
     check_optimizer_tensors,
     load_optimizer,
@@ -406,19 +407,9 @@ class Trainer:
 
     # -- evaluation ----------------------------------------------------------------------------
 
-    @contextlib.contextmanager
-    def _eval_mode(self, model: nn.Module):
-        was = model.training
-        model.eval()
-        try:
-            with torch.no_grad():
-                yield
-        finally:
-            model.train(was)
-
     def mean_loss(self, batches: list) -> float:
         total = 0.0
-        with self._eval_mode(self.model):
+        with evaluating(self.model), torch.no_grad():
             for i, batch in enumerate(batches):
                 with self._autocast():
                     total += float(self.task.loss(self.model, self._to_device(batch)))
@@ -432,7 +423,7 @@ class Trainer:
             out["train_loss"] = self.mean_loss(self.train_eval_batches)
         if self.val_batches:
             out["val_loss"] = self.mean_loss(self.val_batches)
-            with self._eval_mode(self.raw_model), self.unsharded():
+            with evaluating(self.raw_model), torch.no_grad(), self.unsharded():
                 out.update(self.task.evaluate(self.raw_model, out["val_loss"]))
         return out
 
@@ -444,7 +435,7 @@ class Trainer:
         self._write_metrics(row)
         progress.note(eval_line(row, self.metrics))
         if progress.enabled or self.sharded:  # sharded: every process gathers the weights
-            with self._eval_mode(self.raw_model), self.unsharded():
+            with evaluating(self.raw_model), torch.no_grad(), self.unsharded():
                 example = self.task.example(self.raw_model) if progress.enabled else None
             if example:
                 progress.note(f"      {example}")

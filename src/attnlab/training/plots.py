@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnlab import checkpoint as ckpt
-from attnlab.training.metrics import Metric
+from attnlab.metrics import Metric
 
 
 def loss_figure(rows: list[dict], loss_unit: str, headline: Metric | None = None, title: str = ""):

@@ -32,7 +32,7 @@ from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.runtime import resolve_device
 from attnlab.tasks.base import Task, task_class, task_for_run
-from attnlab.training.config import TrainConfig
+from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 from attnlab.training.memory import size_warnings
@@ -223,7 +223,7 @@ def _callbacks(task: Task, config: TrainConfig, log: str | None = None) -> list:
         out.append(TensorBoardLog())
     if not config.snapshot_every:
         return out
-    from attnlab.training.snapshots import PATTERN_TOKENS, Snapshots
+    from attnlab.inspect.snapshots import PATTERN_TOKENS, Snapshots
 
     sample = task.sample_inputs(4, PATTERN_TOKENS)
     inputs, ids = sample if sample is not None else (None, True)

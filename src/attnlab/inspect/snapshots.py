@@ -1,7 +1,9 @@
 """Snapshots during training: how every head's attention forms, step by step.
 
-``Snapshots(every)`` is a Trainer callback (see ``attnlab.training.loop``). Every ``every``
-steps, and at the last step, it runs the model (in eval mode, without gradients) on two fixed
+``Snapshots(every)`` is a Trainer callback (see ``attnlab.training.loop``): inspection that
+runs during training, so it lives here beside the head scores it records and the timeline
+that reads them; the train verb (``attnlab.training.run``) hands it to the Trainer. Every
+``every`` steps, and at the last step, it runs the model (in eval mode, without gradients) on two fixed
 probes and writes ``snapshots/step-NNNNNNNN.safetensors`` into the run directory
 (``attnlab.checkpoint.write_snapshot``):
 
@@ -44,12 +46,6 @@ from attnlab.inspect.heads import SCORES, ProbeResult, repeated_tokens, run_prob
 
 PATTERN_BUDGET = 4 * 2**20  # bytes of attention patterns per run, at most
 PATTERN_TOKENS = 48  # longest probe sequence whose pattern is stored
-DEFAULT_SNAPSHOTS = 40  # a task that snapshots by default does so about this often per run
-
-
-def default_interval(max_iters: int) -> int:
-    """Steps between snapshots when a task takes them by default: about 40 per run."""
-    return max(1, max_iters // DEFAULT_SNAPSHOTS)
 
 
 class Snapshots:
