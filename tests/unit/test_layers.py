@@ -97,7 +97,6 @@ LAYERS: list[tuple[str, list[str]]] = [
 # Modules placed above that land with branches being merged now; absent until then. Remove a
 # name once its module exists (the test says when).
 COMING = {
-    "attnlab.decoding",  # GPT decoding out of models/gpt.py (decode branch)
     "attnlab.files",  # atomic writes and the file lock out of checkpoint.py (rundir branch)
     "attnlab.safetensors_io",  # the safetensors header check out of checkpoint.py (rundir)
 }
