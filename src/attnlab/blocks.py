@@ -92,13 +92,6 @@ class Block(nn.Module):
         for name in names:
             setattr(self, f"hook_{name}", Hook())
 
-    def _sublayer(self, x, ln, fn, hook_ln=None):
-        """One residual sublayer, pre- or post-norm."""
-        if self.norm_first:
-            h = ln(x)
-            return x + self.drop(fn(hook_ln(h) if hook_ln else h))
-        return ln(x + self.drop(fn(x)))
-
     def forward(
         self,
         x: Tensor,
@@ -108,15 +101,25 @@ class Block(nn.Module):
         cache: KVCache | None = None,
         cross_cache: StaticKV | None = None,
     ) -> Tensor:
+        """x (B, T, C) -> (B, T, C): each sublayer in a residual connection, pre- or post-norm.
+        ``memory`` (B, S, C) is what cross-attention reads (an encoder's output)."""
+        attn = lambda h: self.attn(h, mask=mask, causal=self.causal, cache=cache)
+        cross = lambda h: self.cross(h, kv=memory, mask=memory_mask, cache=cross_cache)
+        mlp = lambda h: self.hook_mlp_out(self.mlp(h))
+        drop = self.drop  # residual dropout (an Identity when p = 0)
         x = self.hook_resid_pre(x)  # (B, T, C)
-        attend = lambda h: self.attn(h, mask=mask, causal=self.causal, cache=cache)
-        x = self.hook_resid_mid(self._sublayer(x, self.ln1, attend, self.hook_ln1))
-        if self.cross is not None:
-            cross = lambda h: self.cross(h, kv=memory, mask=memory_mask, cache=cross_cache)
-            x = self.hook_resid_cross(self._sublayer(x, self.ln_cross, cross))
-        if self.mlp is not None:
-            mlp = lambda h: self.hook_mlp_out(self.mlp(h))
-            x = self._sublayer(x, self.ln2, mlp, self.hook_ln2)
+        if self.norm_first:
+            x = self.hook_resid_mid(x + drop(attn(self.hook_ln1(self.ln1(x)))))
+            if self.cross is not None:
+                x = self.hook_resid_cross(x + drop(cross(self.ln_cross(x))))
+            if self.mlp is not None:
+                x = x + drop(mlp(self.hook_ln2(self.ln2(x))))
+        else:
+            x = self.hook_resid_mid(self.ln1(x + drop(attn(x))))
+            if self.cross is not None:
+                x = self.hook_resid_cross(self.ln_cross(x + drop(cross(x))))
+            if self.mlp is not None:
+                x = self.ln2(x + drop(mlp(x)))
         return self.hook_resid_post(x)
 
 
