@@ -257,10 +257,10 @@ def test_t5_attention_with_relative_bias_matches(is_decoder):
 # ---------------------------------------------------------------------------------------------
 
 
-def _hf_model(name: str, **kw):
+def _hf_model(name: str, config_name: str | None = None, **kw):
     import transformers
 
-    cfg = getattr(transformers, f"{name}Config")(vocab_size=40, hidden_size=32,
+    cfg = getattr(transformers, config_name or f"{name}Config")(vocab_size=40, hidden_size=32,
                                                  intermediate_size=48, max_position_embeddings=128,
                                                  **kw)  # fmt: skip
     cfg._attn_implementation = "eager"
@@ -329,6 +329,80 @@ def test_attention_layer_matches_the_family(family):
     _close(w, got["weights"])
     _close(ref, got["out"])
     _close(fused, got["out"])
+
+
+def test_gemma3_layers_take_their_own_rope_base_window_and_qk_norm():
+    """Gemma 3: a local (sliding, base 1e4) layer then a global one (base 1e6, linear
+    scaling), each with (1 + w) QK-norm; one RotaryHalf per layer type."""
+    pytest.importorskip("transformers")
+    rope_params = {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0},
+    }
+    cfg, model = _hf_model("Gemma3", "Gemma3TextConfig", num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           query_pre_attn_scalar=24, sliding_window=5, rms_norm_eps=1e-5,
+                           layer_types=["sliding_attention", "full_attention"],
+                           rope_parameters=rope_params)  # fmt: skip
+    ropes = {
+        "sliding_attention": RotaryHalf(16, 128, 10000.0),
+        "full_attention": RotaryHalf(16, 128, 1e6, scaling=RopeScaling("linear", 8.0)),
+    }
+    ids = torch.randint(0, 40, (2, 12))
+    for i, kind in enumerate(cfg.layer_types):
+        got = _capture(model, model.model.layers[i].self_attn, ids)
+        window = 5 if kind == "sliding_attention" else None
+        ours = MultiHeadAttention(32, 4, d_k=16, d_v=16, bias=False, n_kv_heads=2,
+                                  qk_norm="rms-gemma", qk_norm_eps=1e-5, scale=24**-0.5,
+                                  window=window, rotary=ropes[kind]).eval()  # fmt: skip
+        _load(ours, model.model.layers[i].self_attn.state_dict(), ATTN_RENAMES)
+        with torch.no_grad():
+            ref, w = ours(got["x"], causal=True, return_weights=True)
+            _close(w, got["weights"])
+            _close(ref, got["out"])
+            _close(ours(got["x"], causal=True), got["out"])
+
+
+def test_parallel_block_with_partial_rotary_matches_a_pythia_layer():
+    """GPT-NeoX: x + attn(ln1(x)) + mlp(ln2(x)), a quarter of each head rotated. Its fused
+    query_key_value holds, head by head, [q; k; v] rows: split into our three projections."""
+    pytest.importorskip("transformers")
+    from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+
+    cfg = GPTNeoXConfig(vocab_size=40, hidden_size=32, intermediate_size=48,
+                        num_attention_heads=4, num_hidden_layers=1, max_position_embeddings=64,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                         "partial_rotary_factor": 0.25})  # fmt: skip
+    cfg._attn_implementation = "eager"
+    model = GPTNeoXForCausalLM(cfg).eval()
+    _randomise(model, std=0.2)
+    layer = model.gpt_neox.layers[0]
+    got = _capture(model, layer, torch.randint(0, 40, (2, 12)))
+    sd = dict(layer.state_dict())
+    w = sd.pop("attention.query_key_value.weight").view(4, 3, 8, 32)  # (H, q|k|v, D, C)
+    b = sd.pop("attention.query_key_value.bias").view(4, 3, 8)
+    for j, name in enumerate("qkv"):
+        sd[f"attn.{name}_proj.weight"] = w[:, j].reshape(32, 32)
+        sd[f"attn.{name}_proj.bias"] = b[:, j].reshape(32)
+    ours = Block(32, 4, 48, causal=True, parallel=True, rotary=RotaryHalf(8, 64, rot_dim=2))
+    _load(ours.eval(), sd, {"input_layernorm": "ln1", "post_attention_layernorm": "ln2",
+                            "attention.dense": "attn.out_proj", "dense_h_to_4h": "fc1",
+                            "dense_4h_to_h": "fc2"})  # fmt: skip
+    with torch.no_grad():
+        _close(ours(got["x"]), got["out"], 1e-5)
+
+
+def test_gqa_records_kv_heads_and_per_query_head_patterns():
+    from attnlab.hooks import record
+
+    mha = MultiHeadAttention(32, 4, n_kv_heads=2).eval()
+    with record(mha) as cache:
+        mha(torch.randn(2, 5, 32), causal=True)
+    assert cache["q"].shape == (2, 4, 5, 8) and cache["k"].shape == cache["v"].shape == (2, 2, 5, 8)
+    assert cache["scores"].shape == cache["weights"].shape == (2, 4, 5, 5)
+    # query heads 2 and 3 read K/V head 1
+    scores = cache["q"][:, 2:] @ cache["k"][:, 1:2].transpose(-2, -1) / math.sqrt(8)
+    _close(cache["scores"][:, 2:], scores, 1e-6)
 
 
 def test_sliding_window_sees_the_last_window_positions_itself_included():
