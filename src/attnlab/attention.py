@@ -6,6 +6,10 @@ Shapes: B batch, H heads, T query length, S key length, D head width.
 One mask convention everywhere: a boolean tensor, True = "may attend", broadcastable to
 (B, H, T, S), exactly as ``torch.nn.functional.scaled_dot_product_attention``.
 A query row with nothing to attend to gives a zero output and zero weights, never NaN.
+
+The families' variations are options of the same pieces, not new kinds of attention: fewer
+K/V heads than query heads (grouped-query), another scale, a softcap on the scores, a sliding
+window, an additive position bias (T5), a norm on q and k (``MultiHeadAttention`` says which).
 """
 
 from __future__ import annotations
@@ -151,26 +155,25 @@ def reference_attention(
     return out, weights, scores
 
 
-def _fused_attention(q, k, v, mask, scale, dropout_p, bias=None):
+def _fused_attention(q, k, v, mask, scale, dropout_p, bias=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` with our conventions: a boolean ``mask`` (and an
+    additive ``bias``), and an empty row gives zeros. ``enable_gqa``: k, v have fewer heads."""
+    sdpa = lambda m: F.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
+    )
     if bias is not None:  # an additive float mask: the bias, and the dtype's minimum where hidden
-        if mask is not None:
-            bias = torch.where(mask, bias, torch.finfo(q.dtype).min)  # (B|1, H, T, S)
-        out = F.scaled_dot_product_attention(q, k, v, bias, dropout_p, scale=scale)
         if mask is None:
-            return out
+            return sdpa(bias)
+        out = sdpa(torch.where(mask, bias, torch.finfo(q.dtype).min))  # (B|1, H, T, S) mask
         return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # an empty row: zeros
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+        return sdpa(None)
     # The fused kernels return NaN for a row with nothing to attend to: open those rows, then
     # zero their output, so both paths agree (and the gradient through them is zero).
     empty = ~mask.any(dim=-1, keepdim=True)  # (..., T, 1)
     if bool(empty.any()):
-        mask = mask | empty
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale
-        )
-        return out.masked_fill(empty, 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        return sdpa(mask | empty).masked_fill(empty, 0.0)
+    return sdpa(mask)
 
 
 def scaled_dot_product_attention(
@@ -182,12 +185,14 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     return_weights: bool = False,
+    enable_gqa: bool = False,
 ):
     """softmax(Q K^T / sqrt(d_k)) V on (..., T, d_k), (..., S, d_k), (..., S, d_v).
 
     Returns the output (..., T, d_v), or ``(output, weights)`` with weights (..., T, S) when
     ``return_weights``. ``causal`` adds a bottom-right aligned causal mask. Without
     ``return_weights`` the fused ``torch`` kernel is used; with it, the step-by-step reference.
+    ``enable_gqa``: k and v have H / g heads, each read by g query heads in turn (fused only).
     """
     mask = _as_bool_mask(mask)
     T, S = q.size(-2), k.size(-2)
@@ -200,11 +205,11 @@ def scaled_dot_product_attention(
     if causal and mask is None and T == S:
         # torch's is_causal is top-left aligned: identical to ours only when T == S.
         return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale
+            q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
         )
     if causal:
         mask = combine_masks(mask, causal_mask(T, S, device=q.device))
-    return _fused_attention(q, k, v, mask, scale, dropout_p)
+    return _fused_attention(q, k, v, mask, scale, dropout_p, enable_gqa=enable_gqa)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,11 +452,11 @@ class MultiHeadAttention(nn.Module):
         per-head weights (B, H, T, S) too when ``return_weights``."""
         q, k, v = self._project(x, kv, cache)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        k, v = self._share(k), self._share(v)  # (B, H, S, D) each query head's K/V head
-        T, S = q.size(2), k.size(2)
+        T, S, gqa = q.size(2), k.size(2), self.n_kv_heads != self.n_heads
         p = self.dropout if self.training else 0.0
         recording = self.hook_weights.active or self.hook_scores.active
         if return_weights or recording or not self.use_fused or self.softcap is not None:
+            k, v = self._share(k), self._share(v)  # (B, H, S, D) each query head's K/V head
             mask = self._mask(mask, causal, T, S, x.device)
             z, weights, scores = reference_attention(
                 q, k, v, mask, self.scale, p, position_bias, self.softcap
@@ -462,12 +467,13 @@ class MultiHeadAttention(nn.Module):
                 z = weights @ v  # (B, H, T, d_v)
         elif self.window is None and position_bias is None:
             z = scaled_dot_product_attention(
-                q, k, v, mask=mask, causal=causal, dropout_p=p, scale=self.scale
+                q, k, v, mask=mask, causal=causal, dropout_p=p, scale=self.scale, enable_gqa=gqa
             )
             weights = None
         else:
             mask = self._mask(mask, causal, T, S, x.device)
-            z, weights = _fused_attention(q, k, v, mask, self.scale, p, position_bias), None
+            z = _fused_attention(q, k, v, mask, self.scale, p, position_bias, gqa)
+            weights = None
         z = self.hook_z(z)  # (B, H, T, d_v)
         B = z.size(0)
         out = self.hook_out(self.out_proj(z.transpose(1, 2).reshape(B, T, -1)))  # (B, T, C)
