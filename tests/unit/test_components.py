@@ -701,3 +701,13 @@ def test_attention_refuses_bad_options():
         RotaryHalf(8, 8, rot_dim=3)
     with pytest.raises(ValueError, match="rope scaling"):
         RopeScaling("yarn", 2.0)
+
+
+def test_rotate_half_tables_are_rebuilt_after_a_meta_device_build():
+    """A checkpoint is built on the meta device; its rotary tables are not in the file."""
+    with torch.device("meta"):
+        rope = RotaryHalf(8, 32, 500.0, rot_dim=6, scaling=RopeScaling("llama3", 4.0, 1, 4, 16))
+    rope.to_empty(device="cpu")
+    rope.reset_buffers()
+    fresh = RotaryHalf(8, 32, 500.0, rot_dim=6, scaling=RopeScaling("llama3", 4.0, 1, 4, 16))
+    assert torch.equal(rope.cos, fresh.cos) and torch.equal(rope.sin, fresh.sin)
