@@ -142,6 +142,8 @@ def test_rotate_half_rotary_matches_transformers(kind):
     q = torch.randn(2, 4, 40, 16)
     for offset in (0, 7, 200):
         _close(rope(q, offset), _hf_rotated(cfg, q, offset))
+    qb = q.bfloat16()  # in half precision the same products in the same order: bit for bit
+    assert torch.equal(rope(qb, 5), _hf_rotated(cfg, qb, 5))
 
 
 def test_llama3_scaling_spans_all_three_bands():
