@@ -176,6 +176,13 @@ MIRRORS = (nn.ModuleList, nn.Embedding, nn.Linear, nn.LayerNorm, nn.Dropout, nn.
            Block, MultiHeadAttention, FeedForward, LearnedPositions, SinusoidalPositions, Rotary)  # fmt: skip
 
 
+def _plain_attention(m: MultiHeadAttention, H: int, D: int) -> bool:
+    """True for the attention FastForward restates: H heads of width D sharing nothing, the
+    1/sqrt(d_k) scale, no QK-norm, softcap or sliding window."""
+    options = (m.n_kv_heads, m.q_norm, m.k_norm, m.scale, m.softcap, m.window)
+    return (m.n_heads, m.d_k, m.d_v) == (H, D, D) and options == (H, None, None, None, None, None)
+
+
 class FastForward:
     """``GPT.forward`` for decoding: the same math in eval mode, without the overhead that
     outweighs the arithmetic when a step feeds one token (module calls, hook checks, module
@@ -244,8 +251,10 @@ class FastForward:
                 return False
             if isinstance(m, Block) and (m.cross, m.causal, m.norm_first) != (None, True, pre):
                 return False
-            if isinstance(m, MultiHeadAttention) and (m.n_heads, m.d_k, m.d_v) != (H, D, D):
+            if isinstance(m, MultiHeadAttention) and not _plain_attention(m, H, D):
                 return False
+            if isinstance(m, Block) and (m.parallel or m.post_norms):
+                return False  # a residual layout it does not restate
             if getattr(m, "use_fused", True) is False or m._forward_hooks or m._forward_pre_hooks:
                 return False
         return not (nn.modules.module._global_forward_hooks

@@ -297,8 +297,24 @@ def _own_forward(model):
     model.__class__ = _OwnForward
 
 
+def _window(model):
+    model.blocks[0].attn.window = 3  # a sliding window (Mistral, Gemma 2)
+
+
+def _softcap(model):
+    model.blocks[1].attn.softcap = 2.0  # Gemma 2's attention softcap
+
+
+def _scale(model):
+    model.blocks[0].attn.scale = 0.5  # query_pre_attn_scalar instead of 1/sqrt(d_k)
+
+
+def _parallel(model):
+    model.blocks[1].parallel = True  # NeoX: attention and MLP read the same input
+
+
 @pytest.mark.parametrize("change", [_swap_mlp, _train_a_block, _reference_attention, _torch_hook,
-                                    _own_forward])  # fmt: skip
+                                    _own_forward, _window, _softcap, _scale, _parallel])  # fmt: skip
 def test_decoding_steps_aside_for_what_fast_forward_does_not_restate(change):
     """A module kind it does not mirror (here a FeedForward subclass), a block in training
     mode, reference attention, a torch hook, an overridden forward: decoding runs forward
