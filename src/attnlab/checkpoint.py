@@ -71,6 +71,7 @@ MODEL_TYPES: dict[str, str] = {
     "gpt": "attnlab.models.gpt:GPT",
     "encoder": "attnlab.models.encoder:Encoder",
     "seq2seq": "attnlab.models.seq2seq:Seq2SeqTransformer",
+    "t5": "attnlab.models.t5:T5",
     "rnn": "attnlab.models.rnn:RNNSeq2Seq",
     "vit": "attnlab.models.vit:ViT",
 }
@@ -678,6 +679,7 @@ TOKENIZER_FIELDS: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
         ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
     ),
+    "t5": (("vocab_size", "vocab_size", "tokenizer.json"),),  # one vocabulary, both sides
     "rnn": (
         ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
         ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),

@@ -554,11 +554,36 @@ def _json_or_empty(path: Path) -> dict:
 # Whole directories
 # ---------------------------------------------------------------------------------------------
 
-LOADERS = {"gpt2": load_gpt2, "bert": load_bert}
+
+def _load_t5(hf_dir: str | Path, hf: dict | None = None):
+    from attnlab.interop.t5 import load_t5  # t5.py builds on this module's key maps
+
+    return load_t5(hf_dir, hf)
+
+
+def _load_vit(hf_dir: str | Path, hf: dict | None = None):
+    from attnlab.interop.vit import load_vit
+
+    return load_vit(hf_dir, hf)
+
+
+def _vit_preprocessor(hf_dir: Path, hf: dict, model):
+    from attnlab.interop.vit import read_preprocessor
+
+    return read_preprocessor(hf_dir, hf, model)
+
+
+LOADERS = {"gpt2": load_gpt2, "bert": load_bert, "t5": _load_t5}
+# files a model_type cannot be imported without (its text or image reader)
+REQUIRED_FILES = {"t5": "tokenizer.json", "vit": "preprocessor_config.json"}
+# model_type -> reader of its "tokenizer" (hf_dir, hf, model) -> (tokenizer, source); the rest
+# read tokenizer.json / vocab files (load_hf_tokenizer)
+TOKENIZER_READERS = {"vit": _vit_preprocessor}
 
 
 def load_hf(hf_dir: str | Path):
-    """(model, tokenizer, provenance) for a HF GPT-2 or BERT directory, in eval mode."""
+    """(model, tokenizer, provenance) for a HF directory of a model type in ``LOADERS``, in
+    eval mode."""
     hf_dir = Path(hf_dir)
     hf = read_hf_config(hf_dir)
     files = weight_files(hf_dir)  # refuses a directory of pickles before anything else
@@ -567,9 +592,16 @@ def load_hf(hf_dir: str | Path):
         raise RunError(
             f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports {', '.join(LOADERS)}"
         )
+    need = REQUIRED_FILES.get(kind)
+    if need and not (hf_dir / need).is_file():
+        raise RunError(f"{hf_dir}: no {need}, which a {kind} model needs to read its input")
     model = LOADERS[kind](hf_dir, hf)
-    tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
-    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+    if kind in TOKENIZER_READERS:
+        tokenizer, tok_source = TOKENIZER_READERS[kind](hf_dir, hf, model)
+    else:
+        tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
+    vocab = getattr(model.config, "vocab_size", None)
+    if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
         raise RunError(
             f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
             f"only {model.config.vocab_size}"
