@@ -8,6 +8,7 @@ refusals go through the CLI: one line, exit 2.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -174,3 +175,129 @@ def test_t5_run_round_trips_through_import_hf(capsys, tmp_path):
     with torch.no_grad():
         want = hf(input_ids=src, attention_mask=(src != 0).long(), decoder_input_ids=tgt).logits
         assert _max_err(run.model(src, tgt), want) <= TOL
+
+
+# ---------------------------------------------------------------------------------------------
+# ViT
+# ---------------------------------------------------------------------------------------------
+
+VIT = dict(image_size=12, patch_size=4, num_channels=3, hidden_size=24, num_hidden_layers=2,
+           num_attention_heads=4, intermediate_size=40, hidden_dropout_prob=0.0,
+           attention_probs_dropout_prob=0.0, attn_implementation="eager")  # fmt: skip
+PREPROCESSOR = {"do_resize": True, "size": {"height": 12, "width": 12}, "resample": 2,
+                "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                "image_mean": [0.5, 0.4, 0.3], "image_std": [0.2, 0.25, 0.3],
+                "image_processor_type": "ViTImageProcessor"}  # fmt: skip
+
+
+def build_vit(tmp_path, arch: str, seed: int = 0):
+    torch.manual_seed(seed)
+    labels = {"id2label": {str(i): f"class{i}" for i in range(5)}} if "Classif" in arch else {}
+    cfg = transformers.ViTConfig(**VIT, **labels)
+    m = getattr(transformers, arch)(cfg).eval()
+    with torch.no_grad():  # random [CLS] and positions (transformers starts them near zero)
+        m.base_model.embeddings.cls_token.normal_()
+        m.base_model.embeddings.position_embeddings.normal_(std=0.5)
+    d = tmp_path / arch
+    m.save_pretrained(d)
+    (d / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR), encoding="utf-8")
+    return m, d
+
+
+@pytest.mark.parametrize("arch", ["ViTModel", "ViTForImageClassification"])
+def test_vit_matches_transformers(tmp_path, arch):
+    hf, d = build_vit(tmp_path, arch)
+    model, tokenizer, _ = load_hf(d)
+    images = torch.randn(3, 3, 12, 12)
+    with torch.no_grad():
+        out = hf(pixel_values=images, output_hidden_states=True, output_attentions=True)
+        y, acts = model(images, record=True)
+    errs = {f"hidden.{i}": _max_err(acts[f"blocks.{i}.resid_pre"], h)
+            for i, h in enumerate(out.hidden_states[:-1])}  # fmt: skip
+    errs["last"] = _max_err(acts[f"blocks.{len(out.hidden_states) - 2}.resid_post"],
+                            out.hidden_states[-1])  # fmt: skip
+    if arch == "ViTModel":
+        errs["final norm"] = _max_err(acts["ln_f"], out.last_hidden_state)
+        errs["pooler"] = _max_err(y, out.pooler_output)
+    else:
+        errs["logits"] = _max_err(y, out.logits)
+        assert tokenizer.classes == [f"class{i}" for i in range(5)]
+    assert max(errs.values()) <= TOL, errs
+    attn = {i: _max_err(acts[f"blocks.{i}.attn.weights"], w) for i, w in enumerate(out.attentions)}
+    assert max(attn.values()) <= ATTN_TOL, attn
+
+
+def test_vit_preprocessing_matches_the_image_processor(tmp_path):
+    from PIL import Image
+
+    hf, d = build_vit(tmp_path, "ViTForImageClassification")
+    _, tokenizer, _ = load_hf(d)
+    rng = torch.Generator().manual_seed(0)
+    pixels = torch.randint(0, 256, (29, 23, 3), generator=rng, dtype=torch.uint8).numpy()
+    Image.fromarray(pixels).save(tmp_path / "img.png")
+    ours = tokenizer.image(str(tmp_path / "img.png"))  # (3, 12, 12): resized, rescaled, normalised
+    try:
+        processor = transformers.AutoImageProcessor.from_pretrained(d, backend="pil")
+    except Exception:  # an older transformers: the slow processor is the PIL one
+        processor = transformers.ViTImageProcessor.from_pretrained(d)
+    theirs = processor(images=Image.fromarray(pixels), return_tensors="pt")["pixel_values"][0]
+    assert ours.shape == theirs.shape == (3, 12, 12)
+    assert _max_err(ours, theirs) <= 1e-6
+
+
+def test_vit_run_classifies_an_image_file_like_transformers(capsys, tmp_path):
+    from PIL import Image
+
+    hf, d = build_vit(tmp_path, "ViTForImageClassification")
+    code, out, err = attnlab(capsys, "import-hf", d, "--out", tmp_path / "run")
+    assert code == 0, err
+    run = load_run(tmp_path / "run")
+    pixels = torch.randint(0, 256, (16, 16, 3), generator=torch.Generator().manual_seed(1),
+                           dtype=torch.uint8).numpy()  # fmt: skip
+    Image.fromarray(pixels).save(tmp_path / "img.png")
+    image = run.tokenizer.image(str(tmp_path / "img.png"))
+    with torch.no_grad():
+        assert _max_err(run.model(image[None]), hf(pixel_values=image[None]).logits) <= TOL
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals: one line, exit 2, nothing written
+# ---------------------------------------------------------------------------------------------
+
+
+def _refused(capsys, tmp_path, d, *words):
+    out_dir = tmp_path / "refused"
+    capsys.readouterr()  # what building the model printed (transformers' progress bars)
+    line = one_error_line(attnlab(capsys, "import-hf", d, "--out", out_dir))
+    assert all(w in line for w in words), line
+    assert not (out_dir / "config.json").exists()
+
+
+@pytest.mark.parametrize("family", ["t5", "vit"])
+@pytest.mark.parametrize("missing", ["config.json", "model.safetensors", "reader"])
+def test_a_directory_missing_a_file_is_refused(capsys, tmp_path, family, missing):
+    _, d = build_t5(tmp_path, "t5") if family == "t5" else build_vit(tmp_path, "ViTModel")
+    if missing == "reader":
+        missing = "tokenizer.json" if family == "t5" else "preprocessor_config.json"
+    (d / missing).unlink()
+    _refused(capsys, tmp_path, d, missing)
+
+
+@pytest.mark.parametrize("family", ["t5", "vit"])
+def test_pickles_only_are_refused(capsys, tmp_path, family):
+    _, d = build_t5(tmp_path, "t5") if family == "t5" else build_vit(tmp_path, "ViTModel")
+    (d / "model.safetensors").rename(d / "pytorch_model.bin")
+    _refused(capsys, tmp_path, d, "pickle")
+
+
+@pytest.mark.parametrize(
+    "family, key, value",
+    [("t5", "feed_forward_proj", "gated-swish"), ("t5", "is_decoder", True),
+     ("vit", "qkv_bias", False), ("vit", "image_size", [12, 16])],
+)  # fmt: skip
+def test_a_feature_attnlab_lacks_is_refused_by_name(capsys, tmp_path, family, key, value):
+    _, d = build_t5(tmp_path, "t5") if family == "t5" else build_vit(tmp_path, "ViTModel")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg[key] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    _refused(capsys, tmp_path, d, key)

@@ -133,6 +133,8 @@ def _convert(how: str, t: Tensor) -> Tensor:
         return t
     if how == "conv1d":  # Conv1D (in, out) -> Linear (out, in)
         return t.t()
+    if how == "conv2d_flatten":  # a patch Conv2d (d, C, P, P) -> the Linear (d, C*P*P) (ViT)
+        return t.reshape(t.size(0), -1)
     if how.startswith("conv1d_"):  # c_attn (C, 3C): q | k | v side by side, then transpose
         return t.chunk(3, dim=-1)["qkv".index(how[-1])].t()
     if how.startswith("qkv_bias_"):  # c_attn bias (3C,): q | k | v
@@ -573,7 +575,7 @@ def _vit_preprocessor(hf_dir: Path, hf: dict, model):
     return read_preprocessor(hf_dir, hf, model)
 
 
-LOADERS = {"gpt2": load_gpt2, "bert": load_bert, "t5": _load_t5}
+LOADERS = {"gpt2": load_gpt2, "bert": load_bert, "t5": _load_t5, "vit": _load_vit}
 # files a model_type cannot be imported without (its text or image reader)
 REQUIRED_FILES = {"t5": "tokenizer.json", "vit": "preprocessor_config.json"}
 # model_type -> reader of its "tokenizer" (hf_dir, hf, model) -> (tokenizer, source); the rest

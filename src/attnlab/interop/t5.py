@@ -38,7 +38,8 @@ def t5_config(hf: dict, tensors: dict[str, Tensor]) -> T5Config:
         raise RunError(f"config.json: feed_forward_proj {proj!r} is not supported")
     act = "gelu_new" if proj == "gated-gelu" else act
     if act not in T5_ACTIVATIONS:
-        raise RunError(f"config.json: T5 feed-forward activation {act!r} is not supported; "
+        raise RunError(f"config.json: feed_forward_proj {proj!r}: activation {act!r} is not "
+                       f"supported; "
                        f"supported: {', '.join(T5_ACTIVATIONS)}")  # fmt: skip
     if hf.get("is_decoder") or hf.get("is_encoder_decoder", True) is False:
         raise RunError("config.json: a T5 stack alone (is_decoder / no encoder) is not supported")
