@@ -114,7 +114,8 @@ class FileLock:
       second process waits for, as the token-shard cache does.
 
     Entering a lock already held by this object is a no-op (the outer block keeps it), so one
-    object can be passed down to code that also enters it. ``enabled=False`` takes nothing
+    object can be passed down to code that also enters it; outside a ``with`` block it holds
+    nothing. ``enabled=False`` takes nothing
     (the processes of a torchrun job other than rank 0, which write nothing).
     """
 
@@ -146,16 +147,14 @@ class FileLock:
 
     def take(self) -> None:
         """Take the lock now, if not held (a RunError if another process holds it). A path
-        that cannot be opened is left unlocked: the write that follows says what is wrong."""
-        if self.fd is not None or not self.enabled or fcntl is None:
+        that cannot be opened is left unlocked: the write that follows says what is wrong.
+        Outside a ``with`` block this does nothing: the lock is held only while one runs."""
+        if self.fd is not None or not self.enabled or fcntl is None or self._depth == 0:
             return
         if self.create:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            flags = os.O_RDONLY | os.O_CREAT
-        else:
-            flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-        try:
-            fd = os.open(self.path, flags, 0o666)  # not inherited by child processes
+        try:  # a directory or a file; os.open's descriptors are not inherited by children
+            fd = os.open(self.path, os.O_RDONLY | (os.O_CREAT if self.create else 0), 0o666)
         except OSError:
             return
         try:
