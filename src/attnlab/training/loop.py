@@ -26,7 +26,7 @@ steps (and at step 0 and the last step): an evaluation, best/ if it is the best 
 checkpoint; also a checkpoint whenever ``checkpoint_seconds`` have passed since the last, so a
 run killed early still leaves one. The run directory is one object, ``out_dir``'s
 ``attnlab.training.rundir.RunDir``, that the Trainer calls a handful of times: ``start``,
-``append_metrics``, ``save_best``, ``save_checkpoint`` (whole or not at all), and ``recover`` and
+``append_metrics``, ``save_best``, ``save_checkpoint`` (whole or not at all), and
 ``read_checkpoint`` to resume; rank 0 alone writes.
 
 Callbacks (``callbacks=``) see the run without the loop knowing what they do: each may define
@@ -159,7 +159,8 @@ class Trainer:
         self.threads = thread_choice()  # made by the caller (the CLI: runtime.using_threads)
         self.dist = dist_info or DistInfo()
         self.raw_model = model.to(self.device)
-        if out_dir is not None and not isinstance(out_dir, RunDir):
+        self._holds_lock = out_dir is not None and not isinstance(out_dir, RunDir)
+        if self._holds_lock:  # a RunDir given is its caller's to lock (training.run.train's)
             out_dir = RunDir(out_dir, writer=self.dist.is_main)
         self.run: RunDir | None = out_dir
         self.out_dir = out_dir.path if out_dir is not None else None
@@ -364,12 +365,12 @@ class Trainer:
         if self._resumed is not None:
             return self._resumed
         run = self.run
-        run.recover()  # the writer alone (rank 0)
-        if self.dist.enabled:
+        sync = None
+        if self.dist.enabled:  # the others read once rank 0 has recovered the checkpoint
             import torch.distributed as dist
 
-            dist.barrier()
-        found = run.read_checkpoint()
+            sync = dist.barrier
+        found = run.read_checkpoint(sync)
         if found is None:
             self._resumed = False
             return False
@@ -605,9 +606,9 @@ class Trainer:
 
     def fit(self, resume: bool = False) -> TrainResult:
         """Train to ``max_iters``: evaluate, keep the best, checkpoint; stop on a signal. The
-        run directory's writer lock is held throughout (``RunDir``'s: already held when
-        ``training.run.train`` passed the RunDir it entered)."""
-        if self.run is None:
+        run directory's writer lock is held throughout (by the caller when it gave a ``RunDir``,
+        as ``training.run.train`` does)."""
+        if not self._holds_lock:
             return self._fit(resume)
         with self.run:
             return self._fit(resume)

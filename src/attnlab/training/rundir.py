@@ -13,7 +13,8 @@ model.safetensors, tokenizer.json) plus:
         history = run.start(model, tokenizer, record, resumed=False, step=0)
         run.append_metrics(row); run.save_best(tensors, meta)
         run.save_checkpoint(model_tensors, optimizer_tensors, state)
-        run.read_checkpoint()          # (state, model tensors, optimizer tensors) or None
+        run.read_checkpoint()          # (state, model tensors, optimizer tensors) or None,
+                                       # after finishing or discarding one cut short
 
 How a checkpoint stays whole: its three files are first written into a fresh ``ckpt-tmp/``
 directory (each file fsynced), which is then renamed to ``ckpt-ready/``: the rename is the
@@ -74,6 +75,9 @@ class RunDir:
         self.writer = writer
         self.lock = FileLock(self.path, enabled=writer)
         self.created = False  # made by ``create`` (so ``discard`` removes it whole)
+        self.model_file, self.optimizer_file = self.path / MODEL_FILE, self.path / OPTIMIZER_FILE
+        self.state_file, self.metrics_file = self.path / STATE_FILE, self.path / METRICS_FILE
+        self.curve_file = self.path / CURVE_FILE
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -84,26 +88,6 @@ class RunDir:
 
     def __exit__(self, *exc) -> None:
         self.lock.__exit__(*exc)
-
-    @property
-    def model_file(self) -> Path:
-        return self.path / MODEL_FILE
-
-    @property
-    def optimizer_file(self) -> Path:
-        return self.path / OPTIMIZER_FILE
-
-    @property
-    def state_file(self) -> Path:
-        return self.path / STATE_FILE
-
-    @property
-    def metrics_file(self) -> Path:
-        return self.path / METRICS_FILE
-
-    @property
-    def curve_file(self) -> Path:
-        return self.path / CURVE_FILE
 
     # -- a new run -----------------------------------------------------------------------------
 
@@ -267,10 +251,16 @@ class RunDir:
         for tmp in list(d.glob(".*.tmp")) + list((d / "best").glob(".*.tmp")):
             tmp.unlink(missing_ok=True)  # a file whose atomic write was cut short
 
-    def read_checkpoint(self) -> tuple[dict, dict, dict] | None:
-        """(trainer state, model tensors, optimizer tensors) of the last checkpoint (call
-        ``recover`` first); None if there is none. The state's step must be a number and the
-        model's weights must be of that step (their metadata says which)."""
+    def read_checkpoint(
+        self, sync: Callable[[], None] | None = None
+    ) -> tuple[dict, dict, dict] | None:
+        """(trainer state, model tensors, optimizer tensors) of the last checkpoint, once the
+        writer has ``recover``-ed it (``sync()`` then runs in every process: a barrier, so
+        that the others read what it recovered); None if there is none. The state's step must
+        be a number and the model's weights must be of that step (their metadata says which)."""
+        self.recover()
+        if sync is not None:
+            sync()
         state = self.trainer_state()
         if state is None:
             return None
