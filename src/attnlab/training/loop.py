@@ -159,8 +159,8 @@ class Trainer:
         self.threads = thread_choice()  # made by the caller (the CLI: runtime.using_threads)
         self.dist = dist_info or DistInfo()
         self.raw_model = model.to(self.device)
-        self._holds_lock = out_dir is not None and not isinstance(out_dir, RunDir)
-        if self._holds_lock:  # a RunDir given is its caller's to lock (training.run.train's)
+        self._owns_run = out_dir is not None and not isinstance(out_dir, RunDir)
+        if self._owns_run:  # a RunDir given is its caller's to lock (training.run.train's)
             out_dir = RunDir(out_dir, writer=self.dist.is_main)
         self.run: RunDir | None = out_dir
         self.out_dir = out_dir.path if out_dir is not None else None
@@ -264,9 +264,8 @@ class Trainer:
             return False
         resumed = self.load_checkpoint() if resume else False
         tokenizer = getattr(self.task, "tokenizer", None)
-        history = self.run.start(self.raw_model, tokenizer, self.run_record(), resumed=resumed,
-                                 step=self.step)  # fmt: skip
-        self.history = history if resumed else []
+        self.history = self.run.start(self.raw_model, tokenizer, self.run_record(),
+                                      resumed=resumed, step=self.step)  # fmt: skip
         return resumed
 
     def run_record(self) -> dict:
@@ -608,7 +607,7 @@ class Trainer:
         """Train to ``max_iters``: evaluate, keep the best, checkpoint; stop on a signal. The
         run directory's writer lock is held throughout (by the caller when it gave a ``RunDir``,
         as ``training.run.train`` does)."""
-        if not self._holds_lock:
+        if not self._owns_run:
             return self._fit(resume)
         with self.run:
             return self._fit(resume)
