@@ -149,7 +149,7 @@ class Run:
         from attnlab.generation import SamplingConfig, beam_generate
         from attnlab.generation import generate as sample
 
-        if self.config.get("model_type") not in ("gpt", "seq2seq", "rnn"):
+        if self.config.get("model_type") not in ("gpt", "seq2seq", "t5", "rnn"):
             raise ckpt.RunError(
                 f"{self.path}: generate samples text from a GPT (or an encoder-decoder); this "
                 f"run is a {self.kind} ({self.describe()}): use predict"

@@ -166,7 +166,7 @@ def test_t5_greedy_translation_with_the_cache_matches_generate(tmp_path, shape):
         assert tokenizer.decode(row) == tokenizer.decode(want)  # the same translation
 
 
-def test_t5_run_round_trips_through_import_hf(capsys, tmp_path):
+def test_t5_run_round_trips_through_import_hf_and_translates(capsys, tmp_path):
     hf, d = build_t5(tmp_path, "t5-v1.1")
     code, out, err = attnlab(capsys, "import-hf", d, "--out", tmp_path / "run")
     assert code == 0, err
@@ -175,6 +175,15 @@ def test_t5_run_round_trips_through_import_hf(capsys, tmp_path):
     with torch.no_grad():
         want = hf(input_ids=src, attention_mask=(src != 0).long(), decoder_input_ids=tgt).logits
         assert _max_err(run.model(src, tgt), want) <= TOL
+    # translate: the run's tokenizer reads T5's ids (start <pad>, end </s>)
+    text = "the cat sat on the mat"
+    code, out, err = attnlab(capsys, "translate", tmp_path / "run", text)
+    assert code == 0, err
+    ids = torch.tensor([run.tokenizer.encode_source(text)])
+    with torch.no_grad():
+        theirs = hf.generate(input_ids=ids, max_new_tokens=run.model.config.max_len - 1,
+                             do_sample=False, num_beams=1)[0, 1:].tolist()  # fmt: skip
+    assert out.strip() == run.tokenizer.decode_target(theirs).strip()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -195,9 +204,12 @@ def build_vit(tmp_path, arch: str, seed: int = 0):
     labels = {"id2label": {str(i): f"class{i}" for i in range(5)}} if "Classif" in arch else {}
     cfg = transformers.ViTConfig(**VIT, **labels)
     m = getattr(transformers, arch)(cfg).eval()
-    with torch.no_grad():  # random [CLS] and positions (transformers starts them near zero)
-        m.base_model.embeddings.cls_token.normal_()
-        m.base_model.embeddings.position_embeddings.normal_(std=0.5)
+    with torch.no_grad():  # random [CLS] and positions (transformers starts them near zero),
+        m.base_model.embeddings.cls_token.normal_()  # and queries and keys large enough for
+        m.base_model.embeddings.position_embeddings.normal_(std=0.5)  # peaked attention
+        for name, p in m.named_parameters():
+            if name.endswith(("query.weight", "key.weight")):
+                p.normal_(std=0.5)
     d = tmp_path / arch
     m.save_pretrained(d)
     (d / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR), encoding="utf-8")

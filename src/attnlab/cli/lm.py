@@ -119,7 +119,7 @@ def generate(args: argparse.Namespace) -> int:
     from attnlab.generation import generate as sample
 
     cfg = decoding_settings(args, args.max_new_tokens)
-    if read_run_config(args.run).get("model_type") in ("seq2seq", "rnn"):
+    if read_run_config(args.run).get("model_type") in ("seq2seq", "t5", "rnn"):
         raise UsageError(f"{args.run} is an encoder-decoder run: use attnlab translate "
                          f"{args.run} TEXT (--temperature 0.8 to sample)")  # fmt: skip
     prompts = [*args.text, *(args.prompt or [])] or ["\n"]

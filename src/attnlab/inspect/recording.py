@@ -331,8 +331,9 @@ def record_translation(model: nn.Module, tokenizer, text: str, max_len: int | No
     input tokens, <bos> first}; cross-attention reads the "encoder" stack; ``extra`` holds
     ``predicted`` (the token each decoder position produced, <eos> last) and ``translation``.
     """
-    from attnlab.generation import BOS, EOS, greedy, pad_ids
+    from attnlab.generation import greedy, pad_ids
 
+    BOS, EOS = tokenizer.BOS, tokenizer.EOS  # the decoder's start and end ids (T5's differ)
     device = next(model.parameters()).device
     src_ids = tokenizer.encode_source(text)
     src = pad_ids([src_ids], device=device)

@@ -567,6 +567,12 @@ def _load_vit(hf_dir: str | Path, hf: dict | None = None):
     return load_vit(hf_dir, hf)
 
 
+def _t5_tokenizer(hf_dir: Path, hf: dict, model):
+    from attnlab.interop.t5 import read_t5_tokenizer
+
+    return read_t5_tokenizer(hf_dir, hf, model)
+
+
 def _vit_preprocessor(hf_dir: Path, hf: dict, model):
     from attnlab.interop.vit import read_preprocessor
 
@@ -578,7 +584,7 @@ LOADERS = {"gpt2": load_gpt2, "bert": load_bert, "t5": _load_t5, "vit": _load_vi
 REQUIRED_FILES = {"t5": "tokenizer.json", "vit": "preprocessor_config.json"}
 # model_type -> reader of its "tokenizer" (hf_dir, hf, model) -> (tokenizer, source); the rest
 # read tokenizer.json / vocab files (load_hf_tokenizer)
-TOKENIZER_READERS = {"vit": _vit_preprocessor}
+TOKENIZER_READERS = {"t5": _t5_tokenizer, "vit": _vit_preprocessor}
 
 
 def load_hf(hf_dir: str | Path):

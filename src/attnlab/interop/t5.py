@@ -25,6 +25,7 @@ from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.interop.hf import KeyMap, apply_key_map, read_hf_config, read_hf_weights
 from attnlab.models.t5 import T5, T5Config
+from attnlab.tokenizers import HFTokenizer, SharedPairTokenizer
 
 # Hugging Face dense_act_fn -> attnlab activation (the gated-gelu of v1.1 is gelu_new)
 T5_ACTIVATIONS = {"relu": "relu", "gelu_new": "gelu_new", "gelu": "gelu", "silu": "silu"}
@@ -139,3 +140,15 @@ def load_t5(hf_dir: str | Path, hf: dict | None = None) -> T5:
     model = T5(config)
     apply_key_map(model, tensors, t5_key_map(config), _t5_skippable(tensors, config), str(hf_dir))
     return model.eval()
+
+
+def read_t5_tokenizer(hf_dir: str | Path, hf: dict, model: T5):
+    """T5's tokenizer.json (SentencePiece-derived: Unigram, or BPE with byte fallback), with
+    the model's <pad>, decoder start and end ids: a ``SharedPairTokenizer``."""
+    from attnlab.interop.hf import load_hf_tokenizer
+
+    tok, source = load_hf_tokenizer(hf_dir, hf)
+    if not isinstance(tok, HFTokenizer):
+        raise RunError(f"{hf_dir}: T5 needs a Hugging Face tokenizer.json")
+    c = model.config
+    return SharedPairTokenizer(tok, c.pad_id, c.decoder_start_id, c.eos_id), source

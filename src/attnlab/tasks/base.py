@@ -154,7 +154,9 @@ def imported_task(cfg: dict) -> str:
             "head): it gives contextual vectors, not predictions; use `attnlab embed RUN TEXT` "
             "for a sentence embedding, or `attnlab trace`/`attention` to look inside"
         )
-    return {"seq2seq": "seq2seq", "rnn": "seq2seq", "vit": "vision"}.get(model_type, "lm")
+    return {"seq2seq": "seq2seq", "t5": "seq2seq", "rnn": "seq2seq", "vit": "vision"}.get(
+        model_type, "lm"
+    )
 
 
 class Task:
