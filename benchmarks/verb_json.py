@@ -5,11 +5,13 @@
         [--out new.json] [--ignore-mean-ablation]
 
 Makes a small run of every kind attnlab has, through the CLI, at one thread with fixed seeds: a
-char GPT on a generated text, the attention-only induction GPT (with snapshots), a WordPiece
-masked LM, a text classifier (examples/language_en_es.tsv), the Transformer, LSTM-attention
-and plain LSTM encoder-decoders on dates, a ViT on digits, and imported runs: all-MiniLM-L6-v2
-(`import-hf minilm`, skipped when it is not installed) and a tiny random GPT-2 and BERT built
-here from a transformers config (seeded), saved and brought in with `import-hf`. Then it calls
+char GPT on a generated text, the attention-only induction GPT (with snapshots), a masked LM
+(BPE: `--tokenizer wordpiece` orders its ##-pieces differently in every process, so two runs
+would differ), a text classifier (examples/language_en_es.tsv), the Transformer,
+LSTM-attention and plain LSTM encoder-decoders on dates, a ViT on digits, and imported runs:
+all-MiniLM-L6-v2 (`import-hf minilm`, skipped when it is not installed) and a tiny random
+GPT-2 and a WordPiece BERT built here from a transformers config (seeded), saved and brought in
+with `import-hf`. Every command runs in the work directory, on relative paths. Then it calls
 every verb that prints JSON on every run (predict, eval, generate, trace, attention, similarity,
 influence, check, ablate, patch, lens, attribute, heads, classify, translate, embed, timeline):
 a verb that does not apply to a kind is recorded as its exit code and stderr line, which is
@@ -114,11 +116,11 @@ def hf_bert(d: Path) -> None:
     (d / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
 
 
-def runs(work: Path) -> dict[str, dict]:
+def runs() -> dict[str, dict]:
     """name -> how it is made ("train": train's arguments, or "hf": a builder / "minilm") and
     what the verbs are given: text, a --reference, one head, heads in two layers, the patch
     pair with its target and foil, the attribution target, a file for eval / lens."""
-    text_file = str(work / "corpus.txt")
+    text_file = "corpus.txt"  # paths relative to the work directory, where every command runs
     s2s = ["--task", "seq2seq", "--data", "dates", "--max-iters", "15", "--batch-size", "16",
            "--d-model", "32"]  # fmt: skip
     dates = dict(text="march 3, 1999", ref="april 9, 2004", patch=("march 3, 1999",
@@ -140,7 +142,7 @@ def runs(work: Path) -> dict[str, dict]:
             patch=("3a7f0c3a7f0c3a7", "3a7f0c3a7f0c3a8", "f", "0"), target="f",
             one="1.0", several="0.1,1.0", data=None),
         "mlm": dict(
-            train=["--task", "mlm", "--data", text_file, "--tokenizer", "wordpiece",
+            train=["--task", "mlm", "--data", text_file, "--tokenizer", "bpe",
                    "--vocab-size", "120", *SMALL, "--max-iters", "30"],
             text="when mary and john went to the store, john gave a [MASK] to mary.",
             ref="when anna and paul went to the river, paul gave a [MASK] to anna.",
@@ -173,7 +175,7 @@ def runs(work: Path) -> dict[str, dict]:
         "bert": dict(hf=hf_bert, text="the [MASK] of the river", ref="the [MASK] of the water",
                      patch=("the bank of the [MASK]", "the day of the [MASK]", "river", "water"),
                      target="river", one="0.1", several="0.1,1.0",
-                     data=str(work / "river.txt")),
+                     data="river.txt"),
         "minilm": dict(hf="minilm", text="The bank of the river", ref="The day of the water",
                        patch=("the bank of the river", "the day of the river", "river",
                               "water"), target="river", one="0.1", several="0.1,5.2",
@@ -420,23 +422,23 @@ def make_runs(runner: Runner, only: set[str]) -> tuple[dict, dict, list]:
     (work / "corpus.txt").write_text(corpus(), encoding="utf-8")
     (work / "river.txt").write_text("\n".join(" ".join(BERT_WORDS[i:] + BERT_WORDS[:i])
                                               for i in range(9)) * 4, encoding="utf-8")  # fmt: skip
-    specs = {n: s for n, s in runs(work).items() if not only or n in only}
+    specs = {n: s for n, s in runs().items() if not only or n in only}
     made, results, crashes = {}, {}, []
     for name, spec in specs.items():
-        run = work / "runs" / name
+        run = f"runs/{name}"  # relative: no message holds the work directory's path
         t0 = time.perf_counter()
         key = None
         if "train" in spec:
-            args = ["train", *spec["train"], "--out", str(run), *COMMON]
+            args = ["train", *spec["train"], "--out", run, *COMMON]
             key = shlex.join(["train", *spec["train"], "--out", "RUN", *COMMON])
             res = runner.attnlab(args)
         elif spec["hf"] == "minilm":
-            res = runner.attnlab(["import-hf", "minilm", "--out", str(run)])
+            res = runner.attnlab(["import-hf", "minilm", "--out", run])
         else:
             hf = work / "hf" / name
             code, _, err = runner.call(spec["hf"], hf)  # not a verb: always in a forked child
             res = (
-                runner.attnlab(["import-hf", str(hf), "--out", str(run)])
+                runner.attnlab(["import-hf", f"hf/{name}", "--out", run])
                 if code == 0
                 else (code, "", err)
             )
@@ -466,7 +468,7 @@ def collect(work: Path, fresh: bool, only: set[str]) -> tuple[dict, list]:
         for cmd in commands(spec):
             key = shlex.join(c.replace(str(work), "<WORK>") for c in cmd)
             t1 = time.perf_counter()
-            code, out, err = runner.attnlab([str(run) if c == "RUN" else c for c in cmd])
+            code, out, err = runner.attnlab([run if c == "RUN" else c for c in cmd])
             rec, crash = record(cmd, code, out, err, str(work))
             results[name][key] = rec
             if crash is not None:
@@ -509,9 +511,9 @@ def short(v) -> str:
     return s if len(s) <= 100 else s[:97] + "..."
 
 
-def compare(old: dict, new: dict, ignore_mean: bool, tol: float) -> int:
+def compare(old: dict, new: dict, ignore_mean: bool, tol: float, only: set[str]) -> int:
     n = 0
-    for run in sorted(set(old) | set(new)):
+    for run in sorted((set(old) | set(new)) & (only or set(old) | set(new))):
         o, w = old.get(run, {}), new.get(run, {})
         for key in sorted(set(o) | set(w)):
             if ignore_mean and is_mean_multilayer(key):
@@ -572,7 +574,7 @@ def main() -> None:
                                   encoding="utf-8")  # fmt: skip
     if args.compare:
         old = json.loads(Path(args.compare).read_text(encoding="utf-8"))
-        sys.exit(compare(old, results, args.ignore_mean_ablation, args.tol))
+        sys.exit(compare(old, results, args.ignore_mean_ablation, args.tol, only))
 
 
 if __name__ == "__main__":
