@@ -313,3 +313,18 @@ def test_a_feature_attnlab_lacks_is_refused_by_name(capsys, tmp_path, family, ke
     cfg[key] = value
     (d / "config.json").write_text(json.dumps(cfg))
     _refused(capsys, tmp_path, d, key)
+
+
+def test_sharded_bfloat16_weights_import(tmp_path):
+    """Several safetensors files (model.safetensors.index.json) in bfloat16: the imported model
+    computes in float32 what transformers computes from the same (bfloat16-rounded) weights."""
+    hf, d = build_t5(tmp_path, "t5")
+    hf.to(torch.bfloat16).save_pretrained(tmp_path / "sharded", max_shard_size="20KB")
+    (tmp_path / "sharded" / "tokenizer.json").write_text(t5_tokenizer_json(), encoding="utf-8")
+    assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
+    model, _, provenance = load_hf(tmp_path / "sharded")
+    assert len(provenance["source"]["weights"]) > 1
+    src, tgt = _t5_batch()
+    with torch.no_grad():
+        want = hf.float()(input_ids=src, attention_mask=(src != 0).long(), decoder_input_ids=tgt)
+        assert _max_err(model(src, tgt), want.logits) <= TOL
