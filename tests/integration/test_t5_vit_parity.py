@@ -328,3 +328,14 @@ def test_sharded_bfloat16_weights_import(tmp_path):
     with torch.no_grad():
         want = hf.float()(input_ids=src, attention_mask=(src != 0).long(), decoder_input_ids=tgt)
         assert _max_err(model(src, tgt), want.logits) <= TOL
+
+
+def test_predict_on_a_vit_without_classifier_is_refused(capsys, tmp_path):
+    from PIL import Image
+
+    _, d = build_vit(tmp_path, "ViTModel")
+    assert attnlab(capsys, "import-hf", d, "--out", tmp_path / "run")[0] == 0
+    Image.new("RGB", (12, 12)).save(tmp_path / "img.png")
+    assert "no classifier" in one_error_line(
+        attnlab(capsys, "predict", tmp_path / "run", tmp_path / "img.png")
+    )
