@@ -208,8 +208,8 @@ def build_vit(tmp_path, arch: str, seed: int = 0):
         m.base_model.embeddings.cls_token.normal_()  # and queries and keys large enough for
         m.base_model.embeddings.position_embeddings.normal_(std=0.5)  # peaked attention
         for name, p in m.named_parameters():
-            if name.endswith(("query.weight", "key.weight")):
-                p.normal_(std=0.5)
+            if name.endswith(("query.weight", "key.weight", "q_proj.weight", "k_proj.weight")):
+                p.normal_(std=0.15)
     d = tmp_path / arch
     m.save_pretrained(d)
     (d / "preprocessor_config.json").write_text(json.dumps(PREPROCESSOR), encoding="utf-8")
