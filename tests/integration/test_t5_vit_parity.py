@@ -75,12 +75,18 @@ T5_SHAPES = {
     # v1.1 / flan: gated GELU, a separate LM head (no scale), heads narrower than d_model / H
     "t5-v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_layers=2,
                     num_decoder_layers=2, num_heads=3, d_model=32, d_kv=6, d_ff=48),
+    # v1.1 as transformers 5 saves it: scale_decoder_outputs false, no lm_head.weight in the
+    # file (the head tied to the shared embedding, the output not scaled)
+    "t5-v1.1-v5": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False,
+                       num_layers=2, num_decoder_layers=1, num_heads=2, d_model=16, d_kv=8,
+                       d_ff=24),
 }  # fmt: skip
+OWN_HEAD = {"t5": False, "t5-v1.1": True, "t5-v1.1-v5": False}  # a separate lm_head.weight
 
 
 # seeds whose greedy outputs vary (v1.1's: one row ends with </s> after 6 tokens); a random
 # tied T5 mostly repeats one token, its input embedding dominating the tied readout
-T5_SEEDS = {"t5": 0, "t5-v1.1": 1}
+T5_SEEDS = {"t5": 0, "t5-v1.1": 1, "t5-v1.1-v5": 0}
 
 
 def build_t5(tmp_path, shape: str):
@@ -93,7 +99,7 @@ def build_t5(tmp_path, shape: str):
     m = transformers.T5ForConditionalGeneration(cfg).eval()
     d = tmp_path / shape
     m.save_pretrained(d)
-    if not kw["tie_word_embeddings"]:
+    if OWN_HEAD[shape]:
         # transformers 5 always ties the head; give it one of its own, as v1.1 files have
         from safetensors.torch import load_file, save_file
 
@@ -123,7 +129,8 @@ def _t5_batch(vocab: int = 48):
 def test_t5_matches_transformers(tmp_path, shape):
     hf, d = build_t5(tmp_path, shape)
     model, tokenizer, _ = load_hf(d)
-    assert model.config.tie_weights == T5_SHAPES[shape]["tie_word_embeddings"]
+    assert model.config.tie_weights == (not OWN_HEAD[shape])
+    assert model.config.scale_output == T5_SHAPES[shape]["tie_word_embeddings"]
     src, tgt = _t5_batch()
     with torch.no_grad():
         out = hf(input_ids=src, attention_mask=(src != 0).long(), decoder_input_ids=tgt,
