@@ -346,3 +346,20 @@ def test_predict_on_a_vit_without_classifier_is_refused(capsys, tmp_path):
     assert "no classifier" in one_error_line(
         attnlab(capsys, "predict", tmp_path / "run", tmp_path / "img.png")
     )
+
+
+def test_t5_scores_pairs_with_its_own_ids_like_transformers_loss(tmp_path):
+    """eval's teacher-forced loss frames each target as T5 does: <pad> y in, y </s> out."""
+    from attnlab.tasks.seq2seq import score_pairs
+
+    hf, d = build_t5(tmp_path, "t5-v1.1")
+    model, tokenizer, _ = load_hf(d)
+    pairs = [("the cat sat", "a dog"), ("a mat", "the cat ran")]
+    ours = score_pairs(model, tokenizer, pairs)
+    total = n = 0.0
+    for s, t in pairs:
+        labels = torch.tensor([tokenizer.encode_target(t) + [1]])
+        with torch.no_grad():
+            out = hf(input_ids=torch.tensor([tokenizer.encode_source(s)]), labels=labels)
+        total, n = total + out.loss.item() * labels.numel(), n + labels.numel()
+    assert abs(ours["loss"] - total / n) <= 1e-5
