@@ -363,3 +363,12 @@ def test_t5_scores_pairs_with_its_own_ids_like_transformers_loss(tmp_path):
             out = hf(input_ids=torch.tensor([tokenizer.encode_source(s)]), labels=labels)
         total, n = total + out.loss.item() * labels.numel(), n + labels.numel()
     assert abs(ours["loss"] - total / n) <= 1e-5
+
+
+def test_t5_trace_shows_the_relative_bias_and_unscaled_scores(capsys, tmp_path):
+    _, d = build_t5(tmp_path, "t5-v1.1")
+    assert attnlab(capsys, "import-hf", d, "--out", tmp_path / "run")[0] == 0
+    code, out, err = attnlab(capsys, "trace", tmp_path / "run", "the cat sat")
+    assert code == 0, err
+    assert "relative position bias" in out and "not scaled" in out
+    assert "1/sqrt" not in out and "sinusoid" not in out
