@@ -371,4 +371,4 @@ def test_t5_trace_shows_the_relative_bias_and_unscaled_scores(capsys, tmp_path):
     code, out, err = attnlab(capsys, "trace", tmp_path / "run", "the cat sat")
     assert code == 0, err
     assert "relative position bias" in out and "not scaled" in out
-    assert "1/sqrt" not in out and "sinusoid" not in out
+    assert "scaled by 1/sqrt" not in out and "sinusoid" not in out
