@@ -8,6 +8,7 @@ from torch import nn
 from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import Block
 from attnlab.checkpoint import save_model
+from attnlab.models.declare import ModelKind
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import CharTokenizer
 
@@ -87,13 +88,16 @@ def break_attention(model: nn.Module, monkeypatch) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# A tiny encoder (bidirectional, masks pad keys): exercises the generic record_text and the
+# A tiny encoder (bidirectional, masks pad keys): exercises the default declaration and the
 # padding check without depending on the encoder being written elsewhere.
 # ---------------------------------------------------------------------------------------------
 
 
-class TinyEncoder(nn.Module):
-    """Embedding + positions + non-causal blocks; keys whose id is ``pad_id`` are masked out."""
+class TinyEncoder(ModelKind, nn.Module):
+    """Embedding + positions + non-causal blocks; keys whose id is ``pad_id`` are masked out.
+    It declares itself with ``ModelKind``'s defaults (not registered: no run holds it)."""
+
+    kind = "tiny-encoder"
 
     uses_padding = True
     causal = False

@@ -33,8 +33,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnlab import checkpoint as ckpt
-from attnlab.checkpoint import RunError, load_run, read_header, save_model, writer_lock
+from attnlab.checkpoint import RunError, read_header, save_model, writer_lock
 from attnlab.data.images import ImageTokenizer
+from attnlab.run import load_run
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from attnlab.training import FAULT_ENV
 from attnlab.training import run as training
@@ -648,7 +649,7 @@ def test_every_kind_of_intact_run_loads_through_the_same_verbs(cli, kinds, tmp_p
 
 LOAD_AND_MEASURE = textwrap.dedent("""
     import json, re, sys, torch
-    from attnlab.checkpoint import load_run
+    from attnlab.run import load_run
     def status(key):  # kB
         return int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read())[1])
     from attnlab.models.gpt import GPT, GPTConfig

@@ -14,8 +14,9 @@ import signal
 import pytest
 import torch
 
-from attnlab.checkpoint import load_run, read_trainer_state
+from attnlab.checkpoint import read_trainer_state
 from attnlab.cli import main
+from attnlab.run import load_run
 from attnlab.training import FAULT_ENV
 from attnlab.training import run as training
 from lm_helpers import metrics

@@ -12,8 +12,9 @@ import time
 import pytest
 import torch
 
-from attnlab.checkpoint import RunError, load_run, read_trainer_state
+from attnlab.checkpoint import RunError, read_trainer_state
 from attnlab.data import RandomWindows
+from attnlab.run import load_run
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tokenizers import CharTokenizer
 from attnlab.training import FAULT_ENV, TrainConfig, Trainer, TrainingError, lr_at

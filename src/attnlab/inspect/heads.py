@@ -418,14 +418,13 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
     )  # fmt: skip
 
 
-def heads_of_run(run_dir, n: int = 16, seed: int = 0, device="cpu") -> HeadsReport:
-    """``score_heads`` on a run directory: its model, and for the sample probe a few held-out
-    inputs of the data it was trained on (when its task can rebuild them; an imported model
-    has none)."""
-    from attnlab import checkpoint as ckpt
+def heads_of_run(run, n: int = 16, seed: int = 0) -> HeadsReport:
+    """``score_heads`` on an opened run (``attnlab.load_run``): its model, and for the sample
+    probe a few held-out inputs of the data it was trained on (when its task can rebuild them;
+    an imported model has none)."""
     from attnlab.tasks import open_task
 
-    model, _ = ckpt.load_run(run_dir, device)
+    model, run_dir = run.model, run.path
     sample = None
     notes = []
     try:

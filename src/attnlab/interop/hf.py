@@ -29,7 +29,6 @@ from attnlab.checkpoint import (
     RunError,
     atomic_write_json,
     atomic_write_text,
-    load_run,
     load_tensors,
     read_json_object,
     save_model,
@@ -339,6 +338,8 @@ def _is_attnlab_run(d: Path) -> bool:
 def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads (see
     ``export_hf``, which also writes encoder runs)."""
+    from attnlab.run import load_run
+
     model, tokenizer = load_run(run_dir)
     if not isinstance(model, GPT):
         raise RunError(
@@ -787,15 +788,16 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     ``AutoTokenizer.from_pretrained`` loads (``tokenizer_files``), in a directory transformers
     opens with ``from_pretrained``. A char or word tokenizer is also kept as attnlab's own
     (attnlab_tokenizer.json), so ``import-hf`` brings the run back exactly."""
-    from attnlab.checkpoint import read_run_config
+    from attnlab.run import load_run
     from attnlab.tokenizers import PairTokenizer
 
-    model, tokenizer = load_run(run_dir)
+    run = load_run(run_dir)
+    model, tokenizer = run
     if isinstance(model, GPT):
         hf, tensors = gpt2_hf_config(model.config, tokenizer), gpt2_state_dict(model)
         max_length = model.config.block_size
     elif isinstance(model, Encoder):
-        labels = read_run_config(run_dir).get("labels")
+        labels = run.config.get("labels")
         hf, tensors = bert_hf_config(model.config, labels), bert_state_dict(model)
         max_length = model.config.block_size
     else:

@@ -157,10 +157,11 @@ def sites(subject: Subject, by: str) -> list[Site]:
     every head group's ``z``. An LSTM's only patchable attention is its context vector."""
     if by not in ("position", "head"):
         raise InterventionError(f"--by must be position or head, got {by!r}")
-    if subject.kind == "rnn":
+    if not subject.model.residual:  # no residual stream: only its attention's output
         if not subject.head_groups():
             raise InterventionError("this LSTM has no attention, so no context vector to patch")
-        return [Site("decoder.attn.z", "decoder", 0, "context", True, "LSTM context vector")]
+        return [Site(g.path + ".z", subject.output_stack, g.layer, g.label(0), True, g.note)
+                for g in subject.head_groups()]  # fmt: skip
     if by == "head":
         return [Site(g.path + ".z", g.path.split(".blocks")[0] if g.kind != "attn" else "",
                      g.layer, f"L{g.layer}", True, "" if g.kind == "attn" else f"{g.kind} heads")
