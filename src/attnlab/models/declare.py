@@ -264,6 +264,9 @@ class ModelKind:
     gradient_first_token: int = 0  # input tokens before the first one the site holds
     gradient_note: str = ""
     notes: tuple[str, ...] = ()  # said beside every intervention's result
+    # tiny configs of each kind the class makes (vocabulary sizes left to the tokenizer, per
+    # ``tokenizer_fields``): the conformance suite runs every verb on a random run of each
+    examples: tuple[dict, ...] = ()
     hook_points: dict[str, str] = {
         "embed": "token embeddings (B, T, C)",
         "pos": "position embeddings added to them",

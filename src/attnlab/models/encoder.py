@@ -168,6 +168,10 @@ class Encoder(ModelKind, nn.Module):
     # -- the declaration (attnlab.models.declare) ---------------------------------------------
 
     sentence_embedding = True  # `attnlab embed` pools its token states
+    examples = tuple(
+        dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0, **head)
+        for head in (dict(mlm_head=True), dict(num_labels=3, pooler=True), {})
+    )
     hook_points = {
         "embed": "token embeddings (B, T, C)",
         "pos": "position embeddings (T, C)",

@@ -89,6 +89,10 @@ class GPT(ModelKind, nn.Module):
     config_class = GPTConfig
     model_type = "gpt"
     decodes = True
+    examples = (
+        dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0),
+        dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0, mlp=False, pos="rotary"),
+    )
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
     causal = True  # output t depends on ids 0..t only (checked by `attnlab check`)
     uses_padding = False

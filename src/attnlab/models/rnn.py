@@ -223,6 +223,8 @@ class RNNSeq2Seq(DecoderProbes, EncoderDecoder, nn.Module):
 
     stacks = ()  # no transformer stacks: an LSTM's state is rewritten, not added to
     residual = False
+    examples = (dict(d_embed=8, d_hidden=16, attention="dot"), dict(d_embed=8, d_hidden=16,
+                                                                    attention="none"))  # fmt: skip
     hook_points = {
         "encoder.embed": "source token embeddings (B, S, E)",
         "encoder.out": "the encoder LSTM's outputs (B, S, C), zeros on padding",

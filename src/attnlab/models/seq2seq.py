@@ -255,6 +255,8 @@ class Seq2SeqTransformer(DecoderProbes, EncoderDecoder, nn.Module):
     # -- the declaration (attnlab.models.declare; the rest is EncoderDecoder's) ----------------
 
     gradient_note = "baseline: the source positions without their tokens"
+    examples = (dict(max_len=32, n_encoder_layers=2, n_decoder_layers=2, n_head=2, d_model=16,
+                     dropout=0.0),)  # fmt: skip
     hook_points = {
         "encoder.embed": "source token embeddings * sqrt(C) + positions (B, S, C)",
         "encoder.blocks.{i}.attn.weights": "source self-attention (B, H, S, S)",

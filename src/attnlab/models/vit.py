@@ -198,6 +198,8 @@ class ViT(ModelKind, nn.Module):
         ("channels", "channels", "tokenizer.json"),
     )
     gradient_site = "patch_embed.patches"
+    examples = (dict(image_size=8, patch_size=2, channels=1, n_classes=10, n_layer=2, n_head=2,
+                     d_model=16, dropout=0.0),)  # fmt: skip
     gradient_first_token = 1  # [CLS] has no pixels
     gradient_note = "attributions of each patch's pixels, baseline a black image"
     hook_points = {
