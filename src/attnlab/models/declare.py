@@ -320,14 +320,22 @@ class ModelKind:
     # -- input --------------------------------------------------------------------------------
 
     def prepare(self, tokenizer, text: str, like: Prepared | None = None) -> Prepared:
-        """``text`` made ready to run: token ids (1, T); position t predicts token t + 1."""
+        """``text`` made ready to run: token ids (1, T). Position t predicts token t + 1; a
+        model that ``predicts`` a class has one output, at the first token ([CLS]), whose
+        target is the model's own answer."""
         ids = encode_text(self, tokenizer, text)
         toks = token_strings(tokenizer, text, ids)
         x = torch.tensor([ids], dtype=torch.long, device=_device(self))  # (1, T)
+        stacks = dict(stack_tokens={"": toks}, stack_ids={"": list(ids)})
+        if self.predicts == "class":
+            p = Prepared(text, (x,), [toks[0]], [ids[0]], toks,
+                         torch.full((1,), -100, dtype=torch.long), 0, **stacks)  # fmt: skip
+            with torch.no_grad():
+                p.targets = self.forward_logits(x)[0, 0].argmax()[None].cpu()
+            return p
         targets = torch.full((len(ids),), -100, dtype=torch.long)
         targets[:-1] = torch.tensor(ids[1:])
-        return Prepared(text, (x,), toks, list(ids), toks, targets, len(ids) - 1,
-                        stack_tokens={"": toks}, stack_ids={"": list(ids)})  # fmt: skip
+        return Prepared(text, (x,), toks, list(ids), toks, targets, len(ids) - 1, **stacks)
 
     # -- readout ------------------------------------------------------------------------------
 
@@ -370,10 +378,14 @@ class ModelKind:
 
     def output_name(self, tokenizer, classes: list[str] | None, i: int) -> str:
         """How results name output ``i``: a token, or a class."""
+        if self.predicts == "class":
+            return classes[i] if classes and i < len(classes) else str(i)
         return tokenizer.decode([i]) if tokenizer is not None else str(i)
 
     def output_id(self, tokenizer, classes: list[str] | None, token: str) -> int:
         """The output index of ``token`` (exactly one token, or a class name)."""
+        if self.predicts == "class":
+            return class_id(classes, self.config.num_labels, token)
         return text_token_id(tokenizer, token)
 
     def gradient_baseline(self, x: Tensor) -> Tensor:
