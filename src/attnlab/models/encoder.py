@@ -16,8 +16,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab import hooks
+from attnlab.attention import from_hf_attention_mask
 from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
@@ -267,6 +270,137 @@ class Encoder(ModelKind, nn.Module):
             return [*steps, Unembed(self.classifier.weight, self.classifier.bias,
                                     "classifier.bias")]  # fmt: skip
         return [Unembed(self.tok_embed.weight)]
+
+    @staticmethod
+    def _init_weights(m: nn.Module) -> None:
+        """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorms."""
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    # -----------------------------------------------------------------------------------------
+    # The encoder proper
+    # -----------------------------------------------------------------------------------------
+
+    @property
+    def pad_id(self) -> int:
+        return self.config.pad_id
+
+    @torch.no_grad()
+    def padding_difference(self, ids: Tensor, n_pad: int = 3) -> float:
+        """Largest change at real positions when ``n_pad`` masked pad tokens are appended."""
+        B, T = ids.shape
+        T = min(T, self.config.block_size - n_pad)
+        ids = ids[:, :T]
+        padded = torch.cat([ids, ids.new_full((B, n_pad), self.config.pad_id)], dim=1)
+        mask = torch.ones_like(padded)
+        mask[:, T:] = 0  # HF convention: 0 = padding
+        plain = self(ids)
+        return float((self(padded, attention_mask=mask)[:, :T] - plain).abs().max())
+
+    def forward(
+        self,
+        ids: Tensor,
+        attention_mask: Tensor | None = None,
+        token_type_ids: Tensor | None = None,
+        record: bool = False,
+        head: str | None = None,
+    ):
+        """ids (B, T) -> hidden states (B, T, C); with ``record=True``, (output, activation cache).
+
+        ``attention_mask`` (B, T): 1 = real token, 0 = padding (keys that nobody attends to).
+        ``token_type_ids`` (B, T): segment of each token (0 = first sentence), default all 0.
+        ``head``: ``"mlm"`` returns masked-LM logits (B, T, vocab), ``"classify"`` class logits
+        (B, num_labels). Training calls the heads through here, so that the wrappers of
+        DistributedDataParallel and ``torch.compile`` (which see only ``forward``) see them.
+        """
+        if record:
+            with hooks.record(self) as acts:
+                out = self.forward(ids, attention_mask, token_type_ids, head=head)
+            return out, acts
+        if head is not None:
+            hidden = self.forward(ids, attention_mask, token_type_ids)
+            if head == "mlm":
+                return self._mlm_logits(hidden)
+            if head == "classify":
+                return self._class_logits(hidden)
+            raise ValueError(f"head must be None, 'mlm' or 'classify', got {head!r}")
+        B, T = ids.shape
+        limit = self.config.block_size
+        if ids.size(1) > limit:
+            raise ValueError(f"sequence of {T} tokens exceeds block_size {limit}")
+        x = self.hook_embed(self.tok_embed(ids))  # (B, T, C) one vector per token
+        x = x + self.hook_pos(self.pos_embed(T))  # (T, C) broadcast over the batch
+        if self.type_embed is not None:
+            types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids
+            x = x + self.hook_type(self.type_embed(types))  # (B, T, C)
+        x = self.drop(self.embed_ln(x))
+        mask = (
+            None if attention_mask is None else from_hf_attention_mask(attention_mask)
+        )  # (B, 1, 1, T)
+        for block in self.blocks:
+            x = block(x, mask=mask)
+        return self.hook_ln_f(self.ln_f(x))  # (B, T, C)
+
+    # -----------------------------------------------------------------------------------------
+    # Heads
+    # -----------------------------------------------------------------------------------------
+
+    def pooled(self, hidden: Tensor) -> Tensor:
+        """The first token's state (B, C), through the tanh pooler when the model has one."""
+        first = hidden[:, 0]  # (B, C) the [CLS] position
+        return self.hook_pooled(
+            torch.tanh(self.pooler(first)) if self.pooler is not None else first
+        )
+
+    def mlm_logits(
+        self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids=None
+    ) -> Tensor:
+        """Masked-LM logits (B, T, vocab)."""
+        return self(ids, attention_mask, token_type_ids, head="mlm")
+
+    def _mlm_logits(self, hidden: Tensor) -> Tensor:
+        if self.mlm is None:
+            raise ValueError("this encoder has no masked-LM head (config.mlm_head is False)")
+        return self.hook_mlm_logits(self.mlm(hidden))  # (B, T, vocab)
+
+    def classify(
+        self, ids: Tensor, attention_mask: Tensor | None = None, token_type_ids=None
+    ) -> Tensor:
+        """Class logits (B, num_labels) from the first token ([CLS])."""
+        return self(ids, attention_mask, token_type_ids, head="classify")
+
+    def _class_logits(self, hidden: Tensor) -> Tensor:
+        if self.classifier is None:
+            raise ValueError("this encoder has no classification head (config.num_labels is 0)")
+        pooled = self.drop(self.pooled(hidden))  # (B, C)
+        return self.hook_class_logits(self.classifier(pooled))  # (B, num_labels)
+
+    def mlm_loss(self, ids: Tensor, labels: Tensor, attention_mask: Tensor | None = None) -> Tensor:
+        """Mean cross-entropy over the positions whose label is not IGNORE_INDEX."""
+        logits = self.mlm_logits(ids, attention_mask)
+        if not bool((labels != IGNORE_INDEX).any()):
+            return logits.sum() * 0.0  # nothing selected in this batch: a zero that has a gradient
+        return F.cross_entropy(
+            logits.reshape(-1, logits.size(-1)).float(),
+            labels.reshape(-1),
+            ignore_index=IGNORE_INDEX,
+        )
+
+    @torch.no_grad()
+    def embed(
+        self, ids: Tensor, attention_mask: Tensor | None = None, pool: str = "mean"
+    ) -> Tensor:
+        """Sentence embeddings (B, C): the mean of the real tokens' states, or the first token's."""
+        hidden = self(ids, attention_mask)  # (B, T, C)
+        if pool == "cls":
+            return hidden[:, 0]
+        if pool != "mean":
+            raise ValueError(f"pool must be 'mean' or 'cls', got {pool!r}")
+        keep = torch.ones_like(ids) if attention_mask is None else attention_mask
+        keep = keep.to(hidden.dtype).unsqueeze(-1)  # (B, T, 1)
+        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1e-9)  # (B, C)
 
 
 def mask_tokens(
