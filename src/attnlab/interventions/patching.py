@@ -297,8 +297,7 @@ def patch(
     if reverse:  # report in the user's terms: the clean input and its metric are the clean ones
         clean, m_clean, m_corrupt = corrupt, m_corrupt, m_clean
     # the tokens along each stack's positions (a ViT's residual stream runs over its patches)
-    tokens = {st: clean.tokens if st == "decoder" else clean.input_tokens
-              for st in {s.stack for s in site_list}}  # fmt: skip
+    tokens = {st: clean.stack_tokens[st] for st in dict.fromkeys(s.stack for s in site_list)}
     notes = list(subject.notes)
     if clean.extra.get("translation") is not None:
         notes.append(f"the decoder reads <bos> + the clean translation "
