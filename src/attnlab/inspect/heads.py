@@ -126,9 +126,7 @@ def kind_of(scores: dict[str, float | None]) -> str | None:
 
 def vocab_size(model: nn.Module) -> int | None:
     """The number of token ids the model's probe forward reads (None: it reads no tokens)."""
-    if getattr(model, "conformance_inputs", None) is not None and not hasattr(
-        model, "conformance_forward"
-    ):
+    if model.reads == "image":
         return None  # it is probed with other inputs (a ViT: images)
     cfg = getattr(model, "config", None)
     for key in ("tgt_vocab_size", "vocab_size"):
@@ -157,8 +155,8 @@ def repeated_tokens(model: nn.Module, n: int = 16, seed: int = 0, half: int | No
         return None
     limit = max_positions(model) or 2 * PROBE_HALF
     cfg = getattr(model, "config", None)
-    if hasattr(model, "conformance_forward") and hasattr(cfg, "max_len"):
-        limit = cfg.max_len
+    if model.reads == "source":  # an encoder-decoder's probe is its decoder's input
+        limit = getattr(cfg, "max_len", limit)
     half = min(half or PROBE_HALF, limit // 2)
     if half < 2:
         return None

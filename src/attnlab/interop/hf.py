@@ -338,15 +338,7 @@ def _is_attnlab_run(d: Path) -> bool:
 def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads (see
     ``export_hf``, which also writes encoder runs)."""
-    from attnlab.run import load_run
-
-    model, tokenizer = load_run(run_dir)
-    if not isinstance(model, GPT):
-        raise RunError(
-            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
-            f"holds a model of type {model.model_type!r}"
-        )
-    return export_hf(run_dir, out_dir)
+    return export_hf(run_dir, out_dir, only="gpt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -782,7 +774,18 @@ def bert_state_dict(model: Encoder) -> dict[str, Tensor]:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
+# How each attnlab model type is written as a Hugging Face architecture (the explicit key
+# maps above): run -> (HF config.json, tensors, the tokenizer's max length). A format of this
+# module, not a declaration of the models, which know nothing of Hugging Face.
+EXPORTS = {
+    "gpt": lambda run: (gpt2_hf_config(run.model.config, run.tokenizer),
+                        gpt2_state_dict(run.model), run.model.config.block_size),
+    "encoder": lambda run: (bert_hf_config(run.model.config, run.config.get("labels")),
+                            bert_state_dict(run.model), run.model.config.block_size),
+}  # fmt: skip
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None) -> Path:
     """Write a GPT run as GPT-2 (``GPT2LMHeadModel``) and an encoder run as BERT
     (``BertForMaskedLM``, ``BertForSequenceClassification`` or ``BertModel``), with a tokenizer
     ``AutoTokenizer.from_pretrained`` loads (``tokenizer_files``), in a directory transformers
@@ -793,19 +796,18 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
 
     run = load_run(run_dir)
     model, tokenizer = run
-    if isinstance(model, GPT):
-        hf, tensors = gpt2_hf_config(model.config, tokenizer), gpt2_state_dict(model)
-        max_length = model.config.block_size
-    elif isinstance(model, Encoder):
-        labels = run.config.get("labels")
-        hf, tensors = bert_hf_config(model.config, labels), bert_state_dict(model)
-        max_length = model.config.block_size
-    else:
+    if only is not None and model.model_type != only:  # export_gpt2: GPT-2 directories only
+        raise RunError(
+            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
+            f"holds a model of type {model.model_type!r}"
+        )
+    if model.model_type not in EXPORTS:
         raise RunError(
             f"{run_dir}: export-hf writes GPT runs (as GPT-2) and encoder runs (as BERT); this "
             f"run holds a model of type {model.model_type!r}, which attnlab cannot write as a "
             "Hugging Face architecture"
         )
+    hf, tensors, max_length = EXPORTS[model.model_type](run)
     if tokenizer is not None and (
         isinstance(tokenizer, PairTokenizer) or not hasattr(tokenizer, "encode")
     ):

@@ -43,6 +43,14 @@ def register(cls: type) -> type:
     return cls
 
 
+def model_for(config) -> nn.Module:
+    """A new model of the registered class whose ``config_class`` ``config`` is."""
+    for cls in registered().values():
+        if type(config) is cls.config_class:
+            return cls(config)
+    raise TypeError(f"no registered model is configured by a {type(config).__name__}")
+
+
 def registered() -> dict[str, type]:
     """Every registered model class by model_type; the modules of ``attnlab.models`` (each a
     kind) are imported first, so a new module there is found without being listed."""
@@ -249,6 +257,7 @@ class ModelKind:
     causal: bool = False  # output t depends on inputs 0..t only (read by `attnlab check`)
     uses_padding: bool = False  # masks padded keys (then ``pad_id`` must not change outputs)
     decodes: bool = False  # start / step / reorder: generate and beam search run on it
+    kv_cache: bool = False  # new_cache(batch, max_len) and forward(ids, cache=...)
     reads: str = "text"  # text | image | source (an encoder-decoder's source text)
     predicts: str = "next-token"  # next-token | masked-token | class | decoder-step | nothing
     stacks: tuple[str, ...] = ("",)  # prefixes of its transformer stacks
@@ -282,6 +291,12 @@ class ModelKind:
 
     def describe(self) -> str:
         return self.kind
+
+    @classmethod
+    def default_task(cls, config: dict) -> str | None:
+        """The task of a run that names none (imported weights), from its config.json's
+        ``config``; None for a model that predicts nothing."""
+        return "lm"
 
     # -- structure ----------------------------------------------------------------------------
 
@@ -417,6 +432,10 @@ class EncoderDecoder(ModelKind):
         ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
     )
     gradient_site = "encoder.embed"
+
+    @classmethod
+    def default_task(cls, config: dict) -> str | None:
+        return "seq2seq"
 
     def prepare(self, tokenizer, text: str, like: Prepared | None = None) -> Prepared:
         """The source ids (1, S) and the decoder's input (1, T): <bos> + the greedy

@@ -187,6 +187,13 @@ class Encoder(ModelKind, nn.Module):
         "class_logits": "class logits (B, num_labels)",
     }
 
+    @classmethod
+    def default_task(cls, config: dict) -> str | None:
+        """mlm or classify by the head config.json describes; None without one."""
+        if config.get("mlm_head"):
+            return "mlm"
+        return "classify" if config.get("num_labels") else None
+
     @property
     def predicts(self) -> str:
         if self.mlm is not None:

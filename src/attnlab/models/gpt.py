@@ -88,7 +88,7 @@ class GPT(ModelKind, nn.Module):
 
     config_class = GPTConfig
     model_type = "gpt"
-    decodes = True
+    decodes = kv_cache = True
     examples = (
         dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0),
         dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0, mlp=False, pos="rotary"),

@@ -201,6 +201,11 @@ class ViT(ModelKind, nn.Module):
     examples = (dict(image_size=8, patch_size=2, channels=1, n_classes=10, n_layer=2, n_head=2,
                      d_model=16, dropout=0.0),)  # fmt: skip
     gradient_first_token = 1  # [CLS] has no pixels
+
+    @classmethod
+    def default_task(cls, config: dict) -> str | None:
+        return "vision"
+
     gradient_note = "attributions of each patch's pixels, baseline a black image"
     hook_points = {
         "patch_embed.patches": "the flattened pixels of each patch (B, N, P*P*channels)",

@@ -142,19 +142,17 @@ def task_for_run(cfg: dict) -> type[Task]:
 def imported_task(cfg: dict) -> str:
     """The task of a run that names none (imported weights, or a run older than tasks)."""
     from attnlab.checkpoint import RunError
+    from attnlab.models.declare import registered
 
-    model_type, config = cfg.get("model_type"), cfg.get("config") or {}
-    if model_type == "encoder":
-        if config.get("mlm_head"):
-            return "mlm"
-        if config.get("num_labels"):
-            return "classify"
+    cls = registered().get(cfg.get("model_type"))
+    task = cls.default_task(cfg.get("config") or {}) if cls is not None else "lm"
+    if task is None:
         raise RunError(
             "this run is an encoder with no prediction head (no masked-LM or classification "
             "head): it gives contextual vectors, not predictions; use `attnlab embed RUN TEXT` "
             "for a sentence embedding, or `attnlab trace`/`attention` to look inside"
         )
-    return {"seq2seq": "seq2seq", "rnn": "seq2seq", "vit": "vision"}.get(model_type, "lm")
+    return task
 
 
 class Task:
