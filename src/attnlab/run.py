@@ -79,7 +79,7 @@ class Run:
         model that predicts nothing (an encoder with no head)."""
         if self._task is None:
             try:
-                self._task = open_task(self.path)
+                self._task = open_task(self.path, cfg=self.config, tokenizer=self.tokenizer)
             except ckpt.RunError as e:
                 raise ckpt.RunError(f"{self.path}: {e}") from None
         return self._task
@@ -129,7 +129,7 @@ class Run:
                 raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
                                     "--data FILE (Python: evaluate(data=...))")  # fmt: skip
             try:
-                task = open_task(self.path, with_data=True)
+                task = open_task(self.path, True, self.config, self.tokenizer)
             except DataError as e:  # its data moved, changed or was never kept
                 what = ("a text" if self.model.predicts == "next-token"
                         else "a file in its task's format")  # fmt: skip

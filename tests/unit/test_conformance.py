@@ -170,3 +170,19 @@ def test_every_example_is_a_kind_and_every_kind_word_is_unique_to_one_class():
 def test_every_verb_runs_on_every_declared_kind_and_its_identities_hold(cls, cfg, tmp_path,
                                                                         capsys):  # fmt: skip
     conformance(capsys, build_run(cls, cfg, tmp_path / "run"))
+
+
+def test_load_run_is_the_one_door_and_reads_config_json_once(tmp_path, monkeypatch):
+    from attnlab import checkpoint
+
+    cls = registered()["gpt"]
+    path = build_run(cls, cls.examples[0], tmp_path / "run")
+    reads = []
+    real = checkpoint.read_run_config
+    monkeypatch.setattr(checkpoint, "read_run_config", lambda d: reads.append(d) or real(d))
+    run = load_run(path)
+    model, tokenizer = run  # unpacks as it always did
+    run.predict("the bank")
+    run.record("the bank")
+    run.subject.prepare("the bank")
+    assert len(reads) == 1 and model is run.model and tokenizer is run.tokenizer

@@ -426,7 +426,7 @@ def heads_of_run(run, n: int = 16, seed: int = 0) -> HeadsReport:
     sample = None
     notes = []
     try:
-        sample = open_task(run_dir, with_data=True).sample_inputs(4, 64)
+        sample = open_task(run_dir, True, run.config, run.tokenizer).sample_inputs(4, 64)
     except Exception as e:  # no data to rebuild (imported weights, a moved corpus): no sample
         notes.append(f"no held-out sample ({' '.join(str(e).split())[:120]})")
     inputs, ids = sample if sample is not None else (None, True)

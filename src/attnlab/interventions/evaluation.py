@@ -163,7 +163,7 @@ def held_out(run) -> HeldOut:
         hint = "; score it on a text with --data FILE" if run.model.predicts == "next-token" else ""
         raise InterventionError(f"{run_dir}: weights saved without a training task (imported, "
                                 f"or by save_model): no held-out data to score{hint}")  # fmt: skip
-    task = open_task(run_dir, with_data=True)
+    task = open_task(run_dir, True, run.config, run.tokenizer)
     model = run.model
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     given = {**defaults, **task.defaults_for({}), **(cfg.get("train_config") or {})}
