@@ -29,8 +29,9 @@ a ``Recording`` and never special-cases a model. A model plugs in by doing three
    ``causal``          True if output t may depend on inputs 0..t only (GPT). Default False.
    ``uses_padding``    True if the model masks padded keys. It then needs ``pad_id`` (int):
                        positions whose id equals ``pad_id`` must not change other outputs.
-   ``new_cache(batch, max_len)`` and ``forward(ids, cache=...)``: incremental decoding, checked
-                       against a full forward pass.
+   ``kv_cache``        True with ``new_cache(batch, max_len)`` and ``forward(ids, cache=...)``:
+                       incremental decoding, checked against a full forward pass.
+   ``decodes``         True with ``start`` / ``step`` / ``reorder`` (generation's protocol).
    ``conformance_forward(ids) -> Tensor (B, T, ...)``: optional; what the checks call. Default:
                        ``model(ids)`` (the first element if it returns a tuple). A seq2seq model
                        defines it to run the decoder on ``ids`` with a fixed source.
