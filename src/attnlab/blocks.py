@@ -119,15 +119,15 @@ class Block(nn.Module):
             x = self._sublayer(x, self.ln2, mlp, self.hook_ln2)
         return self.hook_resid_post(x)
 
-    def sublayers(self) -> list[tuple[str, nn.Module, nn.Module, str]]:
-        """The residual sublayers in forward order, as (name, module, its LayerNorm, the point
-        recorded after it): attn; cross when the block cross-attends; mlp when it has one
-        (its output is ``mlp_out``; the point after it is ``resid_post``)."""
-        out = [("attn", self.attn, self.ln1, "resid_mid")]
+    def sublayers(self) -> list[tuple[str, nn.Module, str, str]]:
+        """The residual sublayers in forward order, as (name, module, the name of its
+        LayerNorm, the point recorded after it): attn; cross when the block cross-attends; mlp
+        when it has one (its output is ``mlp_out``; the point after it is ``resid_post``)."""
+        out = [("attn", self.attn, "ln1", "resid_mid")]
         if self.cross is not None:
-            out.append(("cross", self.cross, self.ln_cross, "resid_cross"))
+            out.append(("cross", self.cross, "ln_cross", "resid_cross"))
         if self.mlp is not None:
-            out.append(("mlp", self.mlp, self.ln2, "resid_post"))
+            out.append(("mlp", self.mlp, "ln2", "resid_post"))
         return out
 
 

@@ -190,26 +190,25 @@ def direct_logit_attribution(
         P = f"{root}{i}."
         parts.check(P + "resid_pre", at(P + "resid_pre"))
         u = at(P + "resid_pre")
-        for kind, module, ln, point in block.sublayers():
-            if kind == "mlp":
+        for sub, module, ln_name, point in block.sublayers():
+            if sub == "mlp":
                 out = at(P + "mlp_out")
                 parts.add(P + "mlp_out", out)
             else:
-                cross = cross or kind == "cross"
-                z = c[f"{P}{kind}.z"][0, :, pos]  # (H, d_v)
+                cross = cross or sub == "cross"
+                z = c[f"{P}{sub}.z"][0, :, pos]  # (H, d_v)
                 H, dv = z.shape
                 W = module.out_proj.weight.double().view(-1, H, dv)  # (C, H, d_v): W_O^h
                 for h in range(H):
-                    parts.add(f"{P}{kind}.head{h}", W[:, h] @ z[h])
+                    parts.add(f"{P}{sub}.head{h}", W[:, h] @ z[h])
                 if module.out_proj.bias is not None:
-                    parts.add(f"{P}{kind}.bias", module.out_proj.bias)
-                group = kind if not stack else (f"{stack} self" if kind == "attn" else kind)
-                heads.setdefault(group, []).append((i, kind, H))
-                out = at(f"{P}{kind}.out")
+                    parts.add(f"{P}{sub}.bias", module.out_proj.bias)
+                group = sub if not stack else (f"{stack} self" if sub == "attn" else sub)
+                heads.setdefault(group, []).append((i, sub, H))
+                out = at(f"{P}{sub}.out")
             if not block.norm_first:
                 post_norm = True
-                ln_name = {"attn": "ln1", "cross": "ln_cross", "mlp": "ln2"}[kind]
-                parts.layer_norm(ln, u + out, f"{P}{ln_name}.bias")
+                parts.layer_norm(getattr(block, ln_name), u + out, f"{P}{ln_name}.bias")
             parts.check(P + point, at(P + point))
             u = at(P + point)
         parts.check(P + "resid_post", at(P + "resid_post"))
