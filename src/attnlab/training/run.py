@@ -35,9 +35,9 @@ from attnlab.tasks.base import Task, task_class, task_for_run
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
-from attnlab.training.memory import size_warnings
+from attnlab.training.memory import check_fits, size_warnings
 
-RUN_OPTIONS = {"task", "out", "resume", "quiet", "log"}
+RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "force"}
 # Options that may change when a run is resumed; every other one comes from the run.
 RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
              "device", "dtype", "compile", "compile_backend", "fsdp"}  # fmt: skip
@@ -117,8 +117,10 @@ def plan(given: dict) -> TrainPlan:
             **{k: v for k, v in given.items() if k in train_fields},
         }
         config = TrainConfig(**values)
-        resolve_device(config.device)  # --device cuda without a GPU: said before any work
+        device = resolve_device(config.device)  # --device cuda without a GPU: said before any work
         check_fsdp(config)
+        if not given.get("resume"):  # a run too big for the device: refused before it is built
+            check_fits(options, config, device, force=bool(given.get("force")))
     except ConfigError as e:
         raise ConfigError(as_flags(str(e), names)) from None
     if not options.data and not given.get("resume"):
