@@ -24,6 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 SEED_MAX = 2**32 - 1  # what every generator attnlab seeds accepts (numpy's legacy one too)
+GAUSS_LEGENDRE_MAX = 256  # its nodes cost O(n^3) (1024: seconds; 2048: 20 s) and integrate
+# polynomials of degree 2n - 1 exactly: 256 nodes are far past what attribution needs
 SIZE_MAX = 2**20  # a width, a vocabulary, a batch: past a million no model here fits anywhere
 STEPS_MAX = 10**9  # optimizer steps and intervals: 11 days at a microsecond a step
 INDEX_MAX = 2**31 - 1  # an index; the model then says how many it has
@@ -198,10 +200,10 @@ BOUNDS: dict = {
     "batch": _count(2**10, why="probes"),
     ("lens", "max_tokens"): _count(2**24, low=2, why="tokens recorded at every layer"),
     "ridge": _rate(1e6),
-    "steps": _count(2**14, why="a forward and backward pass each"),
+    "steps": _count(4096, why="a forward and backward pass each; Gauss-Legendre: at most 256"),
     "residual": _rate(1.0),
-    "windows": _count(2**16),
-    "sequences": _count(2**16),
+    "windows": _count(1024, why="every window is scored again for every head"),
+    "sequences": _count(1024, why="every head is scored on every sequence"),
 }
 
 
@@ -232,3 +234,45 @@ def numeric_options(parsers: dict[str, argparse.ArgumentParser]):
         for action in parser._actions:
             if action.option_strings and is_numeric(action):
                 yield verb, action.option_strings[-1], action.dest, action
+
+
+def check_decoding_memory(
+    model, sequences: int, prompt_len: int, new_tokens: int, use_cache: bool = True
+) -> None:
+    """Refuse (a UsageError, one line) decoding whose buffers cannot fit in the memory of the
+    model's device, before any token is printed: ``sequences`` rows (prompts x samples or
+    beams) of ``prompt_len + new_tokens`` ids, held twice as int64 (the ids fed and the ids
+    sampled), a KV cache of up to block_size positions per layer, and the (B, V) logits a step
+    makes. Says how many new tokens do fit."""
+    from attnlab.cli import UsageError
+    from attnlab.training.memory import GIB, HUGE_FRACTION, device_memory
+
+    device = next(model.parameters()).device
+    have = device_memory(device)
+    if have is None:
+        return
+    c = model.config
+    layers = int(getattr(c, "n_layer", 0) or 0)
+    width = int(getattr(c, "d_model", 0) or 0)
+    block = int(getattr(c, "block_size", 0) or prompt_len + new_tokens)
+    vocab = int(getattr(c, "vocab_size", 0) or 0)
+    window = min(block, prompt_len + new_tokens)
+    fixed = sequences * (2 * layers * window * width * 4 if use_cache else 0)  # KV cache
+    fixed += sequences * vocab * 4 * 4  # logits, probabilities, a sort for top-p, a mask
+    per_token = 16 * sequences  # int64 ids, twice
+    need = fixed + per_token * (prompt_len + new_tokens)
+    budget = HUGE_FRACTION * have
+    if need <= budget:
+        return
+    most = int((budget - fixed) // per_token) - prompt_len
+    where = "this machine" if device.type == "cpu" else str(device)
+    fit = (
+        f"at most {most:,} new tokens fit (--max-new-tokens)"
+        if most > 0
+        else "fewer prompts or --num-samples fit"
+    )
+    raise UsageError(
+        f"generating {new_tokens:,} tokens for {sequences:,} sequence{'s' * (sequences != 1)} "
+        f"needs about {need / GIB:,.1f} GiB, past the {budget / GIB:.1f} GiB {where} may use "
+        f"({HUGE_FRACTION:.0%} of its {have / GIB:.1f} GiB): {fit}"
+    )
