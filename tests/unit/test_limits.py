@@ -222,3 +222,45 @@ def test_plan_refuses_a_run_too_big_before_anything_is_read(tmp_path):
     p = plan({**given, "force": True})  # the user's call: planned, not refused
     assert p.options.n_layer == 100_000
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# inference memory, once the model is known
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_forward_pass_past_the_memory_is_refused_naming_the_option_and_what_fits():
+    from attnlab.cli import UsageError
+    from attnlab.cli.limits import check_forward_memory
+    from attnlab.models.gpt import PRESETS, GPTConfig
+
+    gpt2 = GPTConfig(vocab_size=50257, **{**PRESETS["gpt2"], "dropout": 0.0})
+    cpu = torch.device("cpu")
+    with pytest.raises(UsageError) as e:  # heads --sequences 1024 on a GPT-2: scores recorded
+        check_forward_memory(gpt2, cpu, 1024, 1024, "--sequences", record=True)
+    line = str(e.value)
+    assert line.startswith("--sequences 1,024: 1,024 sequences of 1,024 tokens need about ")
+    assert "GiB this machine may use" in line and "at most" in line
+    most = int(line.rsplit("at most ", 1)[1].split()[0].replace(",", ""))
+    check_forward_memory(gpt2, cpu, most, 1024, "--sequences", record=True)  # what it says fits
+    with pytest.raises(UsageError):
+        check_forward_memory(gpt2, cpu, most + 1, 1024, "--sequences", record=True)
+    check_forward_memory(gpt2.to_dict(), cpu, 1, 1024, "--batch")  # config.json's dict too
+
+
+def test_generation_past_the_memory_is_refused_before_a_token_and_says_what_fits():
+    from attnlab.cli import UsageError
+    from attnlab.cli.limits import check_decoding_memory
+    from attnlab.models.gpt import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=1, d_model=8))
+    with pytest.raises(UsageError) as e:
+        check_decoding_memory(model, 1, 2, 10**12)
+    line = str(e.value)
+    assert line.startswith("generating 1,000,000,000,000 tokens for 1 sequence needs about")
+    most = int(line.split("at most ")[1].split()[0].replace(",", ""))
+    check_decoding_memory(model, 1, 2, most)
+    with pytest.raises(UsageError):
+        check_decoding_memory(model, 1, 2, most + 1)
+    with pytest.raises(UsageError, match="fewer prompts or --num-samples fit"):
+        check_decoding_memory(model, 10**12, 2, 1)

@@ -176,6 +176,12 @@ def cmd_heads(args) -> int:
         return _show(result, args)
     s = _subject(args)
     if args.data is not None:
+        from attnlab.cli.limits import check_forward_memory, config_field
+
+        c = s.model.config
+        check_forward_memory(
+            c, s.device, args.windows, config_field(c, "block_size") or 1, "--windows"
+        )
         evaluate = corpus_loss(s, args.data, args.windows)
         source = f"{args.windows} windows of {args.data}"
     elif args.inputs is not None:

@@ -276,3 +276,49 @@ def check_decoding_memory(
         f"needs about {need / GIB:,.1f} GiB, past the {budget / GIB:.1f} GiB {where} may use "
         f"({HUGE_FRACTION:.0%} of its {have / GIB:.1f} GiB): {fit}"
     )
+
+
+def config_field(config, *names: str) -> int:
+    """The first of ``names`` that ``config`` (a config object or its dict) sets, else 0."""
+    for name in names:
+        value = config.get(name) if isinstance(config, dict) else getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 0
+
+
+def check_forward_memory(
+    config, device, rows: int, tokens: int, option: str, record: bool = False
+) -> None:
+    """Refuse (a UsageError naming ``option``, one line) a forward pass over ``rows``
+    sequences of ``tokens`` tokens whose memory cannot fit in ``device``'s, before it runs:
+    the logits and their log-probabilities (8 bytes a vocabulary entry a token), the residual
+    stream (4 floats a channel a token, a few per layer when every activation is recorded) and,
+    recorded, every head's scores and weights (8 bytes a query a key). Says how many rows fit.
+    ``config`` is the model's config (or its dict from config.json)."""
+    from attnlab.cli import UsageError
+    from attnlab.training.memory import GIB, HUGE_FRACTION, device_memory
+
+    have = device_memory(device)
+    if have is None or rows < 1 or tokens < 1:
+        return
+    vocab = config_field(config, "vocab_size", "tgt_vocab_size", "n_classes")
+    width = config_field(config, "d_model", "d_hidden")
+    layers = config_field(config, "n_layer") or (
+        config_field(config, "n_encoder_layers") + config_field(config, "n_decoder_layers")
+    )
+    heads = config_field(config, "n_head")
+    per_row = tokens * (8 * vocab + 4 * width * (8 * max(layers, 1) if record else 4))
+    if record:
+        per_row += 8 * heads * max(layers, 1) * tokens * tokens
+    budget = HUGE_FRACTION * have
+    if rows * per_row <= budget:
+        return
+    most = int(budget // per_row)
+    where = "this machine" if device.type == "cpu" else str(device)
+    raise UsageError(
+        f"{option} {rows:,}: {rows:,} sequences of {tokens:,} tokens need about "
+        f"{rows * per_row / GIB:,.1f} GiB in one pass of this model, past the "
+        f"{budget / GIB:.1f} GiB {where} may use ({HUGE_FRACTION:.0%} of its "
+        f"{have / GIB:.1f} GiB): at most {max(most, 1):,} fit"
+    )
