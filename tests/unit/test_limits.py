@@ -264,3 +264,13 @@ def test_generation_past_the_memory_is_refused_before_a_token_and_says_what_fits
         check_decoding_memory(model, 1, 2, most + 1)
     with pytest.raises(UsageError, match="fewer prompts or --num-samples fit"):
         check_decoding_memory(model, 10**12, 2, 1)
+
+
+def test_a_weight_decay_that_would_flip_the_weights_is_refused():
+    from attnlab.training.run import plan
+
+    with pytest.raises(
+        ConfigError, match=r"--weight-decay x --lr must be below 1 .* got 50.0 x 0.1"
+    ):
+        plan({"data": "x.txt", "lr": 0.1, "weight_decay": 50.0, "min_lr": 0.0})
+    assert plan({"data": "x.txt", "lr": 0.1, "weight_decay": 5.0, "min_lr": 0.0}).config.lr == 0.1
