@@ -176,7 +176,7 @@ BOUNDS: dict = {
     # decoding: generate, translate, predict (the memory they need is checked once the model is
     # loaded: attnlab.cli.lm)
     "max_new_tokens": _count(2**40, low=0),
-    "max_len": _count(10**5, why="tokens in one output"),
+    "max_len": _count(4096, why="tokens in one output; a Transformer also stops at its max_len"),
     "temperature": _rate(100.0, why="past 100 every token is as likely as any"),
     "top_k": _count(),
     "top_p": Bound(float, 0.0, 1.0, low_open=True),
@@ -252,10 +252,10 @@ def check_decoding_memory(
     if have is None:
         return
     c = model.config
-    layers = int(getattr(c, "n_layer", 0) or 0)
-    width = int(getattr(c, "d_model", 0) or 0)
-    block = int(getattr(c, "block_size", 0) or prompt_len + new_tokens)
-    vocab = int(getattr(c, "vocab_size", 0) or 0)
+    layers = config_field(c, "n_layer", "n_decoder_layers")
+    width = config_field(c, "d_model", "d_hidden")
+    block = config_field(c, "block_size", "max_len")  # none: an LSTM, which keeps no cache
+    vocab = config_field(c, "vocab_size", "tgt_vocab_size")
     window = min(block, prompt_len + new_tokens)
     fixed = sequences * (2 * layers * window * width * 4 if use_cache else 0)  # KV cache
     fixed += sequences * vocab * 4 * 4  # logits, probabilities, a sort for top-p, a mask
