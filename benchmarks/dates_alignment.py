@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from attnlab.checkpoint import load_run  # noqa: E402
 from attnlab.data.tasks import MONTH_ABBR, MONTHS  # noqa: E402
-from attnlab.inspect.plots import heatmap  # noqa: E402
+from attnlab.render.plots import heatmap  # noqa: E402
 
 
 def cross_map(rec: dict, layer: int | None):

@@ -1,5 +1,5 @@
 """Every kind of run, trained briefly, then what `attnlab predict` and `attnlab eval` print for it
-(the README's table).
+(the table in docs/tasks.md).
 
     OMP_NUM_THREADS=1 python benchmarks/every_kind.py --runs runs/kinds [--only gpt-char,vit] \
         [--seed 2]

@@ -1,5 +1,5 @@
 """Each task trained with its defaults: `attnlab train --task T --data D [--arch A]` and no tuning
-flag, then its figure, as the README's table of defaults states it.
+flag, then its figure, as the table of defaults in docs/training.md states it.
 
     OMP_NUM_THREADS=1 python benchmarks/task_defaults.py \\
         --text /work/shared/data/tinyshakespeare/input.txt [--only lm,digits] [--keep runs/defaults] \\

@@ -68,7 +68,7 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnlab.inspect.plots import heatmap
+    from attnlab.render.plots import heatmap
 
     layer = c.n_layer - 1
     fig, axes = plt.subplots(2, args.examples, figsize=(1.6 * args.examples, 3.4))

@@ -6,6 +6,10 @@ Shapes: B batch, H heads, T query length, S key length, D head width.
 One mask convention everywhere: a boolean tensor, True = "may attend", broadcastable to
 (B, H, T, S), exactly as ``torch.nn.functional.scaled_dot_product_attention``.
 A query row with nothing to attend to gives a zero output and zero weights, never NaN.
+
+The families' variations are options of the same pieces, not new kinds of attention: fewer
+K/V heads than query heads (grouped-query), another scale, a softcap on the scores, a sliding
+window, an additive position bias (T5), a norm on q and k (``MultiHeadAttention`` says which).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.hooks import Hook
+from attnlab.norms import make_norm
 
 # ---------------------------------------------------------------------------------------------
 # Masks (True = may attend)
@@ -33,6 +38,15 @@ def causal_mask(T: int, S: int | None = None, device=None) -> Tensor:
     q_pos = torch.arange(T, device=device).unsqueeze(1) + (S - T)  # (T, 1) absolute positions
     k_pos = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
     return k_pos <= q_pos  # (T, S)
+
+
+def sliding_window_mask(T: int, S: int, window: int, device=None) -> Tensor:
+    """(T, S) mask where query t (at absolute position t + S - T) sees only keys less than
+    ``window`` positions before it: itself and the window - 1 before (with ``causal_mask``: the
+    last ``window`` positions, Mistral's and Gemma's sliding window)."""
+    q_pos = torch.arange(T, device=device).unsqueeze(1) + (S - T)  # (T, 1) absolute positions
+    k_pos = torch.arange(S, device=device).unsqueeze(0)  # (1, S)
+    return k_pos > q_pos - window  # (T, S)
 
 
 def padding_mask(
@@ -95,6 +109,13 @@ def _as_bool_mask(mask: Tensor | None) -> Tensor | None:
 # ---------------------------------------------------------------------------------------------
 
 
+def softcap(x: Tensor, cap: float) -> Tensor:
+    """cap * tanh(x / cap): x unchanged near 0, squashed smoothly into (-cap, cap).
+
+    Gemma 2 caps its attention scores (cap 50, before the mask) and its final logits (30)."""
+    return cap * torch.tanh(x / cap)
+
+
 def reference_attention(
     q: Tensor,
     k: Tensor,
@@ -102,17 +123,26 @@ def reference_attention(
     mask: Tensor | None = None,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    bias: Tensor | None = None,
+    cap: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Attention written one step per line. Returns (output, weights, scaled scores).
+    """Attention written one step per line. Returns (output, weights, scores).
 
-    The scores returned are Q K^T / sqrt(d_k) BEFORE the mask (what the mask then hides is
-    still visible to inspection). Masked scores are filled with the dtype's most negative
-    finite number rather than -inf, and masked weights are zeroed after the softmax, so an
-    empty row gives zeros, never NaN.
+    scores = Q K^T * scale (+ bias) (then cap * tanh(scores / cap)); weights = softmax over the
+    keys of the scores the mask allows; output = weights V. ``scale`` defaults to 1/sqrt(d_k);
+    ``bias`` (broadcastable to (..., T, S)) is an additive position bias (T5's); ``cap`` a
+    softcap (Gemma 2's). The scores returned are the softmax's input BEFORE the mask (what the
+    mask then hides is still visible to inspection). Masked scores are filled with the dtype's
+    most negative finite number rather than -inf, and masked weights are zeroed after the
+    softmax, so an empty row gives zeros, never NaN.
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = q @ k.transpose(-2, -1)  # (..., T, S) raw similarities Q K^T
     scores = scores * scale  # divide by sqrt(d_k) so the softmax does not saturate
+    if bias is not None:
+        scores = scores + bias  # a learned bias per relative position (T5)
+    if cap is not None:
+        scores = softcap(scores, cap)  # squash into (-cap, cap) (Gemma 2)
     masked = scores
     if mask is not None:
         # hide what is not allowed (the most negative finite number, so no row is all -inf)
@@ -125,19 +155,25 @@ def reference_attention(
     return out, weights, scores
 
 
-def _fused_attention(q, k, v, mask, scale, dropout_p):
+def _fused_attention(q, k, v, mask, scale, dropout_p, bias=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` with our conventions: a boolean ``mask`` (and an
+    additive ``bias``), and an empty row gives zeros. ``enable_gqa``: k, v have fewer heads."""
+    sdpa = lambda m: F.scaled_dot_product_attention(  # noqa: E731
+        q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
+    )
+    if bias is not None:  # an additive float mask: the bias, and the dtype's minimum where hidden
+        if mask is None:
+            return sdpa(bias)
+        out = sdpa(torch.where(mask, bias, torch.finfo(q.dtype).min))  # (B|1, H, T, S) mask
+        return out.masked_fill(~mask.any(dim=-1, keepdim=True), 0.0)  # an empty row: zeros
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=scale)
+        return sdpa(None)
     # The fused kernels return NaN for a row with nothing to attend to: open those rows, then
     # zero their output, so both paths agree (and the gradient through them is zero).
     empty = ~mask.any(dim=-1, keepdim=True)  # (..., T, 1)
     if bool(empty.any()):
-        mask = mask | empty
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale
-        )
-        return out.masked_fill(empty, 0.0)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)
+        return sdpa(mask | empty).masked_fill(empty, 0.0)
+    return sdpa(mask)
 
 
 def scaled_dot_product_attention(
@@ -149,12 +185,14 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     return_weights: bool = False,
+    enable_gqa: bool = False,
 ):
     """softmax(Q K^T / sqrt(d_k)) V on (..., T, d_k), (..., S, d_k), (..., S, d_v).
 
     Returns the output (..., T, d_v), or ``(output, weights)`` with weights (..., T, S) when
     ``return_weights``. ``causal`` adds a bottom-right aligned causal mask. Without
     ``return_weights`` the fused ``torch`` kernel is used; with it, the step-by-step reference.
+    ``enable_gqa``: k and v have H / g heads, each read by g query heads in turn (fused only).
     """
     mask = _as_bool_mask(mask)
     T, S = q.size(-2), k.size(-2)
@@ -167,11 +205,11 @@ def scaled_dot_product_attention(
     if causal and mask is None and T == S:
         # torch's is_causal is top-left aligned: identical to ours only when T == S.
         return F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale
+            q, k, v, is_causal=True, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa
         )
     if causal:
         mask = combine_masks(mask, causal_mask(T, S, device=q.device))
-    return _fused_attention(q, k, v, mask, scale, dropout_p)
+    return _fused_attention(q, k, v, mask, scale, dropout_p, enable_gqa=enable_gqa)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,8 +323,22 @@ class MultiHeadAttention(nn.Module):
     each head attends independently; heads are concatenated (H * d_v) and projected by W_O
     back to d_model. Self-attention when ``kv`` is None, cross-attention otherwise.
 
-    Recorded (see ``attnlab.hooks``): q, k, v (B, H, T|S, D), scores (B, H, T, S) scaled and
-    before the mask, weights (B, H, T, S), z (B, H, T, d_v) per-head outputs, out (B, T, C).
+    Options (each default keeps plain multi-head attention):
+    - ``n_kv_heads``: grouped-query (1 < n_kv < H) or multi-query (n_kv = 1) attention: K and V
+      have n_kv heads, and query head h reads K/V head h // (H / n_kv) (Llama 3, Qwen, Gemma).
+    - ``qkv_bias`` / ``out_bias``: the biases of the q/k/v and output projections, where they
+      differ from ``bias`` (Qwen2: q/k/v only).
+    - ``qk_norm``: a norm kind (``rms``, ``rms-gemma``): an RMSNorm over each head's d_k
+      channels of q and of k, before the rotation (Qwen3, Gemma 3).
+    - ``scale``: the factor on Q K^T (default 1/sqrt(d_k); T5 1.0; Gemma query_pre_attn_scalar^-0.5).
+    - ``softcap``: scores become cap * tanh(scores / cap) before the mask (Gemma 2).
+    - ``window``: each query sees only the last ``window`` positions, itself included
+      (sliding-window attention: Mistral, Gemma 2/3).
+    ``forward`` also takes ``position_bias`` (B|1, H, T, S), added to the scaled scores (T5).
+
+    Recorded (see ``attnlab.hooks``): q (B, H, T, d_k); k, v (B, n_kv, S, D) as the KV cache
+    holds them; scores (B, H, T, S), the softmax's input before the mask; weights (B, H, T, S);
+    z (B, H, T, d_v) per-head outputs; out (B, T, C).
     """
 
     def __init__(
@@ -299,21 +351,40 @@ class MultiHeadAttention(nn.Module):
         dropout: float = 0.0,
         kv_dim: int | None = None,
         rotary: nn.Module | None = None,
+        n_kv_heads: int | None = None,
+        qkv_bias: bool | None = None,
+        out_bias: bool | None = None,
+        qk_norm: str | None = None,
+        qk_norm_eps: float = 1e-6,
+        scale: float | None = None,
+        softcap: float | None = None,
+        window: int | None = None,
     ):
         super().__init__()
         if d_model <= 0 or n_heads <= 0:
             raise ValueError("d_model and n_heads must be positive")
         if (d_k is None or d_v is None) and d_model % n_heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
-        self.n_heads = n_heads
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_kv_heads <= 0 or n_heads % n_kv_heads:
+            raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
+        if (softcap is not None and softcap <= 0) or (window is not None and window <= 0):
+            raise ValueError("softcap and window must be positive")
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or d_model // n_heads
         kv_dim = kv_dim or d_model
-        self.q_proj = nn.Linear(d_model, n_heads * self.d_k, bias=bias)
-        self.k_proj = nn.Linear(kv_dim, n_heads * self.d_k, bias=bias)
-        self.v_proj = nn.Linear(kv_dim, n_heads * self.d_v, bias=bias)
-        self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=bias)
-        self.dropout = dropout
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        out_bias = bias if out_bias is None else out_bias
+        self.q_proj = nn.Linear(d_model, n_heads * self.d_k, bias=qkv_bias)
+        self.k_proj = nn.Linear(kv_dim, n_kv_heads * self.d_k, bias=qkv_bias)
+        self.v_proj = nn.Linear(kv_dim, n_kv_heads * self.d_v, bias=qkv_bias)
+        self.out_proj = nn.Linear(n_heads * self.d_v, d_model, bias=out_bias)
+        self.q_norm = self.k_norm = None
+        if qk_norm is not None:
+            self.q_norm = make_norm(qk_norm, self.d_k, qk_norm_eps)
+            self.k_norm = make_norm(qk_norm, self.d_k, qk_norm_eps)
+        self.dropout, self.scale, self.softcap, self.window = dropout, scale, softcap, window
         self.rotary = rotary
         self.use_fused = True  # set False to force the reference path (conformance checks)
         for name in ("q", "k", "v", "weights", "z", "out"):
@@ -323,7 +394,49 @@ class MultiHeadAttention(nn.Module):
 
     def _heads(self, x: Tensor, d: int) -> Tensor:
         B, L, _ = x.shape
-        return x.view(B, L, self.n_heads, d).transpose(1, 2)  # (B, H, L, d)
+        return x.view(B, L, -1, d).transpose(1, 2)  # (B, heads, L, d)
+
+    def _share(self, x: Tensor) -> Tensor:
+        """(B, n_kv, S, D) -> (B, H, S, D): K/V head j serves query heads j*g .. j*g + g - 1."""
+        g = self.n_heads // self.n_kv_heads
+        return x if g == 1 else x.repeat_interleave(g, dim=1)
+
+    def new_cache(self, batch: int, max_len: int, ring: bool = False, dtype=None, device=None):
+        """A KVCache (``RingKVCache`` when ``ring``) sized for this layer: n_kv heads."""
+        kind = RingKVCache if ring else KVCache
+        return kind(batch, max_len, self.n_kv_heads, self.d_k, self.d_v, dtype=dtype, device=device)
+
+    def _project(self, x: Tensor, kv: Tensor | None, cache) -> tuple[Tensor, Tensor, Tensor]:
+        """q (B, H, T, d_k), and k (B, n_kv, S, d_k), v (B, n_kv, S, d_v) with what ``cache``
+        holds: normed (qk_norm), rotated (rotary) and appended to the cache."""
+        q = self._heads(self.q_proj(x), self.d_k)  # (B, H, T, d_k)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if isinstance(cache, StaticKV) and cache.k is not None:
+            return q, cache.k, cache.v  # encoder keys/values computed at the first step
+        src = x if kv is None else kv
+        k = self._heads(self.k_proj(src), self.d_k)  # (B, n_kv, S, d_k)
+        v = self._heads(self.v_proj(src), self.d_v)  # (B, n_kv, S, d_v)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        if self.rotary is not None:
+            offset = cache.length if isinstance(cache, KVCache) else 0
+            q, k = self.rotary(q, offset), self.rotary(k, offset)
+        if isinstance(cache, KVCache):
+            if isinstance(cache, RingKVCache) and (self.window or cache.max_len) < cache.max_len:
+                raise ValueError(f"a ring KV cache of {cache.max_len} positions cannot hold "
+                                     f"a sliding window of {self.window}: use a window policy "
+                                     "other than ring")  # fmt: skip
+            k, v = cache.append(k, v)
+        elif isinstance(cache, StaticKV):
+            cache.k, cache.v = k, v
+        return q, k, v
+
+    def _mask(self, mask: Tensor | None, causal: bool, T: int, S: int, device) -> Tensor | None:
+        """The boolean mask the reference path reads: ``mask`` AND causal AND the window."""
+        cm = causal_mask(T, S, device=device) if causal else None
+        wm = sliding_window_mask(T, S, self.window, device) if self.window else None
+        return combine_masks(_as_bool_mask(mask), cm, wm)
 
     def forward(
         self,
@@ -333,37 +446,33 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | StaticKV | None = None,
         return_weights: bool = False,
+        position_bias: Tensor | None = None,
     ):
         """x (B, T, C); kv (B, S, kv_dim) for cross-attention. Returns out (B, T, C), and the
         per-head weights (B, H, T, S) too when ``return_weights``."""
-        q = self._heads(self.q_proj(x), self.d_k)  # (B, H, T, d_k)
-        if isinstance(cache, StaticKV) and cache.k is not None:
-            k, v = cache.k, cache.v  # encoder keys/values computed at the first step
-        else:
-            src = x if kv is None else kv
-            k = self._heads(self.k_proj(src), self.d_k)  # (B, H, S, d_k)
-            v = self._heads(self.v_proj(src), self.d_v)  # (B, H, S, d_v)
-            if self.rotary is not None:
-                offset = cache.length if isinstance(cache, KVCache) else 0
-                q, k = self.rotary(q, offset), self.rotary(k, offset)
-            if isinstance(cache, KVCache):
-                k, v = cache.append(k, v)
-            elif isinstance(cache, StaticKV):
-                cache.k, cache.v = k, v
+        q, k, v = self._project(x, kv, cache)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
-        T, S = q.size(2), k.size(2)
+        T, S, gqa = q.size(2), k.size(2), self.n_kv_heads != self.n_heads
         p = self.dropout if self.training else 0.0
         recording = self.hook_weights.active or self.hook_scores.active
-        if return_weights or recording or not self.use_fused:
-            if causal:
-                mask = combine_masks(mask, causal_mask(T, S, device=x.device))
-            z, weights, scores = reference_attention(q, k, v, _as_bool_mask(mask), None, p)
+        if return_weights or recording or not self.use_fused or self.softcap is not None:
+            k, v = self._share(k), self._share(v)  # (B, H, S, D) each query head's K/V head
+            mask = self._mask(mask, causal, T, S, x.device)
+            z, weights, scores = reference_attention(
+                q, k, v, mask, self.scale, p, position_bias, self.softcap
+            )
             self.hook_scores(scores)
             weights = self.hook_weights(weights)
             if self.hook_weights.edit is not None:  # edited weights must reach the output
                 z = weights @ v  # (B, H, T, d_v)
+        elif self.window is None and position_bias is None:
+            z = scaled_dot_product_attention(
+                q, k, v, mask=mask, causal=causal, dropout_p=p, scale=self.scale, enable_gqa=gqa
+            )
+            weights = None
         else:
-            z = scaled_dot_product_attention(q, k, v, mask=mask, causal=causal, dropout_p=p)
+            mask = self._mask(mask, causal, T, S, x.device)
+            z = _fused_attention(q, k, v, mask, self.scale, p, position_bias, gqa)
             weights = None
         z = self.hook_z(z)  # (B, H, T, d_v)
         B = z.size(0)

@@ -7,8 +7,10 @@ import json
 import math
 from typing import Any
 
+from attnlab.errors import AttnlabError
 
-class ConfigError(ValueError):
+
+class ConfigError(AttnlabError):
     """A configuration value is out of range or inconsistent."""
 
 

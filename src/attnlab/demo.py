@@ -3,8 +3,9 @@ look inside: the attention of "I like to eat apples" as a table, a heatmap PNG, 
 layer x head and the self-contained explorer page; and, for contrast, a real pretrained head
 (all-MiniLM-L6-v2) reading "The bank of the river".
 
-About 3 minutes on 2 idle CPU cores. The run lands in runs/demo-shakespeare; running the demo
-again reuses a finished run, and continues (--resume) one that was interrupted.
+A few minutes on 2 quiet CPU cores; more on a busy machine. The run lands in
+runs/demo-shakespeare; running the demo again reuses a finished run, and continues (--resume)
+one that was interrupted.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ SENTENCE = "I like to eat apples"
 
 
 def train() -> None:
-    from attnlab.checkpoint import read_trainer_state
     from attnlab.cli import main as cli
+    from attnlab.training.rundir import read_trainer_state
 
     state = read_trainer_state(RUN) if (RUN / "trainer_state.json").is_file() else None
     if state is not None and state["step"] >= MAX_ITERS:

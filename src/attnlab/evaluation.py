@@ -83,7 +83,7 @@ class Evaluation:
         confusion matrix and the first mistakes as the terminal prints them."""
         import html
 
-        from attnlab.inspect.display import table_html
+        from attnlab.render.display import table_html
 
         page = table_html(["figure", "value"], [[f.label, f.text()] for f in self.figures],
                           caption=f"scored on {self.data}")  # fmt: skip
@@ -124,14 +124,14 @@ def confusion_lines(report: dict) -> list[str]:
 
 
 def confusion_png(report: dict, path: str | Path) -> Path:
-    """The confusion matrix drawn by the one heatmap renderer (``attnlab.inspect.plots``): rows
+    """The confusion matrix drawn by the one heatmap renderer (``attnlab.render.plots``): rows
     are the true classes, columns the predicted ones, each cell its count."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnlab.inspect.plots import heatmap, save_png
+    from attnlab.render.plots import heatmap, save_png
 
     classes, m = report["classes"], np.asarray(report["confusion"], dtype=np.int64)
     n = len(classes)

@@ -1,9 +1,11 @@
 """Decoding, one token at a time, for every generative model: sampling, greedy, beam search.
 
-One protocol, implemented by GPT, the encoder-decoder Transformer and the LSTM encoder-decoder:
-    state = model.start(x, max_len)     # x: a GPT's prompt (B, T0), or a source (B, S) to encode
-    logp  = model.step(state, tokens)   # feed tokens (B,) -> next-token log-probs (B, V)
-    model.reorder(state, index)         # keep / duplicate batch rows (beam search)
+One protocol, spoken by a GPT's decoder (``attnlab.decoding.GPTDecoder``), the encoder-decoder
+Transformer and the LSTM encoder-decoder (each its own decoder):
+    dec   = decoder_for(model)
+    state = dec.start(x, max_len)       # x: a GPT's prompt (B, T0), or a source (B, S) to encode
+    logp  = dec.step(state, tokens)     # feed tokens (B,) -> next-token log-probs (B, V)
+    dec.reorder(state, index)           # keep / duplicate batch rows (beam search)
 The first step feeds a GPT its prompt's last token (the rest of the prompt goes through in the
 same pass), and an encoder-decoder ``<bos>``. An encoder-decoder's ids 0, 1, 2 are <pad>, <bos>,
 <eos>: it never produces <pad> or <bos>, and a row ends at <eos>. A GPT has no such ids.
@@ -56,7 +58,7 @@ ring                 rotary positions only: sliding-window attention. Every posi
     sinusoidal positions are refused: a kept token's position would have to change.
 Within the block all three are the KV cache, and equal to a forward pass over the prompt and
 every token since. Without the cache (``use_cache=False``) slide and shift recompute their
-window at every step; ring needs the cache. A GPT's steps run ``attnlab.models.gpt.FastForward``:
+window at every step; ring needs the cache. A GPT's steps run ``attnlab.decoding.FastForward``:
 forward's math without its per-module overhead, which is about half a one-token step's cost;
 it steps aside for ``forward`` whenever something would see the difference (a recording or an
 edit, hooks, training mode, a module kind it does not restate).
@@ -71,10 +73,11 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from attnlab.models.gpt import WINDOWS
+from attnlab.decoding import WINDOWS, decoder_for
+from attnlab.modes import evaluating
 from attnlab.tokenizers import BOS, EOS, PAD  # an encoder-decoder's reserved ids
 
-__all__ = ["WINDOWS", "SamplingConfig", "generate", "generate_ids", "greedy", "beam_search",
+__all__ = ["WINDOWS", "decoder_for", "SamplingConfig", "generate", "generate_ids", "greedy", "beam_search",
            "beam_generate", "translate", "next_token_logprobs", "Hypothesis", "Sample",
            "length_penalty", "pad_ids", "encode_prompt"]  # fmt: skip
 
@@ -153,13 +156,8 @@ def decoding(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def run(model: nn.Module, *args, **kwargs):
-        was = model.training
-        model.eval()
-        try:
-            with torch.inference_mode():
-                return fn(model, *args, **kwargs)
-        finally:
-            model.train(was)
+        with evaluating(model), torch.inference_mode():
+            return fn(model, *args, **kwargs)
 
     return run
 
@@ -170,18 +168,17 @@ def is_encoder_decoder(model: nn.Module) -> bool:
 
 def begin(
     model: nn.Module, x: Tensor, max_len: int, window: str = "slide", use_cache: bool = True
-) -> tuple[object, Tensor]:
-    """``model.start`` on ``x`` (B, T), and the tokens (B,) its first step feeds."""
-    if not hasattr(model, "start"):
-        raise ValueError(f"a {type(model).__name__} does not generate: decoding needs a GPT or "
-                         "an encoder-decoder (Transformer or LSTM)")  # fmt: skip
+) -> tuple[object, object, Tensor]:
+    """The model's decoder, its ``start`` on ``x`` (B, T), and the tokens (B,) its first step
+    feeds."""
+    dec = decoder_for(model)
     if is_encoder_decoder(model):
         if window != "slide" or not use_cache:
             raise ValueError("window policies and --no-cache apply to a GPT's context, "
                              "not to an encoder-decoder")  # fmt: skip
-        state = model.start(x, max_len)
-        return state, torch.full((x.size(0),), BOS, dtype=torch.long, device=x.device)
-    return model.start(x, max_len, window=window, use_cache=use_cache), x[:, -1]
+        state = dec.start(x, max_len)
+        return dec, state, torch.full((x.size(0),), BOS, dtype=torch.long, device=x.device)
+    return dec, dec.start(x, max_len, window=window, use_cache=use_cache), x[:, -1]
 
 
 def _forbid_specials(logp: Tensor) -> Tensor:
@@ -196,8 +193,8 @@ def next_token_logprobs(model: nn.Module, x: Tensor, window: str = "slide") -> T
     ``x`` (B, T) (past block_size, read through ``window``), or log p(first output token |
     source) for an encoder-decoder's sources (B, S), <pad> and <bos> excluded. -> (B, V)."""
     x = x.to(next(model.parameters()).device)
-    state, tokens = begin(model, x, 1, window)
-    logp = model.step(state, tokens)  # (B, V)
+    dec, state, tokens = begin(model, x, 1, window)
+    logp = dec.step(state, tokens)  # (B, V)
     return _forbid_specials(logp) if is_encoder_decoder(model) else logp
 
 
@@ -249,7 +246,7 @@ def generate_ids(
         steps = default_max_len(model, x.size(1), steps)
     elif steps is None:
         raise ValueError("max_new_tokens is needed to sample from a GPT")
-    state, tokens = begin(model, x, max(steps, 1), window, use_cache)
+    dec, state, tokens = begin(model, x, max(steps, 1), window, use_cache)
     generator = None
     if cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -262,7 +259,7 @@ def generate_ids(
     out = torch.full((B, steps), PAD, dtype=torch.long, device=device)  # (B, steps)
     n = 0
     while n < steps:
-        logp = model.step(state, tokens)  # (B, V)
+        logp = dec.step(state, tokens)  # (B, V)
         if encdec:
             logp = _forbid_specials(logp)
         tokens = next_token(logp, cfg, seen, generator)  # (B,)
@@ -333,12 +330,12 @@ def beam_search(
         raise ValueError(f"beam must be >= 1, got {beam}")
     encdec = is_encoder_decoder(model)
     max_len = default_max_len(model, src.size(1), max_len)
-    state, last = begin(model, src, max_len + 1, window, use_cache)
+    dec, state, last = begin(model, src, max_len + 1, window, use_cache)
     alive: list[list[int]] = [[]]
     scores = torch.zeros(1, device=src.device)  # (K,) total log-probabilities of the live beams
     finished: list[Hypothesis] = []
     for step in range(max_len):
-        logp = model.step(state, last)  # (K, V)
+        logp = dec.step(state, last)  # (K, V)
         if encdec:
             logp = _forbid_specials(logp)
         V = logp.size(-1)
@@ -363,7 +360,7 @@ def beam_search(
         scores = torch.tensor(new_scores, device=src.device)
         last = torch.tensor(new_last, dtype=torch.long, device=src.device)
         if step + 1 < max_len:
-            model.reorder(state, torch.tensor(origins, dtype=torch.long, device=src.device))
+            dec.reorder(state, torch.tensor(origins, dtype=torch.long, device=src.device))
     else:  # ran out of length: the live beams count, unfinished
         for toks, s in zip(alive, scores.tolist()):
             finished.append(Hypothesis(toks, s, s / length_penalty(len(toks), alpha), False))

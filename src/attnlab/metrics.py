@@ -1,5 +1,11 @@
-"""Task-level scores, computed here from counts (no metric library): what ``attnlab eval``
-reports besides the loss.
+"""A task's figures: what each is called (``Metric``), and the scores computed here from
+counts (no metric library) that ``attnlab eval`` reports besides the loss.
+
+A ``Metric`` is a figure a task reports at each evaluation, with its words, unit and
+direction: the Trainer keeps the best checkpoint by the task's declared best metric, and the
+progress lines, metrics.jsonl and loss.png name each figure as the task does (a language model
+reports perplexity and bits per character; a classifier, accuracy; an encoder-decoder, exact
+match).
 
 Classification, from the confusion matrix ``C`` (rows = true class, columns = predicted):
     accuracy       trace(C) / sum(C)
@@ -19,16 +25,51 @@ Translation (corpus level: statistics are summed over sentences, then combined o
     chrF   Popovic (2015): character n-grams of n = 1..6 with whitespace removed; precision
            and recall are averaged over the orders both sides have, then
            F_beta = (1 + b^2) P R / (b^2 P + R) with b = 2 (recall weighs more); 100 x.
+
+In-context learning, on sequences r r (a random r, then r again):
+    half losses   the next-token loss on the first half (nothing in the context gives r[1:]
+                  away) and on the repeated half (an induction head can copy r)
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
+import torch
+import torch.nn.functional as F
+
+# ---------------------------------------------------------------------------------------------
+# Metric: a figure with its words, unit and direction
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    name: str  # its key in metrics.jsonl, e.g. "val_exact"
+    label: str  # its words in logs and plots, e.g. "exact match"
+    unit: str = ""  # e.g. "nats/token", "bits/char"; "%" shows a fraction as a percentage
+    higher_is_better: bool = False
+
+    def format(self, value: float) -> str:
+        if self.unit == "%":
+            return f"{100 * value:.1f}%"
+        return f"{value:.4f}"
+
+    def better(self, a: float, b: float | None) -> bool:
+        """Is ``a`` better than ``b`` (None: nothing yet)?"""
+        if b is None:
+            return True
+        return a > b if self.higher_is_better else a < b
+
+
+def val_loss_metric(loss_unit: str) -> Metric:
+    return Metric("val_loss", "val loss", loss_unit)
+
 
 # ---------------------------------------------------------------------------------------------
 # Classification
@@ -204,3 +245,19 @@ def chrf(hypotheses: Sequence[str], references: Sequence[str], max_n: int = 6,
         for i, v in enumerate(chrf_statistics(h, r, max_n)):
             total[i] += v
     return chrf_from_statistics(total, max_n, beta)
+
+
+# ---------------------------------------------------------------------------------------------
+# In-context learning
+# ---------------------------------------------------------------------------------------------
+
+
+def half_losses(logits: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
+    """Next-token loss (nats) on the first half of r r (predicting r[1:], which nothing in the
+    context gives away) and on the repeated half (predicting r again, which an induction head
+    can copy): logits (B, 2P, V), x (B, 2P)."""
+    P = x.size(1) // 2
+    nll = F.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none"
+    )  # (B, 2P - 1): position t predicts x[t + 1]
+    return float(nll[:, : P - 1].mean()), float(nll[:, P - 1 :].mean())

@@ -23,6 +23,7 @@ from torch import nn
 
 from attnlab import checkpoint as ckpt
 from attnlab.data import DataError
+from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, PredictOptions, Task, open_task, predict_options
 
 
@@ -88,7 +89,7 @@ class Run:
 
     def _repr_html_(self) -> str:
         """In a notebook: the directory, what the model is, its size and its last figures."""
-        from attnlab.inspect.display import table_html
+        from attnlab.render.display import table_html
 
         n = sum(p.numel() for p in self.model.parameters())
         rows = [["path", str(self.path)], ["kind", self.kind], ["model", self.describe()],
@@ -134,13 +135,8 @@ class Run:
                 raise type(e)(f"{e}; score {what} with --data") from None
         else:
             task = self.task
-        was = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                return task.score(self.model, options)
-        finally:
-            self.model.train(was)
+        with evaluating(self.model), torch.no_grad():
+            return task.score(self.model, options)
 
     def generate(self, prompt: str | list[str] = "\n", *, stop=(), num_samples: int = 1,
                  use_cache: bool = True, stream=None, window: str = "slide",

@@ -3,7 +3,8 @@
 - ``CharTokenizer``: one id per character seen in the corpus (optionally an ``<unk>``).
 - ``WordTokenizer``: regex words and punctuation, ``<unk>``, minimum frequency.
 - ``HFTokenizer``: any Hugging Face ``tokenizers`` tokenizer: byte-level BPE trained here
-  (``train_bpe``), GPT-2's BPE or BERT's WordPiece brought in by ``import-hf``.
+  (``train_bpe``), WordPiece learned here for the encoder tasks, GPT-2's BPE or BERT's
+  WordPiece brought in by ``import-hf``.
 - ``PairTokenizer``: a source and a target tokenizer for an encoder-decoder.
 
 ``build_tokenizer`` is the one way to build a tokenizer from text, for every task. The special
@@ -12,6 +13,13 @@ tokens are defined here, once:
     <pad>=0 <bos>=1 <eos>=2          encoder-decoder ids, before each side's own tokens
     [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4   encoder (BERT-style) tokenizers
 
+Every tokenizer built here is a function of its text and settings: the same inputs give a
+byte-identical ``tokenizer.json`` in any process, on any number of threads. Char and word
+vocabularies are sorted; byte-level BPE ties are broken by ids that follow the sorted alphabet;
+WordPiece is learned here (``wordpiece_vocab``), ties broken by the tokens' strings, because the
+Hugging Face WordPiece trainer numbers its ``##`` tokens in hash-map order, which differs
+between processes (two runs of one command once differed in 59 of 400 ids).
+
 Every tokenizer has ``encode(text) -> list[int]``, ``decode(ids) -> str`` and ``vocab_size``,
 and saves to one file, ``tokenizer.json``: the Hugging Face format for HF tokenizers, and a small
 JSON object with an ``"attnlab"`` key for char and word.
@@ -19,11 +27,14 @@ JSON object with an ``"attnlab"`` key for char and word.
 
 from __future__ import annotations
 
+import heapq
 import json
 import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
+
+from attnlab.errors import AttnlabError
 
 UNK = "<unk>"
 PAD, BOS, EOS = 0, 1, 2  # encoder-decoder ids; a PairTokenizer shifts each side's ids by 3
@@ -32,7 +43,7 @@ ENCODER_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # at ids 0-4
 TOKENIZER_KINDS = ("char", "word", "bpe", "wordpiece")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(AttnlabError):
     """Text that a tokenizer cannot encode, or a tokenizer file that cannot be read."""
 
 
@@ -323,15 +334,15 @@ def _encoder_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> HFTo
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
         tok.train_from_iterator(texts, trainer=trainer)
-    else:  # wordpiece
-        tok = HFTok(models.WordPiece(unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=False)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    else:  # wordpiece, trained here: the library's trainer breaks ties in no fixed order
+        normalizer = normalizers.BertNormalizer(lowercase=False)
+        pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        counts = _word_counts(texts, normalizer, pre_tokenizer)
+        vocab = wordpiece_vocab(counts, vocab_size, specials)
+        tok = HFTok(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
+        tok.normalizer = normalizer
+        tok.pre_tokenizer = pre_tokenizer
         tok.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(
-            vocab_size=vocab_size, special_tokens=specials, show_progress=False
-        )
-        tok.train_from_iterator(texts, trainer=trainer)
     tok.add_special_tokens(specials)
     ids = {t: tok.token_to_id(t) for t in specials}
     assert [ids[t] for t in specials] == list(range(len(specials))), ids
@@ -341,6 +352,105 @@ def _encoder_tokenizer(kind: str, texts: Iterable[str], vocab_size: int) -> HFTo
         special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
     )
     return HFTokenizer(tok)
+
+
+def _word_counts(texts: Iterable[str], normalizer, pre_tokenizer) -> Counter[str]:
+    """How often each word occurs, as ``normalizer`` and ``pre_tokenizer`` (the tokenizer's
+    own) split the texts. Both break at spaces and newlines, so the texts are cut there first
+    and each distinct piece is split once (a word of ASCII letters and digits is its own)."""
+    pieces: Counter[str] = Counter()
+    for text in texts:
+        pieces.update(text.replace("\n", " ").split(" "))
+    counts: Counter[str] = Counter()
+    for piece, n in pieces.items():
+        if piece.isascii() and piece.isalnum():
+            counts[piece] += n
+        elif piece:
+            for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(piece)):
+                counts[word] += n
+    return counts
+
+
+def wordpiece_vocab(
+    counts: dict[str, int], vocab_size: int, specials: Iterable[str] = (), prefix: str = "##"
+) -> list[str]:
+    """A WordPiece vocabulary learned from word counts, as a list whose index is the id.
+
+    The vocabulary starts as ``specials``, then every character that starts a word, then
+    ``prefix`` + every character that continues one, each group sorted. Then, until it holds
+    ``vocab_size`` tokens, the most frequent pair of adjacent tokens (summed over words,
+    weighted by each word's count) is merged into one token (``th`` + ``##e`` -> ``the``), as
+    BPE does. Ties go to the pair whose two token strings sort first, so the vocabulary is a
+    function of the counts alone: no hash order, no thread count (the Hugging Face trainer
+    breaks ties by ids it assigns in hash-map order, which differs between processes).
+    """
+    counts = {w: n for w, n in counts.items() if w and n > 0}
+    words = [[w[0]] + [prefix + c for c in w[1:]] for w in counts]
+    freq = list(counts.values())
+    vocab = list(dict.fromkeys(specials))
+    vocab += sorted({w[0] for w in words} - set(vocab))
+    vocab += sorted({t for w in words for t in w[1:]} - set(vocab))
+    known = set(vocab)
+    pairs: Counter[tuple[str, str]] = Counter()
+    where: dict[tuple[str, str], set[int]] = {}
+    for i, w in enumerate(words):
+        for pair in zip(w, w[1:]):
+            pairs[pair] += freq[i]
+            where.setdefault(pair, set()).add(i)
+    heap = [(-n, a, b) for (a, b), n in pairs.items()]
+    heapq.heapify(heap)
+    while len(vocab) < vocab_size and heap:
+        n, a, b = heapq.heappop(heap)
+        if pairs.get((a, b)) != -n:  # a stale entry: the pair's count has changed since
+            continue
+        merged = a + b.removeprefix(prefix)
+        if merged not in known:
+            known.add(merged)
+            vocab.append(merged)
+        delta: dict[tuple[str, str], int] = {}  # how each pair's count changes
+        for i in where.pop((a, b)):
+            w = words[i]
+            out = _merge(w, a, b, merged)
+            if len(out) == len(w):  # the pair has left this word since it was indexed
+                continue
+            f = freq[i]
+            for pair in zip(w, w[1:]):
+                delta[pair] = delta.get(pair, 0) - f
+            for pair in zip(out, out[1:]):
+                delta[pair] = delta.get(pair, 0) + f
+                if merged in pair:  # a new pair in this word; the others were indexed before
+                    where.setdefault(pair, set()).add(i)
+            words[i] = out
+        for pair, d in delta.items():
+            if d == 0:
+                continue
+            count = pairs[pair] + d
+            if count > 0:
+                pairs[pair] = count
+                heapq.heappush(heap, (-count, *pair))  # the older entry is now stale
+            else:
+                del pairs[pair]
+    return vocab
+
+
+def _merge(word: list[str], a: str, b: str, merged: str) -> list[str]:
+    """``word`` with every ``a b`` replaced by ``merged``, left to right (``a a a`` -> ``aa a``)."""
+    out: list[str] = []
+    j, n = 0, len(word)
+    while True:
+        try:
+            k = word.index(a, j)
+        except ValueError:
+            break
+        if k + 1 < n and word[k + 1] == b:
+            out += word[j:k]
+            out.append(merged)
+            j = k + 2
+        else:
+            out += word[j : k + 1]
+            j = k + 1
+    out += word[j:]
+    return out
 
 
 def special_id(tokenizer: Tokenizer, name: str) -> int:

@@ -346,3 +346,25 @@ def test_explore(runs, capsys, kind, tmp_path):
         assert data["image"] is None
     if kind in SEQ2SEQ:
         assert {m["kind"] for m in data["maps"]} >= {"cross"}
+    # beside the attention: what the model predicts, as `predict` says it (issue 24 item 20)
+    shown = data["prediction"]
+    if kind == "minilm":
+        assert not shown["sections"] and "no prediction head" in shown["note"]
+    else:
+        pred = json.loads(ok(attnlab(capsys, "predict", run, INPUT[kind], "--json")))
+        pred = pred["predictions"][0]
+        if "output" in pred:  # an encoder-decoder: the translation, then each decoder step
+            assert shown["output"] == pred["output"]
+            assert len(shown["sections"]) == len(data["stacks"]["decoder"]["tokens"])
+        else:
+            top = pred["next"][0] if "next" in pred else (
+                pred["masks"][0][0] if "masks" in pred else pred["classes"][0])  # fmt: skip
+            item = shown["sections"][0]["items"][0]
+            assert item["label"] == top.get("token", top.get("label"))
+            assert abs(item["p"] - top["p"]) <= 1e-4
+    # the Q·K neuron view wherever the attention is q·k/sqrt(d_k), else one line saying why
+    for m in data["maps"]:
+        if kind == "lstm-attention":
+            assert "no Q·K neuron view" in m["neuron"]["why"]
+        else:
+            assert m["neuron"]["check"] <= 1e-5 and len(m["neuron"]["q"]) == m["H"]

@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from attnlab.cli import (
 )
 from attnlab.cli.lm import unescaped
 from conftest import SRC
+from fault_cli import command
 from lm_helpers import TEXT, TINY_TRAIN
 
 ONE_STEP = ["--max-iters", "1", "--eval-interval", "1", "--eval-iters", "1"]
@@ -238,10 +238,10 @@ def test_ctrl_c_names_the_step_that_was_saved(home, tmp_path):
     checkpoint's step and the last step in metrics.jsonl."""
     out = tmp_path / "run"
     loud = [a for a in TINY_TRAIN if a != "--quiet"]
-    env = {**os.environ, "PYTHONPATH": str(SRC), "ATTNLAB_FAULT": "step-delay:0.05"}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "train", "--data", str(home / "corpus.txt"), "--out",
-         str(out), *loud, "--max-iters", "100000", "--eval-interval", "7"],
+        command("step-delay:0.05", "train", "--data", home / "corpus.txt", "--out", out, *loud,
+                "--max-iters", "100000", "--eval-interval", "7"),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     lines = []
@@ -290,7 +290,7 @@ def test_train_json_reports_the_run(cli, home, tmp_path):
 
 def test_a_size_too_big_for_the_machine_is_one_warning_with_its_memory():
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
-    from attnlab.training.config import TrainConfig
+    from attnlab.train_config import TrainConfig
     from attnlab.training.memory import run_size, size_warnings
 
     with torch.device("meta"):  # sizes without allocating
@@ -308,7 +308,7 @@ def test_a_size_too_big_for_the_machine_is_one_warning_with_its_memory():
 @pytest.mark.slow
 def test_the_gpt2_preset_on_a_cpu_is_one_warning_with_its_memory():
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
-    from attnlab.training.config import TrainConfig
+    from attnlab.train_config import TrainConfig
     from attnlab.training.memory import size_warnings
 
     with torch.device("meta"):  # ~6 s to build, though nothing is allocated

@@ -134,6 +134,82 @@ def test_training_says_its_threads_first_and_records_them(cli, tmp_path, runs, a
     assert cfg["runtime"] == {"device": "cpu", "threads": 1, "why": why}
 
 
+@pytest.fixture
+def busy_machine(monkeypatch):
+    """Both of two cores kept busy by other processes (a faked measurement), OMP_NUM_THREADS
+    unset, torch's default 2 and the caller's process at 2 threads: the rule's choice is 1."""
+    import torch
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runtime, "measure_busy_cores", lambda cpus, **kw: float(len(cpus)))
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: {0, 1})
+    monkeypatch.setattr(runtime, "_torch_default", 2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def logged(run: Path) -> tuple[dict, list[dict]]:
+    """The run's recorded thread choice, and its metrics.jsonl rows less what measures time."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
+    timing = ("_per_s", "ms_per_iter", "seconds", "time")
+    rows = [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in rows]
+    return json.loads((run / "config.json").read_text())["runtime"], rows
+
+
+def test_train_from_python_and_the_cli_choose_the_same_threads_on_a_busy_machine(
+    tmp_path, busy_machine
+):
+    """train(plan(...)) once skipped the CLI's busy-machine choice: it ran on the caller's
+    threads (on a shared machine, 100 steps took 278.6 s at 2 threads against 22.8 s at 1)."""
+    import torch
+
+    from attnlab.training import run as training
+
+    (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    args = ["--data", str(tmp_path / "corpus.txt"), *TINY_TRAIN, "--max-iters", "2",
+            "--eval-interval", "2"]  # fmt: skip
+    assert main(["train", *args, "--out", str(tmp_path / "cli")]) == 0
+    assert torch.get_num_threads() == 2  # the caller's count, given back
+    from attnlab.cli import build_parser
+
+    given = vars(build_parser().parse_args(["train", *args, "--out", str(tmp_path / "api")]))
+    given = {k: v for k, v in given.items() if k not in ("func", "verb", "json")}
+    training.train(training.plan(given))
+    assert torch.get_num_threads() == 2
+    (cli_threads, cli_rows), (api_threads, api_rows) = (
+        logged(tmp_path / "cli"),
+        logged(tmp_path / "api"),
+    )
+    assert cli_threads == api_threads
+    assert cli_threads["threads"] == 1 and "2.0 of 2 cores busy" in cli_threads["why"]
+    assert any("val_loss" in r for r in cli_rows) and cli_rows == api_rows
+
+
+def test_every_train_option_is_a_plan_field():
+    """What `attnlab train` takes, plan() takes, under the same name (--threads included; --json
+    is how the CLI prints the outcome, TrainOutcome.to_dict() from Python)."""
+    import dataclasses
+
+    from attnlab.cli import build_parser
+    from attnlab.tasks import TASKS, task_class
+    from attnlab.training import run as training
+
+    fields = set(training.RUN_OPTIONS)
+    for name in TASKS:
+        fields |= training.option_names(task_class(name))
+    train = verbs(build_parser())["train"]
+    dests = {a.dest for a in train._actions if a.dest != "help"} - {"json"}
+    assert dests - fields == set()
+    assert {f.name for f in dataclasses.fields(training.TrainPlan)} >= training.RUN_OPTIONS
+    p = training.plan({"task": "lm", "data": "corpus.txt", "threads": 1})
+    assert p.threads == 1
+    for bad in (0, -2, 1.5, "2"):
+        with pytest.raises(ValueError, match="--threads must be an integer of at least 1"):
+            training.plan({"data": "corpus.txt", "threads": bad})
+
+
 BAD_INPUTS = [
     ["train", "--data", "missing.txt", "--out", "x"],
     ["train", "--data", "corpus.txt", "--out", "x", "--lr", "-1"],

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.blocks import FeedForward
+from attnlab.decoding import FastForward, decoder_for
 from attnlab.generation import (
     BOS,
     EOS,
@@ -25,7 +26,7 @@ from attnlab.generation import (
     translate,
 )
 from attnlab.hooks import record
-from attnlab.models.gpt import GPT, FastForward, GPTConfig
+from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from lm_helpers import tiny_gpt
 
@@ -141,13 +142,13 @@ PAIR = PairTokenizer(CharTokenizer("abcdefghij klmnopqrst"), CharTokenizer("abcd
 
 
 def test_gpt_step_takes_several_tokens_or_one_at_a_time():
-    model = tiny_gpt().eval()
+    dec = decoder_for(tiny_gpt().eval())
     ids = torch.randint(0, 20, (2, 9))
-    a = model.start(ids[:, :4], 6)
-    b = model.start(ids[:, :1], 9)
-    one_pass = model.step(a, ids[:, 3:])  # the prompt's last token and 5 more, in one pass
+    a = dec.start(ids[:, :4], 6)
+    b = dec.start(ids[:, :1], 9)
+    one_pass = dec.step(a, ids[:, 3:])  # the prompt's last token and 5 more, in one pass
     for t in range(9):  # the prompt's one token, then 8 more
-        one_at_a_time = model.step(b, ids[:, t])
+        one_at_a_time = dec.step(b, ids[:, t])
     torch.testing.assert_close(one_pass, one_at_a_time, atol=1e-5, rtol=0)
 
 
@@ -296,8 +297,24 @@ def _own_forward(model):
     model.__class__ = _OwnForward
 
 
+def _window(model):
+    model.blocks[0].attn.window = 3  # a sliding window (Mistral, Gemma 2)
+
+
+def _softcap(model):
+    model.blocks[1].attn.softcap = 2.0  # Gemma 2's attention softcap
+
+
+def _scale(model):
+    model.blocks[0].attn.scale = 0.5  # query_pre_attn_scalar instead of 1/sqrt(d_k)
+
+
+def _parallel(model):
+    model.blocks[1].parallel = True  # NeoX: attention and MLP read the same input
+
+
 @pytest.mark.parametrize("change", [_swap_mlp, _train_a_block, _reference_attention, _torch_hook,
-                                    _own_forward])  # fmt: skip
+                                    _own_forward, _window, _softcap, _scale, _parallel])  # fmt: skip
 def test_decoding_steps_aside_for_what_fast_forward_does_not_restate(change):
     """A module kind it does not mirror (here a FeedForward subclass), a block in training
     mode, reference attention, a torch hook, an overridden forward: decoding runs forward
@@ -309,8 +326,9 @@ def test_decoding_steps_aside_for_what_fast_forward_does_not_restate(change):
     change(model)
     assert not FastForward.applies(model)
     ids = torch.randint(0, 20, (2, 12))
-    state = model.start(ids[:, :3], 12)
-    got = [model.step(state, ids[:, 2])] + [model.step(state, ids[:, t]) for t in range(3, 12)]
+    dec = decoder_for(model)
+    state = dec.start(ids[:, :3], 12)
+    got = [dec.step(state, ids[:, 2])] + [dec.step(state, ids[:, t]) for t in range(3, 12)]
     with torch.no_grad():
         ref = torch.log_softmax(model(ids).float(), -1)[:, 2:]
     torch.testing.assert_close(torch.stack(got, 1), ref, atol=1e-5, rtol=0)

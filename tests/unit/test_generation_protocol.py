@@ -16,6 +16,7 @@ from attnlab.generation import (
     SamplingConfig,
     beam_generate,
     beam_search,
+    decoder_for,
     generate_ids,
     next_token_logprobs,
     pad_ids,
@@ -75,17 +76,18 @@ def source(B: int) -> torch.Tensor:
 @torch.no_grad()
 def gpt_steps(model, ids: torch.Tensor, prompt_len: int, use_cache: bool = True):
     """Log-probs after ids[:, :prompt_len], then after each further token: (B, T - k + 1, V)."""
-    T = ids.size(1)
-    state = model.start(ids[:, :prompt_len], T - prompt_len + 1, use_cache=use_cache)
-    out = [model.step(state, ids[:, prompt_len - 1])]
-    out += [model.step(state, ids[:, t]) for t in range(prompt_len, T)]
+    T, dec = ids.size(1), decoder_for(model)
+    state = dec.start(ids[:, :prompt_len], T - prompt_len + 1, use_cache=use_cache)
+    out = [dec.step(state, ids[:, prompt_len - 1])]
+    out += [dec.step(state, ids[:, t]) for t in range(prompt_len, T)]
     return torch.stack(out, 1)
 
 
 @torch.no_grad()
 def encdec_steps(model, src, tgt_in):
-    state = model.start(src, tgt_in.size(1))
-    return torch.stack([model.step(state, tgt_in[:, t]) for t in range(tgt_in.size(1))], 1)
+    dec = decoder_for(model)  # an encoder-decoder is its own decoder
+    state = dec.start(src, tgt_in.size(1))
+    return torch.stack([dec.step(state, tgt_in[:, t]) for t in range(tgt_in.size(1))], 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,6 +120,7 @@ def test_encoder_decoder_steps_equal_the_full_pass(name):
 def test_reorder_is_a_gather_of_the_batch_rows(name):
     """Steps, reorder(index), more steps == decoding the gathered rows from the start."""
     model = (GPTS | ENCDECS)[name]()
+    dec = decoder_for(model)
     index = torch.tensor([2, 0, 0, 1])
     tokens = random_ids(3, 6, seed=7, low=3)
     if name.startswith("gpt"):
@@ -125,16 +128,16 @@ def test_reorder_is_a_gather_of_the_batch_rows(name):
     else:
         x, first = source(3), torch.full((3,), BOS)
     with torch.no_grad():
-        a = model.start(x, 8)
+        a = dec.start(x, 8)
         feed = [first if first is not None else x[:, -1], *tokens.T]  # 7 steps of (B,)
         for t in feed[:3]:
-            model.step(a, t)
-        model.reorder(a, index)
-        got = [model.step(a, t[index]) for t in feed[3:]]
-        b = model.start(x[index], 8)
+            dec.step(a, t)
+        dec.reorder(a, index)
+        got = [dec.step(a, t[index]) for t in feed[3:]]
+        b = dec.start(x[index], 8)
         for t in feed[:3]:
-            model.step(b, t[index])
-        want = [model.step(b, t[index]) for t in feed[3:]]
+            dec.step(b, t[index])
+        want = [dec.step(b, t[index]) for t in feed[3:]]
     torch.testing.assert_close(torch.stack(got), torch.stack(want), atol=1e-5, rtol=0)
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnlab.attention import RingKVCache
-from attnlab.generation import SamplingConfig, generate_ids
+from attnlab.generation import SamplingConfig, decoder_for, generate_ids
 from attnlab.models.gpt import GPT
 from attnlab.positional import Rotary
 from lm_helpers import tiny_gpt
@@ -33,10 +33,10 @@ def sharpened(model: GPT) -> GPT:
 def step_logps(model, ids: torch.Tensor, prompt_len: int, window: str, use_cache=True):
     """Teacher-force ``ids`` (B, T): the prompt ids[:, :prompt_len], then one token per step.
     Returns the log-probs after each of T - prompt_len + 1 contexts, (B, steps, V)."""
-    T = ids.size(1)
-    state = model.start(ids[:, :prompt_len], T - prompt_len + 1, window=window, use_cache=use_cache)
-    out = [model.step(state, ids[:, prompt_len - 1])]
-    out += [model.step(state, ids[:, t]) for t in range(prompt_len, T)]
+    T, dec = ids.size(1), decoder_for(model)
+    state = dec.start(ids[:, :prompt_len], T - prompt_len + 1, window=window, use_cache=use_cache)
+    out = [dec.step(state, ids[:, prompt_len - 1])]
+    out += [dec.step(state, ids[:, t]) for t in range(prompt_len, T)]
     return torch.stack(out, 1)
 
 
@@ -146,15 +146,15 @@ def test_within_the_block_every_window_is_the_full_forward_pass(window):
 
 @pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
 def test_ring_is_refused_without_rotary_positions(pos):
-    model = tiny_gpt(V, pos=pos)
+    dec = decoder_for(tiny_gpt(V, pos=pos))
     with pytest.raises(ValueError, match="ring window needs rotary positions"):
-        model.start(torch.zeros(1, 2, dtype=torch.long), 4, window="ring")
+        dec.start(torch.zeros(1, 2, dtype=torch.long), 4, window="ring")
     with pytest.raises(ValueError, match="needs the cache"):
-        tiny_gpt(V, pos="rotary").start(
+        decoder_for(tiny_gpt(V, pos="rotary")).start(
             torch.zeros(1, 2, dtype=torch.long), 4, window="ring", use_cache=False
         )
     with pytest.raises(ValueError, match="unknown window"):
-        model.check_window("wrap")
+        dec.check_window("wrap")
 
 
 def test_ring_cache_overwrites_the_oldest_slot_and_takes_one_position_once_full():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from attnlab.errors import AttnlabError
 from attnlab.inspect import InspectError, attention, attention_grid
 from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
@@ -85,7 +86,7 @@ def test_heatmap_and_grid_pngs(run, tmp_path):
     for p in (one, tmp_path / "grid.png"):
         assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 2000
     assert "head 1" in str(grid)
-    with pytest.raises(InspectError, match="PNG"):
+    with pytest.raises(AttnlabError, match="PNG"):  # the rendering layer says it
         attention(rec).save_png(tmp_path / "map.jpg")
     assert not (tmp_path / "map.jpg").exists()
 

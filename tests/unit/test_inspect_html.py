@@ -16,7 +16,7 @@ from attnlab.inspect import (
     similarity,
     trace,
 )
-from attnlab.inspect.display import show_token
+from attnlab.render.display import show_token
 from attnlab.tokenizers import CharTokenizer
 from html_helpers import ANSI, Page, texts
 from look_helpers import CORPUS as TRAINING_TEXT

@@ -187,7 +187,7 @@ GIB = 2**30
 )
 def test_a_run_past_the_memory_is_refused_from_its_options_naming_the_estimate(task, sizes):
     from attnlab.tasks import task_class
-    from attnlab.training.config import TrainConfig
+    from attnlab.train_config import TrainConfig
     from attnlab.training.memory import check_fits
 
     cls = task_class(task)
@@ -202,7 +202,7 @@ def test_a_run_past_the_memory_is_refused_from_its_options_naming_the_estimate(t
 
 def test_the_default_runs_fit():
     from attnlab.tasks import TASKS, task_class
-    from attnlab.training.config import TrainConfig
+    from attnlab.train_config import TrainConfig
     from attnlab.training.memory import check_fits
 
     for task in TASKS:
@@ -230,39 +230,37 @@ def test_plan_refuses_a_run_too_big_before_anything_is_read(tmp_path):
 
 
 def test_a_forward_pass_past_the_memory_is_refused_naming_the_option_and_what_fits():
-    from attnlab.cli import UsageError
-    from attnlab.cli.limits import check_forward_memory
+    from attnlab.cli.limits import LimitError, check_forward_memory
     from attnlab.models.gpt import PRESETS, GPTConfig
 
     gpt2 = GPTConfig(vocab_size=50257, **{**PRESETS["gpt2"], "dropout": 0.0})
     cpu = torch.device("cpu")
-    with pytest.raises(UsageError) as e:  # heads --sequences 1024 on a GPT-2: scores recorded
+    with pytest.raises(LimitError) as e:  # heads --sequences 1024 on a GPT-2: scores recorded
         check_forward_memory(gpt2, cpu, 1024, 1024, "--sequences", record=True)
     line = str(e.value)
     assert line.startswith("--sequences 1,024: 1,024 sequences of 1,024 tokens need about ")
     assert "GiB this machine may use" in line and "at most" in line
     most = int(line.rsplit("at most ", 1)[1].split()[0].replace(",", ""))
     check_forward_memory(gpt2, cpu, most, 1024, "--sequences", record=True)  # what it says fits
-    with pytest.raises(UsageError):
+    with pytest.raises(LimitError):
         check_forward_memory(gpt2, cpu, most + 1, 1024, "--sequences", record=True)
     check_forward_memory(gpt2.to_dict(), cpu, 1, 1024, "--batch")  # config.json's dict too
 
 
 def test_generation_past_the_memory_is_refused_before_a_token_and_says_what_fits():
-    from attnlab.cli import UsageError
-    from attnlab.cli.limits import check_decoding_memory
+    from attnlab.cli.limits import LimitError, check_decoding_memory
     from attnlab.models.gpt import GPT, GPTConfig
 
     model = GPT(GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=1, d_model=8))
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(LimitError) as e:
         check_decoding_memory(model, 1, 2, 10**12)
     line = str(e.value)
     assert line.startswith("generating 1,000,000,000,000 tokens for 1 sequence needs about")
     most = int(line.split("at most ")[1].split()[0].replace(",", ""))
     check_decoding_memory(model, 1, 2, most)
-    with pytest.raises(UsageError):
+    with pytest.raises(LimitError):
         check_decoding_memory(model, 1, 2, most + 1)
-    with pytest.raises(UsageError, match="fewer prompts or --num-samples fit"):
+    with pytest.raises(LimitError, match="fewer prompts or --num-samples fit"):
         check_decoding_memory(model, 10**12, 2, 1)
 
 
@@ -274,3 +272,13 @@ def test_a_weight_decay_that_would_flip_the_weights_is_refused():
     ):
         plan({"data": "x.txt", "lr": 0.1, "weight_decay": 50.0, "min_lr": 0.0})
     assert plan({"data": "x.txt", "lr": 0.1, "weight_decay": 5.0, "min_lr": 0.0}).config.lr == 0.1
+
+
+def test_plan_refuses_threads_past_the_cores_as_the_cli_does(monkeypatch):
+    from attnlab import runtime
+    from attnlab.training.run import plan
+
+    monkeypatch.setattr(runtime, "usable_cpus", lambda: {0, 1})
+    with pytest.raises(ConfigError, match=r"--threads must be at most 8 \(4 per core"):
+        plan({"data": "x.txt", "threads": 100000})
+    assert plan({"data": "x.txt", "threads": 8}).threads == 8

@@ -13,32 +13,21 @@ import os
 import signal
 import sys
 
+from attnlab.errors import AttnlabError
+
 AREAS = ("train", "predict", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline")
 
 
-class UsageError(ValueError):
+class UsageError(AttnlabError):
     """Bad input from the user: reported as one line, exit code 2."""
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """Exception types that mean 'bad input', reported without a traceback."""
-    from attnlab.checkpoint import RunError
-    from attnlab.config import ConfigError
-    from attnlab.tokenizers import TokenizerError
-
-    errors = [UsageError, RunError, ConfigError, TokenizerError, FileNotFoundError, IsADirectoryError,
-              NotADirectoryError, PermissionError, UnicodeDecodeError]  # fmt: skip
-    try:
-        from attnlab.data import DataError
-
-        errors.append(DataError)
-    except ImportError:
-        pass
-    from attnlab.inspect.recording import InspectError
-    from attnlab.interventions.subjects import InterventionError
-
-    errors += [InspectError, InterventionError]
-    return tuple(errors)
+    """Exception types that mean 'bad input', reported without a traceback: attnlab's own
+    (every one an AttnlabError), plus the operating system's word that a path the user gave is
+    missing, of the wrong kind or unreadable, and text that is not in the encoding named."""
+    return (AttnlabError, FileNotFoundError, IsADirectoryError, NotADirectoryError,
+            PermissionError, UnicodeDecodeError)  # fmt: skip
 
 
 def as_options(message: str, names) -> str:
@@ -53,11 +42,9 @@ def as_options(message: str, names) -> str:
 def options_from(cls, **values):
     """``cls(**values)`` (a self-validating config), its ConfigError reworded as a usage error
     naming the options the user typed (``--beam``, not ``beam``): one line, exit 2."""
-    from attnlab.config import ConfigError
-
     try:
         return cls(**values)
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:  # a ConfigError, or a plain ValueError from a check it calls
         raise UsageError(as_options(str(e), values)) from None
 
 
@@ -88,6 +75,9 @@ def int_at_least(low: int):
 
 # Verbs that run no model; every other verb takes --threads (see add_threads_option).
 NO_MODEL_VERBS = {"import-hf", "export-hf"}
+# Verbs whose library call chooses the threads itself (training.run.train: the Python API makes
+# the same choice); the CLI passes --threads on to them instead of choosing first.
+OWN_THREADS_VERBS = {"train"}
 # Verbs that run a model take --device and --dtype (and --json, but for these two: embed's
 # result is JSON already, explore's is a page); timeline reads snapshots and runs none.
 READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
@@ -224,7 +214,7 @@ def add_model_options(
 ) -> None:
     """``--device``, ``--dtype`` and ``--json``, spelt and defaulted alike on every verb that
     runs a model (the defaults are TrainConfig's; a verb that defines one keeps its own)."""
-    from attnlab.training.config import DTYPES, TrainConfig
+    from attnlab.train_config import DTYPES, TrainConfig
 
     have = {o for a in parser._actions for o in a.option_strings}
     if "--device" not in have:
@@ -283,7 +273,10 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
         threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
-        if args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
+        if args.verb in OWN_THREADS_VERBS:
+            args.threads = threads  # the library chooses, as it does when called from Python
+            result = args.func(args)
+        elif args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
             with runtime.using_threads(threads), _model_context(args):
                 result = args.func(args)
         else:

@@ -31,7 +31,7 @@ def _subject(args):
 
 def _show(result, args) -> int:
     """Write --png (before printing, so a failed write prints only its error), then print."""
-    from attnlab.inspect.display import console
+    from attnlab.render.display import console
 
     png = getattr(args, "_png", None)
     if png is not None:
@@ -221,8 +221,10 @@ def register(sub) -> None:
     p.add_argument("--positions", metavar="P,...", help="ablate only these positions")
     p.add_argument("--neurons", metavar="N,...", help="with --site: only these units")
     p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
-                   help="zero: zeros; mean: the mean over the positions of --reference (or of "
-                   "the text); resample: values from --reference (or the text shuffled)")  # fmt: skip
+                   help="zero: zeros; mean: the mean over the positions of the clean "
+                   "(unablated) run of --reference (or of the text), every mean recorded "
+                   "before anything is ablated; resample: values from --reference (or the text "
+                   "shuffled)")  # fmt: skip
     p.add_argument("--reference", metavar="TEXT",
                    help="mean/resample: the input to take values from")  # fmt: skip
     p.add_argument("--top", type=int, default=5, help="top predictions to show")
@@ -309,7 +311,9 @@ def register(sub) -> None:
     p.add_argument("--inputs", metavar="FILE", help="measure on these inputs, one per line")
     p.add_argument("--windows", type=int, default=16, help="--data: windows")
     p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
-                   help="how a head is ablated")  # fmt: skip
+                   help="how a head is ablated: zero, its mean over the batch and positions of "
+                   "the intact run (every mean recorded before anything is ablated, so the "
+                   "pruning curve's later heads keep their clean means), or resampled")  # fmt: skip
     p.add_argument("--no-prune", action="store_true", help="skip the pruning curve")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument("--png", metavar="FILE", help="heatmap and pruning curve")

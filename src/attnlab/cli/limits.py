@@ -23,6 +23,13 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from attnlab.errors import AttnlabError
+
+
+class LimitError(AttnlabError):
+    """A value past what the machine or the model can do (one line, exit 2)."""
+
+
 SEED_MAX = 2**32 - 1  # what every generator attnlab seeds accepts (numpy's legacy one too)
 GAUSS_LEGENDRE_MAX = 256  # its nodes cost O(n^3) (1024: seconds; 2048: 20 s) and integrate
 # polynomials of degree 2n - 1 exactly: 256 nodes are far past what attribution needs
@@ -239,12 +246,11 @@ def numeric_options(parsers: dict[str, argparse.ArgumentParser]):
 def check_decoding_memory(
     model, sequences: int, prompt_len: int, new_tokens: int, use_cache: bool = True
 ) -> None:
-    """Refuse (a UsageError, one line) decoding whose buffers cannot fit in the memory of the
+    """Refuse (a LimitError, one line) decoding whose buffers cannot fit in the memory of the
     model's device, before any token is printed: ``sequences`` rows (prompts x samples or
     beams) of ``prompt_len + new_tokens`` ids, held twice as int64 (the ids fed and the ids
     sampled), a KV cache of up to block_size positions per layer, and the (B, V) logits a step
     makes. Says how many new tokens do fit."""
-    from attnlab.cli import UsageError
     from attnlab.training.memory import GIB, HUGE_FRACTION, device_memory
 
     device = next(model.parameters()).device
@@ -271,7 +277,7 @@ def check_decoding_memory(
         if most > 0
         else "fewer prompts or --num-samples fit"
     )
-    raise UsageError(
+    raise LimitError(
         f"generating {new_tokens:,} tokens for {sequences:,} sequence{'s' * (sequences != 1)} "
         f"needs about {need / GIB:,.1f} GiB, past the {budget / GIB:.1f} GiB {where} may use "
         f"({HUGE_FRACTION:.0%} of its {have / GIB:.1f} GiB): {fit}"
@@ -290,13 +296,12 @@ def config_field(config, *names: str) -> int:
 def check_forward_memory(
     config, device, rows: int, tokens: int, option: str, record: bool = False
 ) -> None:
-    """Refuse (a UsageError naming ``option``, one line) a forward pass over ``rows``
+    """Refuse (a LimitError naming ``option``, one line) a forward pass over ``rows``
     sequences of ``tokens`` tokens whose memory cannot fit in ``device``'s, before it runs:
     the logits and their log-probabilities (8 bytes a vocabulary entry a token), the residual
     stream (4 floats a channel a token, a few per layer when every activation is recorded) and,
     recorded, every head's scores and weights (8 bytes a query a key). Says how many rows fit.
     ``config`` is the model's config (or its dict from config.json)."""
-    from attnlab.cli import UsageError
     from attnlab.training.memory import GIB, HUGE_FRACTION, device_memory
 
     have = device_memory(device)
@@ -316,7 +321,7 @@ def check_forward_memory(
         return
     most = int(budget // per_row)
     where = "this machine" if device.type == "cpu" else str(device)
-    raise UsageError(
+    raise LimitError(
         f"{option} {rows:,}: {rows:,} sequences of {tokens:,} tokens need about "
         f"{rows * per_row / GIB:,.1f} GiB in one pass of this model, past the "
         f"{budget / GIB:.1f} GiB {where} may use ({HUGE_FRACTION:.0%} of its "

@@ -14,7 +14,7 @@ import sys
 from attnlab import checkpoint as ckpt
 from attnlab.cli import DescribedHelpFormatter, UsageError, as_options
 from attnlab.cli.limits import check_decoding_memory
-from attnlab.models.gpt import WINDOWS
+from attnlab.decoding import WINDOWS, decoder_for
 
 # ---------------------------------------------------------------------------------------------
 # generate
@@ -126,7 +126,7 @@ def generate(args: argparse.Namespace) -> int:
     prompts = [*args.text, *(args.prompt or [])] or ["\n"]
     model, tokenizer = _load_gpt(args.run, args.device)
     try:
-        model.check_window(args.window, use_cache=not args.no_cache)
+        decoder_for(model).check_window(args.window, use_cache=not args.no_cache)
     except ValueError as e:
         raise UsageError(str(e)) from None
     # unknown characters: a one-line error naming them, before any output

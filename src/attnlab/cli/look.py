@@ -31,8 +31,8 @@ def _record(args):
 def _print(result, as_json: bool = False) -> None:
     """The result on stdout: its JSON (which starts with "about"), or its terminal rendering
     after a line saying what the model is (a trace says it itself)."""
-    from attnlab.inspect.display import console
     from attnlab.inspect.trace import Trace
+    from attnlab.render.display import console
 
     if as_json:
         sys.stdout.write(result.to_json() + "\n")
@@ -142,6 +142,7 @@ def cmd_explore(args) -> int:
         max_tokens=args.max_tokens,
         start=args.start,
         tabs=tabs,
+        tokenizer=tokenizer,
     )
     page.save(out)
     if page.data["note"]:

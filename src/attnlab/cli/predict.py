@@ -117,8 +117,8 @@ def _eval_ablated(args: argparse.Namespace, options) -> int:
     ``eval``'s own on that text; without, any run's held-out split is scored as training
     scored it (``interventions.held_out``)."""
     from attnlab.data import open_corpus
-    from attnlab.inspect.display import console
     from attnlab.interventions import ablated_eval, held_out
+    from attnlab.render.display import console
 
     given = [o for o in HELD_OUT_ONLY if any(a.split("=")[0] == o for a in args._argv)]
     if args.data is not None:

@@ -14,7 +14,7 @@ from attnlab.cli import output_file
 
 
 def _show(result, as_json: bool) -> None:
-    from attnlab.inspect.display import console
+    from attnlab.render.display import console
 
     if as_json:
         sys.stdout.write(result.to_json() + "\n")

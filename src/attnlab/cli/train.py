@@ -115,7 +115,7 @@ def register(sub) -> None:
         p.add_argument(*names, **kw, help=help.replace("%", "%%"), default=None)
 
     from attnlab.tasks import TASKS
-    from attnlab.training.config import DTYPES, SCHEDULES
+    from attnlab.train_config import DTYPES, SCHEDULES
 
     a("--task", choices=list(TASKS), help="what to train (classify on images trains a ViT)")
     a("--data",
@@ -141,7 +141,7 @@ def register(sub) -> None:
     a("--dropout", type=float, help="dropout probability")
     a("--pos", choices=["learned", "sinusoidal", "rotary"], help="position scheme")
     a("--norm", choices=["pre", "post"], help="pre-norm (GPT-2, ViT) or post-norm (the paper, BERT)")  # fmt: skip
-    # optimisation: TrainConfig (attnlab.training.config)
+    # optimisation: TrainConfig (attnlab.train_config)
     a("--max-iters", type=int, help="optimizer steps")
     a("--batch-size", type=int, help="examples per step (per process)")
     a("--grad-accum", type=int, help="micro-batches per step")

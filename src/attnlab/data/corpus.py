@@ -14,11 +14,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from attnlab.errors import AttnlabError
+
 BUILTIN = ("shakespeare",)
 CHUNK_BYTES = 1 << 20  # read 1 MiB at a time
 
 
-class DataError(ValueError):
+class DataError(AttnlabError):
     """Input data that cannot be used: reported to the user as one line (exit code 2)."""
 
 

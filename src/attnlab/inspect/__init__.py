@@ -58,5 +58,6 @@ def write_figures(model, tokenizer, text: str, out_dir, layer: int = 0, head: in
     out_dir.mkdir(parents=True, exist_ok=True)
     rec = record(model, tokenizer, text)
     png = attention(rec, layer=layer, head=head).save_png(out_dir / "attention.png")
-    html = explore(rec, model, title=f"attnlab explorer: {text}").save(out_dir / "explorer.html")
+    page = explore(rec, model, title=f"attnlab explorer: {text}", tokenizer=tokenizer)
+    html = page.save(out_dir / "explorer.html")
     return png, html

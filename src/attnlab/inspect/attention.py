@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.inspect.display import (
+from attnlab.inspect.recording import AttentionInfo, InspectError, Recording
+from attnlab.render.display import (
     TERMINAL_TOKENS,
     Result,
     heatmap_html,
@@ -21,8 +22,7 @@ from attnlab.inspect.display import (
     rounded,
     table_html,
 )
-from attnlab.inspect.plots import heatmap, png_html, save_png, shared_colorbar
-from attnlab.inspect.recording import AttentionInfo, InspectError, Recording
+from attnlab.render.plots import heatmap, png_html, save_png, shared_colorbar
 
 
 @dataclass
@@ -91,8 +91,8 @@ class AttentionMap(Result):
         ax = axes[0][0]
         heatmap(ax, self.weights, self.queries, self.keys, title=self.title)
         if vit:
-            from attnlab.inspect.images import patch_ticks
-            from attnlab.inspect.plots import overlay
+            from attnlab.render.images import patch_ticks
+            from attnlab.render.plots import overlay
 
             patch_ticks(ax, self.image, self.patch, self.queries, self.keys)
             ax.set_title(self.title, fontsize=9, pad=26)
@@ -233,7 +233,7 @@ def attention(
     amap = AttentionMap(m, list(q), list(k), info.name, info.layer, head, info.kind, start, limit)
     amap.about = rec.about
     if rec.extra.get("image") is not None and len(q) == len(k) == m.shape[0]:
-        from attnlab.inspect.images import as_hwc
+        from attnlab.render.images import as_hwc
 
         amap.image, amap.patch = as_hwc(rec.extra["image"]), int(rec.extra["patch_size"])
     return amap

@@ -32,8 +32,10 @@ from torch import Tensor, nn
 from attnlab import hooks
 from attnlab.attention import MultiHeadAttention
 from attnlab.checks import find_future_leak
-from attnlab.inspect.display import Result, table_html
+from attnlab.decoding import decoder_for
 from attnlab.inspect.recording import max_positions, output_tensor
+from attnlab.modes import evaluating
+from attnlab.render.display import Result, table_html
 
 
 @dataclass
@@ -169,16 +171,18 @@ def check_kv_cache(model, ids, tol: float = 1e-4) -> CheckResult:
 @torch.no_grad()
 def check_decoding(model, ids, tol: float = 1e-4) -> CheckResult:
     name = "decoding == full pass"
-    if not hasattr(model, "start"):
+    try:
+        dec = decoder_for(model)
+    except ValueError:
         return CheckResult(name, None, None, None, "model does not decode")
     if getattr(model, "is_encoder_decoder", False):
         return CheckResult(name, None, None, None, "an encoder-decoder: the KV cache check")
     B, T = ids.shape
     first = max(1, T // 2)
     full = torch.log_softmax(output_tensor(model(ids)).float(), dim=-1)[:, first - 1 :]
-    state = model.start(ids[:, :first], T - first + 1)
-    steps = [model.step(state, ids[:, first - 1])]  # the prompt, in one pass
-    steps += [model.step(state, ids[:, t]) for t in range(first, T)]  # then one token per step
+    state = dec.start(ids[:, :first], T - first + 1)
+    steps = [dec.step(state, ids[:, first - 1])]  # the prompt, in one pass
+    steps += [dec.step(state, ids[:, t]) for t in range(first, T)]  # then one token per step
     diff = float((torch.stack(steps, dim=1) - full).abs().max())
     path = getattr(state, "path", "start/step")
     detail = f"prompt of {first}, then {T - first} single-token steps ({path})"
@@ -262,9 +266,7 @@ def check_determinism(model, ids) -> CheckResult:
 
 def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> CheckReport:
     """Run every conformance check on ``model`` (in eval mode; its mode is restored after)."""
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         make = getattr(model, "conformance_inputs", None)  # e.g. a ViT's random images
         ids = make(batch, seed) if make is not None else random_ids(model, batch, length, seed)
         results = [
@@ -276,6 +278,4 @@ def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> 
             check_padding(model, ids),
             check_determinism(model, ids),
         ]
-    finally:
-        model.train(was_training)
     return CheckReport(results)

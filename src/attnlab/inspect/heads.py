@@ -22,7 +22,7 @@ the second half; a held-out sample of the run's own data
 shows what the heads do on real input. A head is named after the score that is furthest over
 its threshold (``THRESHOLDS``), on the repeated tokens.
 
-Used by training snapshots (``attnlab.training.snapshots``), ``attnlab heads`` and
+Used by training snapshots (``attnlab.inspect.snapshots``), ``attnlab heads`` and
 ``attnlab timeline``; a head named here is ablated with ``attnlab.interventions.ablate``.
 ``composition_scores`` gives Elhage et al.'s Q-, K- and V-composition between the heads of
 consecutive layers, read from the weights alone.
@@ -38,8 +38,10 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.inspect.display import Result
 from attnlab.inspect.recording import InspectError, max_positions, output_tensor
+from attnlab.metrics import half_losses
+from attnlab.modes import evaluating
+from attnlab.render.display import Result
 
 SCORES = ("previous-token", "duplicate-token", "induction", "first-token", "self", "entropy")
 # a head is named after a score at or over its threshold (the one furthest over it)
@@ -196,13 +198,8 @@ def run_probe(model: nn.Module, x: Tensor, ids: bool = True, repeated: bool = Fa
     next-token loss of each half is measured (causal models whose output is (B, T, V))."""
     points = hooks.hook_points(model)
     names = [n for n in points if n.endswith(SELF_MAPS)]
-    was = model.training
-    model.eval()
-    try:
-        with hooks.record(model, names=names) as cache:
-            out = probe_forward(model)(x)
-    finally:
-        model.train(was)
+    with evaluating(model), hooks.record(model, names=names) as cache:
+        out = probe_forward(model)(x)
     T = x.size(1) if ids else None
     if T is None:  # images: every square map is over the patches
         maps = {k: v for k, v in cache.items() if v.dim() == 4 and v.size(-1) == v.size(-2)}
@@ -214,17 +211,6 @@ def run_probe(model: nn.Module, x: Tensor, ids: bool = True, repeated: bool = Fa
     if repeated and ids and causal and out.dim() == 3 and out.size(1) == T:
         result.loss_first_half, result.loss_repeated_half = half_losses(out, x)
     return result
-
-
-def half_losses(logits: Tensor, x: Tensor) -> tuple[float, float]:
-    """Next-token loss (nats) on the first half of r r (predicting r[1:], which nothing in the
-    context gives away) and on the repeated half (predicting r again, which an induction head
-    can copy): logits (B, 2P, V), x (B, 2P)."""
-    P = x.size(1) // 2
-    nll = torch.nn.functional.cross_entropy(
-        logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none"
-    )  # (B, 2P - 1): position t predicts x[t + 1]
-    return float(nll[:, : P - 1].mean()), float(nll[:, P - 1 :].mean())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,13 +55,14 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import hooks
+from attnlab.errors import AttnlabError
 from attnlab.hooks import ActivationCache
 
 MAP_SUFFIXES = ("attn.weights", "cross.weights")
-_LAYER_RE = re.compile(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.")
+LAYER_RE = re.compile(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.")  # blocks.3.attn.weights -> 3
 
 
-class InspectError(ValueError):
+class InspectError(AttnlabError):
     """Input the look-inside tools cannot use (text too long, unknown layer or head)."""
 
 
@@ -138,7 +139,7 @@ class Recording:
             if not name.endswith(MAP_SUFFIXES) or t.dim() != 4:
                 continue
             stack = self.stack_of(name)
-            m = _LAYER_RE.search(name)
+            m = LAYER_RE.search(name)
             kind = "cross" if name.endswith("cross.weights") else "self"
             key_stack = stack if kind == "self" else (self.memory_stack or stack)
             S = t.size(-1)
@@ -228,7 +229,7 @@ class Recording:
         the attention maps (name, kind, heads, queries x keys)."""
         import html
 
-        from attnlab.inspect.display import table_html, tokens_html
+        from attnlab.render.display import table_html, tokens_html
 
         what = html.escape(self.description or self.kind or self.model_type or "a model")
         parts = [f"<div><b>Recording</b> of one forward pass: <i>{what}</i></div>"]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table, rounded
-from attnlab.inspect.recording import _LAYER_RE, InspectError, Recording
+from attnlab.inspect.recording import LAYER_RE, InspectError, Recording
+from attnlab.render.display import Result, heatmap_html, matrix_table, rounded
 
 
 def cosine_matrix(h: np.ndarray) -> np.ndarray:
@@ -105,7 +105,7 @@ class Similarity(Result):
 
 def layer_label(prefix: str) -> str:
     """'blocks.3.' -> 'layer 3'; 'decoder.blocks.1.' -> 'decoder layer 1'."""
-    m = _LAYER_RE.search(prefix)
+    m = LAYER_RE.search(prefix)
     stack = prefix.split(".blocks.")[0] if ".blocks." in prefix else ""
     where = f"layer {m.group(1)}" if m else prefix.rstrip(".")
     return f"{stack} {where}".strip()

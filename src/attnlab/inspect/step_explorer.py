@@ -11,7 +11,7 @@ training with the slider's step marked. Press play to watch the head form.
 Size: each pattern is stored in the page as one byte per weight (round(255 w), base64), so a
 snapshot costs H x T^2 bytes per map and probe (T <= 48): 4 heads x 41 snapshots x 2 probes of
 48 x 48 take ~1 MiB. Snapshots whose patterns the run did not keep (the 4 MiB budget of
-``attnlab.training.snapshots``) still show their scores.
+``attnlab.inspect.snapshots``) still show their scores.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from attnlab.inspect.explorer import Explorer
 from attnlab.inspect.heads import SCORES
 from attnlab.inspect.recording import InspectError
 from attnlab.inspect.timeline import timeline
+from attnlab.training.rundir import RunDir
 
 
 def _tokens(run_dir: Path, ids: list[int] | None) -> list[str] | None:
@@ -44,7 +45,8 @@ def step_data(run_dir: str | Path) -> dict:
     """Everything the page draws: per probe, the snapshot steps, each map's heads' scores over
     the steps, and the patterns of the snapshots that kept them."""
     run_dir = Path(run_dir)
-    steps = ckpt.snapshot_steps(run_dir)
+    snapshots = RunDir(run_dir, writer=False)
+    steps = snapshots.snapshot_steps()
     if not steps:
         raise InspectError(f"{run_dir} has no snapshots: train it with --snapshot-every N "
                            "(--task induction takes them by default)")  # fmt: skip
@@ -58,7 +60,7 @@ def step_data(run_dir: str | Path) -> dict:
             continue
         frames, tokens = [], None
         for s in steps:
-            meta, tensors = ckpt.read_snapshot(run_dir, s, keys=(f"patterns.{probe}.",))
+            meta, tensors = snapshots.read_snapshot(s, keys=(f"patterns.{probe}.",))
             tokens = tokens or (meta.get("tokens") or {}).get(probe)
             if not tensors:
                 continue

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from attnlab.attention import causal_mask
-from attnlab.inspect.display import (
+from attnlab.inspect.recording import InspectError, Recording, record
+from attnlab.render.display import (
     Result,
     heatmap_html,
     matrix_table,
@@ -39,7 +40,6 @@ from attnlab.inspect.display import (
     rounded,
     show_token,
 )
-from attnlab.inspect.recording import InspectError, Recording, record
 
 FULL_VALUES = 16384  # steps with at most this many numbers carry all of them in --json
 

@@ -77,7 +77,7 @@ def plot_head(tokens: list[str], weights: torch.Tensor, path: str | Path, title:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from attnlab.inspect.plots import heatmap, save_png
+    from attnlab.render.plots import heatmap, save_png
 
     fig, ax = plt.subplots(figsize=(4.6, 4.0), dpi=100)
     heatmap(ax, weights.numpy(), tokens, tokens, title=title, cmap="Blues", vmin=0.0, vmax=1.0,

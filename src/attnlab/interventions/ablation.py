@@ -5,8 +5,12 @@
 
 A head is ablated at its output ``z`` (B, H, T, d_v), before the output projection mixes the
 heads: zero (its output becomes 0: only W_O's bias is left), mean (its output averaged over the
-reference's positions), or resample (its output on another input, position by position). The
-result says how many values the ablation changed, so an edit that did nothing is visible.
+positions of the clean run of the reference, or of the input itself without one), or resample
+(its output on another input, position by position). Every mean comes from that one clean
+(unablated) run, recorded before anything is ablated: a head in a later layer never takes its
+mean from a run in which earlier heads are already ablated, so ``--reference`` equal to the
+input gives the numbers of no ``--reference``. The result says how many values the ablation
+changed, so an edit that did nothing is visible.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from attnlab.inspect.display import Result, show_token
 from attnlab.interventions.edits import EditLog, ablation_edit, edited, head_edits
 from attnlab.interventions.figures import figure_html, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Prepared, Subject
+from attnlab.render.display import Result, show_token
 
 
 @dataclass
@@ -35,6 +39,7 @@ class AblationResult(Result):
     top_ablated: list[tuple[str, float]]
     log: EditLog
     notes: list[str] = field(default_factory=list)
+    mean_from: str | None = None  # mode mean: "the clean run of the input" (or "of the reference")
 
     @property
     def delta(self) -> float:
@@ -70,6 +75,7 @@ class AblationResult(Result):
             "top_clean": [{"token": t, "prob": p} for t, p in self.top_clean],
             "top_ablated": [{"token": t, "prob": p} for t, p in self.top_ablated],
             "values_changed": self.log.changed, "edits": self.log.to_dict(), "notes": self.notes,
+            **({"mean_from": self.mean_from} if self.mean_from else {}),
         }  # fmt: skip
 
     def figure(self):
@@ -123,8 +129,9 @@ def ablation(
     """Ablate ``heads`` (specs, see ``Subject.parse_heads``) or the activation ``site`` (only at
     ``positions``/``neurons`` if given) on ``text``: loss change and top predictions.
 
-    mode mean uses the reference input's positions (default: the text's own); resample uses
-    the reference input (default: the text's tokens in a shuffled order, seed 0)."""
+    mode mean uses the positions of the reference input's clean run (default: the text's own
+    clean run), every mean recorded before anything is ablated; resample uses the reference
+    input (default: the text's tokens in a shuffled order, seed 0)."""
     if (heads is None) == (site is None):
         raise InterventionError("ablate heads or a site, one of the two")
     p = subject.prepare(text)
@@ -138,8 +145,10 @@ def ablation(
             reference = _shuffled(subject, p)
             notes.append("resampled from the text's tokens shuffled (seed 0); --reference "
                          "TEXT picks another input")  # fmt: skip
-        else:
-            notes.append("mean over the text's own positions; --reference TEXT picks another input")
+        else:  # the mean of every ablated point comes from the text's own clean run
+            reference = p
+            notes.append("mean over the text's own positions, in its clean run; --reference "
+                         "TEXT picks another input")  # fmt: skip
     if heads is not None:
         refs = subject.parse_heads(heads)
         names = sorted({r.group.path + ".z" for r in refs})
@@ -159,7 +168,15 @@ def ablation(
         text, what, mode, p.tokens, float(lc.sum() / n), float(la.sum() / n),
         (la - lc).tolist(), pos, top_tokens(subject, clean[0, pos], top),
         top_tokens(subject, ablated[0, pos], top), log, notes,
+        _mean_from(mode, reference_text),
     )  # fmt: skip
+
+
+def _mean_from(mode: str, reference_text: str | None) -> str | None:
+    """What mode mean's means are taken from (the ``mean_from`` of ``--json``)."""
+    if mode != "mean":
+        return None
+    return f"the clean run of the {'input' if reference_text is None else 'reference'}"
 
 
 def _shuffled(subject: Subject, p: Prepared) -> Prepared:

@@ -26,9 +26,9 @@ import torch
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.inspect.display import Result, show_token
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Subject
+from attnlab.render.display import Result, show_token
 
 TOL = 1e-7  # the running sum must match each recorded residual point (float64)
 

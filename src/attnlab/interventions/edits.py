@@ -207,6 +207,43 @@ def head_edits(
             for name, hs in by_path.items()}  # fmt: skip
 
 
+def clean_means(model: nn.Module, evaluate: Callable, names: list[str]) -> tuple:
+    """``evaluate()`` intact, keeping the mean of each of ``names`` (per-head outputs
+    (B, H, T, D)) over the batch and positions of every forward pass, in order: the means that
+    mean ablation replays (``replayed_means``). -> (what evaluate returned, {name: [(1, H, 1,
+    D) per pass]})."""
+    means: dict[str, list[Tensor]] = {n: [] for n in names}
+
+    def keep(x: Tensor, name: str) -> Tensor:
+        means[name].append(x.mean(dim=(0, -2), keepdim=True))
+        return x
+
+    with edited(model, {n: keep for n in names}):
+        return evaluate(), means
+
+
+def replayed_means(heads: list[HeadRef], means: dict[str, list[Tensor]]) -> dict[str, Callable]:
+    """Mean-ablation edits of ``heads`` whose n-th forward pass takes the means of the intact
+    run's n-th (``clean_means``), whatever else is ablated upstream."""
+    by_path: dict[str, list[int]] = {}
+    for ref in heads:
+        by_path.setdefault(ref.group.path + ".z", []).append(ref.head)
+
+    def edit_of(name: str, hs: list[int]):
+        passes = iter(means[name])
+
+        def edit(x: Tensor, n: str) -> Tensor:
+            clean = next(passes, None)
+            if clean is None:
+                raise InterventionError(f"{n}: the evaluation ran more forward passes than its "
+                                        "intact run, so there is no clean mean to replay")  # fmt: skip
+            return ablation_edit(hs, None, None, "mean", clean)(x, n)
+
+        return edit
+
+    return {name: edit_of(name, hs) for name, hs in by_path.items()}
+
+
 @contextmanager
 def ablate(
     model: nn.Module,

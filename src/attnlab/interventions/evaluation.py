@@ -23,15 +23,15 @@ import dataclasses
 import math
 import sys
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from attnlab.inspect.display import Result
 from attnlab.interventions.edits import MODES, EditLog, ablate
 from attnlab.interventions.subjects import InterventionError, Subject
+from attnlab.modes import evaluating
+from attnlab.render.display import Result
 
 
 @dataclass
@@ -122,7 +122,7 @@ def task_figures(task, model: nn.Module, batch_size: int, eval_iters: int) -> di
     task's fixed held-out batches, then the task's own figures (``task.evaluate``)."""
     batches = task.val_batches(batch_size, eval_iters)
     val_loss = _mean_loss(task, model, batches)
-    with _eval_mode(model):
+    with evaluating(model), torch.no_grad():
         return {"val_loss": val_loss, **task.evaluate(model, val_loss)}
 
 
@@ -156,7 +156,7 @@ def held_out(run_dir, device="cpu") -> HeldOut:
     (imported ones) have nothing held out: an InterventionError says so."""
     from attnlab.checkpoint import load_run, read_run_config
     from attnlab.tasks import open_task
-    from attnlab.training.config import TrainConfig
+    from attnlab.train_config import TrainConfig
 
     cfg = read_run_config(run_dir)
     if "task" not in cfg and "train_config" not in cfg:
@@ -177,20 +177,9 @@ def _mean_loss(task, model: nn.Module, batches: list) -> float:
     if not batches:
         raise InterventionError("this run's task has no held-out data to score")
     device = next(model.parameters()).device
-    with _eval_mode(model):
+    with evaluating(model), torch.no_grad():
         total = sum(float(task.loss(model, _to(b, device))) for b in batches)
     return total / len(batches)
-
-
-@contextmanager
-def _eval_mode(model: nn.Module):
-    was = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was)
 
 
 def _to(batch, device):

@@ -18,12 +18,12 @@ def new_figure(*args, **kw):
 
 def save_png(fig, path: str | Path) -> Path:
     """Write ``fig`` to ``path`` (a .png in an existing directory) atomically, then close it."""
-    from attnlab.inspect.plots import save_png as write_png
-    from attnlab.inspect.recording import InspectError
+    from attnlab.errors import AttnlabError
+    from attnlab.render.plots import save_png as write_png
 
     try:
         return write_png(fig, path)
-    except InspectError as e:
+    except AttnlabError as e:  # a path a figure cannot go to: said as the interventions say it
         raise InterventionError(str(e)) from None
 
 
@@ -31,7 +31,7 @@ def figure_html(fig, caption: str = "") -> str:
     """The figure as an inline <img> (what a notebook shows), then closed."""
     import html
 
-    from attnlab.inspect.plots import png_html
+    from attnlab.render.plots import png_html
 
     cap = f"<div><b>{html.escape(caption)}</b></div>" if caption else ""
     return f"<div>{cap}{png_html(fig)}</div>"
@@ -39,12 +39,12 @@ def figure_html(fig, caption: str = "") -> str:
 
 def heat(ax, m, rows: list[str], cols: list[str], title: str, diverging: bool = True,
          fmt: str = "{:.2f}", vmax: float | None = None, annotate: bool = True):  # fmt: skip
-    """A labelled heatmap on ``ax`` (inspect.plots.heatmap): diverging (red-blue, symmetric
+    """A labelled heatmap on ``ax`` (render.plots.heatmap): diverging (red-blue, symmetric
     around 0) or sequential (0 to the largest value); values written in when it has at most
     160 cells."""
     import numpy as np
 
-    from attnlab.inspect.plots import heatmap
+    from attnlab.render.plots import heatmap
 
     m = np.asarray(m, dtype=float)
     finite = m[np.isfinite(m)]

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from attnlab.inspect.display import Result, show_token
-from attnlab.inspect.plots import overlay
 from attnlab.interventions.edits import edited
 from attnlab.interventions.figures import figure_html, new_figure, save_png
 from attnlab.interventions.patching import metric_fn
 from attnlab.interventions.subjects import InterventionError, Prepared, Subject
+from attnlab.render.display import Result, show_token
+from attnlab.render.plots import overlay
 
 SITES = {"gpt": "embed", "mlm": "embed", "encoder": "embed", "classify": "embed",
          "seq2seq": "encoder.embed", "rnn": "encoder.embed", "vit": "patch_embed.patches"}  # fmt: skip

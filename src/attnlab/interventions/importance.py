@@ -6,6 +6,11 @@ Heads are then removed cumulatively, least important first, and the loss is meas
 each removal: the pruning curve shows how many heads the model can lose before it breaks
 (Michel et al., "Are Sixteen Heads Really Better than One?", 2019, ranked by this direct
 measure instead of their gradient proxy).
+
+Mean ablation replaces a head's output by its mean over the batch and positions of each forward
+pass of the intact run: the intact evaluation records every head's means first, pass by pass,
+and each ablated evaluation replays them. So a head in a later layer keeps its clean mean when
+heads in earlier layers are already removed (the pruning curve), as in ``attnlab ablate``.
 """
 
 from __future__ import annotations
@@ -18,10 +23,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table
-from attnlab.interventions.edits import edited, head_edits
+from attnlab.interventions.edits import clean_means, edited, head_edits, replayed_means
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import HeadRef, InterventionError, Subject
+from attnlab.render.display import Result, heatmap_html, matrix_table
+
+MEAN_FROM = "the clean run of the measured inputs, each forward pass's batch and positions"
 
 
 @dataclass
@@ -34,6 +41,7 @@ class ImportanceResult(Result):
     pruning: list[tuple[int, str, float]]  # (heads removed, the last one removed, loss)
     notes: list[str] = field(default_factory=list)
     values_changed: int = 0  # by every ablation, over every forward pass
+    mean_from: str | None = None  # mode mean: where every head's mean comes from
 
     def grids(self) -> dict[str, np.ndarray]:
         out = {}
@@ -70,7 +78,8 @@ class ImportanceResult(Result):
                 "heads": [{"head": lab, "group": g, "layer": ly, "index": h, "loss_change": d}
                           for lab, g, ly, h, d in self.heads],
                 "pruning": [{"removed": n, "head": lab, "loss": v} for n, lab, v in self.pruning],
-                "values_changed": self.values_changed, "notes": self.notes}  # fmt: skip
+                "values_changed": self.values_changed, "notes": self.notes,
+                **({"mean_from": self.mean_from} if self.mean_from else {})}  # fmt: skip
 
     def figure(self):
         grids = self.grids()
@@ -167,10 +176,19 @@ def head_importance(
         raise InterventionError("an LSTM's attention is one context vector, not heads: ablate it "
                                 "with `attnlab ablate RUN TEXT --context`")  # fmt: skip
     refs = [HeadRef(g, h) for g in groups for h in range(g.n_heads)]
-    base = evaluate()
+    means = None
+    if mode == "mean":  # every mean from the intact run, recorded before any ablation
+        names = sorted({r.group.path + ".z" for r in refs})
+        base, means = clean_means(subject.model, evaluate, names)
+    else:
+        base = evaluate()
+
+    def edits(heads: list[HeadRef]) -> dict:
+        return replayed_means(heads, means) if means else head_edits(subject, heads, mode)
+
     rows, changed = [], 0
     for k, ref in enumerate(refs):
-        with edited(subject.model, head_edits(subject, [ref], mode)) as (_, log):
+        with edited(subject.model, edits([ref])) as (_, log):
             d = evaluate() - base
         changed += log.changed
         group = "heads" if ref.group.kind == "attn" else f"{ref.group.kind} heads"
@@ -182,9 +200,11 @@ def head_importance(
         order = sorted(range(len(refs)), key=lambda i: rows[i][4])
         for n in range(1, len(order) + 1):
             removed = [refs[i] for i in order[:n]]
-            with edited(subject.model, head_edits(subject, removed, mode)) as (_, log):
+            with edited(subject.model, edits(removed)) as (_, log):
                 curve.append((n, refs[order[n - 1]].label, evaluate()))
             changed += log.changed
             if not quiet:
                 print(f"pruning: {n}/{len(order)} heads removed", file=sys.stderr)
-    return ImportanceResult("loss", source, mode, base, rows, curve, list(subject.notes), changed)
+    mean_from = MEAN_FROM if mode == "mean" else None
+    return ImportanceResult("loss", source, mode, base, rows, curve, list(subject.notes), changed,
+                            mean_from)  # fmt: skip

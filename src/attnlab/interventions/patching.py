@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from attnlab.inspect.display import Result, heatmap_html, matrix_table, show_token
 from attnlab.interventions.edits import edited
 from attnlab.interventions.figures import heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Subject
+from attnlab.render.display import Result, heatmap_html, matrix_table, show_token
 
 
 @dataclass

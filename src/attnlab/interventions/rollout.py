@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from attnlab.inspect.display import Result, matrix_table, show_token
-from attnlab.inspect.plots import image, overlay
 from attnlab.interventions.edits import edited
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Subject
+from attnlab.render.display import Result, matrix_table, show_token
+from attnlab.render.plots import image, overlay
 
 SCALE = 1 << 30  # integer capacities for scipy's max-flow
 

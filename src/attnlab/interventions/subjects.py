@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
+from attnlab.errors import AttnlabError
 
 KINDS = ("gpt", "mlm", "encoder", "classify", "seq2seq", "rnn", "vit")
 SPECIAL = {"[CLS]", "[SEP]", "[MASK]", "[PAD]", "<pad>", "<bos>", "<eos>"}
@@ -39,7 +40,7 @@ TIED_READOUT_NOTE = (
 )
 
 
-class InterventionError(ValueError):
+class InterventionError(AttnlabError):
     """Input an intervention cannot use: one clear line (the CLI exits 2)."""
 
 

@@ -3,34 +3,27 @@
 ids (B, T) -> token embedding (B, T, C) + positions -> n_layer causal blocks
            -> final LayerNorm -> LM head tied to the embedding -> logits (B, T, vocab)
 
-``GPTConfig(mlp=False)`` (the ``attn-only-2l`` preset) makes every block attention-only.
+``GPTConfig(mlp=False)`` (the ``attn-only-2l`` preset) makes every block attention-only. This module is the
+architecture; decoding it (the KV cache, the window policies past block_size, FastForward) is
+``attnlab.decoding.GPTDecoder``, which ``GPT.decoded_by`` names.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.attention import (
-    KVCache,
-    MultiHeadAttention,
-    RingKVCache,
-    from_hf_attention_mask,
-    scaled_dot_product_attention,
-)
-from attnlab.blocks import ACTIVATIONS, Block, FeedForward, block_stack
+from attnlab.attention import KVCache, RingKVCache, from_hf_attention_mask
+from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
-from attnlab.positional import POSITIONAL, LearnedPositions, Rotary, SinusoidalPositions
+from attnlab.positional import POSITIONAL, Rotary
 
 POSITIONS = ("learned", "sinusoidal", "rotary")
-WINDOWS = ("slide", "shift", "ring")  # what decoding does past block_size: see attnlab.generation
 
 
 @dataclasses.dataclass
@@ -86,6 +79,7 @@ class GPT(nn.Module):
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
     causal = True  # output t depends on ids 0..t only (checked by `attnlab check`)
     uses_padding = False
+    decoded_by = "gpt"  # attnlab.decoding.GPTDecoder: the KV cache, window policies, FastForward
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -179,98 +173,6 @@ class GPT(nn.Module):
             x = x[:, -logits_to_keep:]
         return self.hook_logits(self.lm_head(x))  # (B, T, vocab)
 
-    # -- incremental decoding: the protocol of attnlab.generation -----------------------------
-
-    def start(
-        self, prompt: Tensor, max_len: int, window: str = "slide", use_cache: bool = True
-    ) -> DecodeState:
-        """Decoding state for ``prompt`` (B, T0), for at most ``max_len`` steps.
-
-        Nothing runs yet: the first ``step`` feeds the prompt's last token (B,) and, in the
-        same pass, the rest of the prompt. ``window`` says what happens once the context
-        outgrows block_size (slide, shift, ring: see ``attnlab.generation``); without
-        ``use_cache`` every step recomputes its whole window. Steps run ``FastForward`` (the
-        same math as ``forward``, without its per-module overhead) unless the model is
-        training, recording, editing or hooked, or forced onto reference attention.
-        """
-        c = self.config
-        self.check_window(window, use_cache)
-        B, T0 = prompt.shape
-        if T0 == 0:
-            raise ValueError("a GPT needs a prompt of at least one token")
-        ids = prompt.new_zeros(B, T0 + max_len)  # (B, capacity) the prompt, then every token fed
-        ids[:, : T0 - 1] = prompt[:, :-1]
-        cache = None
-        if use_cache:
-            cache = self.new_cache(B, min(c.block_size, T0 + max_len), ring=window == "ring")
-        run = FastForward(self) if FastForward.applies(self) else self._last_logits
-        return DecodeState(ids, T0 - 1, 0, window, cache, run)
-
-    def _last_logits(self, ids: Tensor, cache: list[KVCache] | None) -> Tensor:
-        return self(ids, cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
-
-    def check_window(self, window: str, use_cache: bool = True) -> None:
-        """ValueError (one line) unless this model can decode with ``window``."""
-        c = self.config
-        if window not in WINDOWS:
-            raise ValueError(f"unknown window {window!r}; choose from {', '.join(WINDOWS)}")
-        if window == "ring" and c.pos != "rotary":
-            raise ValueError(
-                f"the ring window needs rotary positions; this model's are {c.pos}, which a "
-                "kept token would have to change (use the slide or shift window)"
-            )
-        if window == "ring" and (not use_cache or c.block_size < 2):
-            raise ValueError("the ring window is a KV-cache layout: it needs the cache and a "
-                             "block_size of at least 2")  # fmt: skip
-
-    def step(self, state: DecodeState, tokens: Tensor) -> Tensor:
-        """Feed ``tokens`` (B,) (or (B, T)) -> log-probabilities of the next token (B, V)."""
-        tokens = tokens.reshape(tokens.size(0), -1)  # (B, T)
-        n = state.n + tokens.size(1)
-        if n > state.ids.size(1):
-            raise ValueError(f"fed {n} tokens; start() made room for {state.ids.size(1)}")
-        state.ids[:, state.n : n] = tokens
-        new = state.ids[:, state.fed : n]  # (B, T') everything not yet through the model
-        state.n = state.fed = n
-        block, run = self.config.block_size, state.run
-        if state.window == "ring":
-            logits = self._feed_ring(state, new)
-        else:
-            start = window_start(n, block, state.window)
-            window = state.ids[:, start:n]  # (B, <= block) the context of the next token
-            if state.cache is None or (n > block and state.window == "slide"):
-                logits = run(window, None)  # recompute the window
-            elif start != state.start:  # shift: the window moved on; prefill it again
-                for layer in state.cache:
-                    layer.clear()
-                logits = run(window, state.cache)
-            else:
-                logits = run(new, state.cache)
-            state.start = start
-        return torch.log_softmax(logits.float(), dim=-1)
-
-    def _feed_ring(self, state: DecodeState, new: Tensor) -> Tensor:
-        """Feed (B, T) through a ring cache: as one pass while it has room, then one position
-        at a time, moving every position down by half a block whenever the next one would
-        leave the rotary table. Returns the logits of the last position (B, V)."""
-        cache, block = state.cache, self.config.block_size
-        done = max(0, min(new.size(1), cache[0].max_len - cache[0].written))
-        logits = state.run(new[:, :done], cache) if done > 0 else None
-        for t in range(done, new.size(1)):
-            if cache[0].length == block:
-                shift = self.blocks[0].attn.rotary.shift
-                for layer in cache:
-                    layer.rebase(block // 2, shift)
-            logits = state.run(new[:, t : t + 1], cache)
-        return logits
-
-    @staticmethod
-    def reorder(state: DecodeState, index: Tensor) -> None:
-        """Keep rows ``index`` of the batch (beam search)."""
-        state.ids = state.ids.index_select(0, index)
-        for layer in state.cache or ():
-            layer.reorder(index)
-
     kind = "gpt"  # what predict, eval and the look-inside verbs call this model
 
     def describe(self) -> str:
@@ -293,165 +195,3 @@ class GPT(nn.Module):
         return F.cross_entropy(
             logits.reshape(-1, logits.size(-1)).float(), targets.reshape(-1), ignore_index=-1
         )
-
-
-def window_start(n: int, block: int, window: str) -> int:
-    """Where the context of the next token starts after ``n`` tokens: the last ``block`` tokens
-    (slide), or the first multiple of half a block that leaves at most ``block`` (shift)."""
-    over = max(0, n - block)
-    if window == "shift":
-        half = max(1, block // 2)
-        return -(-over // half) * half
-    return over
-
-
-@dataclasses.dataclass
-class DecodeState:
-    """A GPT's decoding state: ``ids[:, :n]`` is the prompt and every token fed since, of
-    which ``ids[:, :fed]`` went through the model. The cache (None without one) holds the keys
-    and values of ``ids[:, start:fed]`` (slide within the block, shift), or of the last
-    block_size positions (ring)."""
-
-    ids: Tensor  # (B, capacity)
-    n: int
-    fed: int
-    window: str
-    cache: list[KVCache] | None
-    run: Callable[[Tensor, list[KVCache] | None], Tensor]  # (ids, cache) -> last logits (B, V)
-    start: int = 0
-
-    @property
-    def path(self) -> str:
-        """What the steps run: "FastForward", or "forward" where FastForward steps aside."""
-        return "FastForward" if isinstance(self.run, FastForward) else "forward"
-
-
-# The module kinds FastForward restates (module types exactly: a subclass may change the math).
-MIRRORS = (nn.ModuleList, nn.Embedding, nn.Linear, nn.LayerNorm, nn.Dropout, nn.Identity, Hook,
-           Block, MultiHeadAttention, FeedForward, LearnedPositions, SinusoidalPositions, Rotary)  # fmt: skip
-
-
-class FastForward:
-    """``GPT.forward`` for decoding: the same math in eval mode, without the overhead that
-    outweighs the arithmetic when a step feeds one token (module calls, hook checks, module
-    attribute look-ups, three projections where one will do).
-
-    ``run(ids (B, T), cache)`` -> logits of the last position (B, V); ``cache`` as in
-    ``forward`` (None: no cache). Each layer runs, as a Block does:
-        pre-norm   x = x + Attn(LN1(x));  x = x + FFN(LN2(x))
-        post-norm  x = LN1(x + Attn(x));  x = LN2(x + FFN(x))
-    (an attention-only block, ``GPTConfig.mlp=False``, stops after the attention sublayer)
-    with Attn's query, key and value projections as one matrix [W_Q; W_K; W_V] (3C, C), made
-    once when decoding starts. Only the last position's logits are kept, so the last layer
-    computes keys and values for every position but its query, attention output and
-    feed-forward network for the last one alone (about a fifth of the arithmetic of a
-    whole-window pass of the baby model).
-
-    Why a second statement of the forward pass: ``forward`` is the one to read, record and
-    edit (about 60 module calls and 50 hook points per step of the baby model); decoding runs
-    it one position at a time, where that bookkeeping costs more than the arithmetic. A
-    one-token step of the baby model took 2.0-2.7x less CPU time here than through ``forward``
-    (1 thread, on a shared machine; the less with rotary positions), and sampling past the
-    block leans on it (benchmarks/sample_speed.py). What keeps the two from drifting apart:
-    - it shares what it can: the positional modules, rotary, the KV caches, the attention
-      kernel and the activation functions are the model's own;
-    - ``applies`` hands anything it does not restate back to ``forward``: a module of a kind
-      not listed in ``MIRRORS`` (a subclass, a new norm, cross-attention), a GPT whose
-      ``forward`` is overridden, training mode, hooks, reference attention;
-    - tests check it against ``forward`` to 1e-5 on random models drawn over every
-      ``GPTConfig`` field (and fail when a field is added that they do not draw);
-    - ``attnlab check`` runs a model's decoding through it against the full pass.
-    """
-
-    def __init__(self, model: GPT):
-        c = model.config
-        self.H, self.D, self.pre = c.n_head, c.d_model // c.n_head, c.norm_first
-        ln = lambda m: (m.normalized_shape, m.weight, m.bias, m.eps)  # noqa: E731
-        self.layers = []
-        for b in model.blocks:
-            a = b.attn
-            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()  # (3C, C)
-            bias = None
-            if a.q_proj.bias is not None:
-                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
-            f = b.mlp  # None in an attention-only block
-            ffn = f and (ln(b.ln2), f.fc1.weight, f.fc1.bias, f.act, f.fc2.weight, f.fc2.bias)
-            self.layers.append((ln(b.ln1), w, bias, a.rotary, a.out_proj.weight,
-                                a.out_proj.bias, ffn))  # fmt: skip
-        self.embed, self.pos = model.tok_embed.weight, model.pos_embed
-        self.ln_f = ln(model.ln_f) if c.norm_first else None
-        self.head = model.lm_head.weight
-        self.block_size = c.block_size
-
-    @staticmethod
-    def applies(model: GPT) -> bool:
-        """Only where it restates the model exactly and nothing would see the difference:
-        ``GPT.forward`` itself, every module of a kind in ``MIRRORS`` with its class's forward
-        (self-attention only), eval mode throughout, fused attention, no Hook recording or editing, no torch hooks."""
-        if type(model).forward is not GPT.forward:
-            return False
-        c = model.config
-        H, D, pre = c.n_head, c.d_model // c.n_head, c.norm_first
-        for m in model.modules():
-            if m is not model and (type(m) not in MIRRORS or "forward" in vars(m)):
-                return False  # a kind it does not restate, or a forward replaced on one module
-            if m.training or (isinstance(m, Hook) and m.active):
-                return False
-            if isinstance(m, Block) and (m.cross, m.causal, m.norm_first) != (None, True, pre):
-                return False
-            if isinstance(m, MultiHeadAttention) and (m.n_heads, m.d_k, m.d_v) != (H, D, D):
-                return False
-            if getattr(m, "use_fused", True) is False or m._forward_hooks or m._forward_pre_hooks:
-                return False
-        return not (nn.modules.module._global_forward_hooks
-                    or nn.modules.module._global_forward_pre_hooks)  # fmt: skip
-
-    def __call__(self, ids: Tensor, cache: list[KVCache] | None) -> Tensor:
-        if ids.numel() > 4 or ids.device.type != "cpu":
-            return self._run(ids, cache)
-        # On a few positions, oneDNN's set-up per call outweighs the work: torch's own GELU
-        # took 2.2 us on 512 floats where oneDNN took 10.2 us (the other ops take either path
-        # at the same speed). The switch is global, so it is restored at once.
-        onednn = torch.backends.mkldnn
-        was, onednn.enabled = onednn.enabled, False
-        try:
-            return self._run(ids, cache)
-        finally:
-            onednn.enabled = was
-
-    def _run(self, ids: Tensor, cache: list[KVCache] | None) -> Tensor:
-        B, T = ids.shape
-        offset = cache[0].length if cache else 0
-        if offset + T > self.block_size:
-            raise ValueError(
-                f"sequence of {offset + T} tokens exceeds block_size {self.block_size}"
-            )
-        H, D, last = self.H, self.D, len(self.layers) - 1
-        x = F.embedding(ids, self.embed)  # (B, T, C)
-        if self.pos is not None:
-            x = x + self.pos(T, offset)
-        for i, (ln1, w, bias, rotary, wo, bo, ffn) in enumerate(self.layers):
-            h = F.layer_norm(x, *ln1) if self.pre else x
-            qkv = F.linear(h, w, bias).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
-            if rotary is not None:  # queries and keys rotated together
-                q, k = rotary.forward(qkv[:2], offset).unbind(0)
-                v = qkv[2]
-            else:
-                q, k, v = qkv.unbind(0)
-            if cache:
-                k, v = cache[i].append(k, v)  # (B, H, S, D) every position held
-            if i == last and T > 1:  # only the last position's output is read from here on
-                q, x, T = q[:, :, -1:], x[:, -1:], 1
-            z = scaled_dot_product_attention(q, k, v, causal=True)  # (B, H, T, D)
-            a = F.linear(z.transpose(1, 2).reshape(B, T, H * D), wo, bo)  # (B, T, C)
-            x = x + a if self.pre else F.layer_norm(x + a, *ln1)
-            if ffn is not None:
-                ln2, w1, b1, act, w2, b2 = ffn
-                if self.pre:
-                    x = x + F.linear(act(F.linear(F.layer_norm(x, *ln2), w1, b1)), w2, b2)
-                else:
-                    x = F.layer_norm(x + F.linear(act(F.linear(x, w1, b1)), w2, b2), *ln2)
-        x = x[:, -1]  # (B, C)
-        if self.ln_f is not None:
-            x = F.layer_norm(x, *self.ln_f)
-        return F.linear(x, self.head)  # (B, V)

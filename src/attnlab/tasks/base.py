@@ -30,8 +30,8 @@ from torch import Tensor, nn
 
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.evaluation import Evaluation
-from attnlab.training.config import TrainConfig
-from attnlab.training.metrics import Metric
+from attnlab.metrics import Metric
+from attnlab.train_config import TrainConfig
 
 # task name -> "module:Class"
 TASKS: dict[str, str] = {

@@ -22,11 +22,11 @@ from attnlab import data
 from attnlab.config import ConfigError
 from attnlab.data import corpus as corpora
 from attnlab.data.batches import RandomBatches, pad_batch
+from attnlab.metrics import Metric
 from attnlab.models.encoder import Encoder
 from attnlab.tasks.base import EvalOptions, Task, predict_options, task_class
 from attnlab.tasks.mlm import EncoderOptions, check_fingerprint
 from attnlab.tokenizers import build_tokenizer, special_id
-from attnlab.training.metrics import Metric
 
 VAL_BATCH = 64
 

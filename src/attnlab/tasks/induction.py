@@ -13,7 +13,7 @@ figures the in-context loss: on sequences r r that repeat once (r of block_size 
         ``loss_first_half`` (predicting r, which nothing gives away) and ``loss_repeated_half``
         (predicting r again, which an induction head copies from the first half)
 
-Why these defaults (measured with plain PyTorch, then through this task; see the README):
+Why these defaults (measured with plain PyTorch, then through this task; see docs/interpretability.md):
 with learned absolute positions the model takes a positional shortcut (a fixed period of 32:
 the repeated half reaches 0 with no previous-token head); periods drawn per sequence and rotary
 positions make the two-head circuit the way to win: a previous-token head in layer 0, and an
@@ -48,12 +48,12 @@ import torch
 from attnlab.config import ConfigError
 from attnlab.data import DataError
 from attnlab.data.batches import RandomBatches
-from attnlab.inspect import heads as head_tools
+from attnlab.metrics import Metric, half_losses
 from attnlab.models.gpt import GPTConfig
+from attnlab.modes import evaluating
 from attnlab.tasks.lm import LanguageModel, LMOptions
 from attnlab.tokenizers import CharTokenizer
-from attnlab.training.metrics import Metric
-from attnlab.training.snapshots import default_interval
+from attnlab.train_config import default_snapshot_interval
 
 SYMBOLS = string.digits + string.ascii_lowercase + string.ascii_uppercase + string.punctuation
 REPEAT = "repeat"
@@ -150,7 +150,7 @@ class Induction(LanguageModel):
     def defaults_for(cls, given: dict) -> dict:
         d = dict(cls.train_defaults)
         steps = given.get("max_iters") if isinstance(given, dict) else None
-        d["snapshot_every"] = default_interval(steps or d["max_iters"])
+        d["snapshot_every"] = default_snapshot_interval(steps or d["max_iters"])
         return d
 
     @classmethod
@@ -236,12 +236,8 @@ class Induction(LanguageModel):
         does, through ``evaluate``)."""
         device = next(model.parameters()).device
         x = self.eval_sequences(n).to(device)
-        was = model.training
-        model.eval()
-        try:
-            first, repeated = head_tools.half_losses(model(x), x)
-        finally:
-            model.train(was)
+        with evaluating(model):
+            first, repeated = half_losses(model(x), x)
         return {"loss_first_half": first, "loss_repeated_half": repeated,
                 "ln_vocab": math.log(model.config.vocab_size), "sequences": n,
                 "half": x.size(1) // 2}  # fmt: skip

@@ -27,10 +27,10 @@ from attnlab import data
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import beating
 from attnlab.heartbeat import count as count_done
+from attnlab.metrics import Metric
 from attnlab.models.gpt import GPT, PRESETS, GPTConfig
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import Tokenizer, build_tokenizer
-from attnlab.training.metrics import Metric
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
 

@@ -24,6 +24,7 @@ from attnlab import data
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.data import corpus as corpora
 from attnlab.data.batches import RandomBatches
+from attnlab.metrics import Metric
 from attnlab.models.encoder import (
     ENCODER_PRESETS,
     IGNORE_INDEX,
@@ -33,7 +34,6 @@ from attnlab.models.encoder import (
 )
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import ENCODER_SPECIALS, TokenizerError, build_tokenizer, special_id
-from attnlab.training.metrics import Metric
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
 

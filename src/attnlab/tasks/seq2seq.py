@@ -34,8 +34,10 @@ from attnlab.data.tasks import (
 )
 from attnlab.generation import beam_search, greedy, pad_ids
 from attnlab.heartbeat import count as count_done
+from attnlab.metrics import Metric
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import (
     EOS,
@@ -45,7 +47,6 @@ from attnlab.tokenizers import (
     TokenizerError,
     build_tokenizer,
 )
-from attnlab.training.metrics import Metric
 
 ARCHS = ("transformer", "lstm-attention", "lstm")
 MAX_VAL = 1000  # held-out pairs decoded at each evaluation
@@ -128,30 +129,28 @@ def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[st
     """Exact match of the decoded outputs (greedy, or beam search if beam > 1), teacher-forced
     token accuracy (argmax of every target position given the true prefix, <eos> included),
     the mean cross-entropy ``loss``, over ``pairs``, and the decoded ``outputs`` (text)."""
-    was = model.training
-    model.eval()
     device = next(model.parameters()).device
     encoded = encode_pairs(tokenizer, pairs)
     exact = correct = total = 0
     loss_sum = 0.0
     decoded: list[str] = []
-    for i in range(0, len(encoded), batch_size):
-        chunk = encoded[i : i + batch_size]
-        src, tgt_in, tgt_out = (t.to(device) for t in collate(chunk))
-        logits = model(src, tgt_in)  # (B, T, V)
-        keep = tgt_out != PAD
-        correct += int(((logits.argmax(-1) == tgt_out) & keep).sum())
-        total += int(keep.sum())
-        loss_sum += float(F.cross_entropy(logits[keep].float(), tgt_out[keep], reduction="sum"))
-        if beam == 1:
-            outs = greedy(model, src)
-        else:
-            outs = [beam_search(model, pad_ids([s], device=device), beam, alpha)[0].tokens
-                    for s, _ in chunk]  # fmt: skip
-        exact += sum(o == t[: t.index(EOS)] for o, (_, t) in zip(outs, chunk))
-        decoded += [tokenizer.decode_target(o) for o in outs]
-        count_done(len(decoded), len(encoded), "pairs")  # a Heartbeat around this shows it
-    model.train(was)
+    with evaluating(model):
+        for i in range(0, len(encoded), batch_size):
+            chunk = encoded[i : i + batch_size]
+            src, tgt_in, tgt_out = (t.to(device) for t in collate(chunk))
+            logits = model(src, tgt_in)  # (B, T, V)
+            keep = tgt_out != PAD
+            correct += int(((logits.argmax(-1) == tgt_out) & keep).sum())
+            total += int(keep.sum())
+            loss_sum += float(F.cross_entropy(logits[keep].float(), tgt_out[keep], reduction="sum"))
+            if beam == 1:
+                outs = greedy(model, src)
+            else:
+                outs = [beam_search(model, pad_ids([s], device=device), beam, alpha)[0].tokens
+                        for s, _ in chunk]  # fmt: skip
+            exact += sum(o == t[: t.index(EOS)] for o, (_, t) in zip(outs, chunk))
+            decoded += [tokenizer.decode_target(o) for o in outs]
+            count_done(len(decoded), len(encoded), "pairs")  # a Heartbeat around this shows it
     n, tokens = max(len(encoded), 1), max(total, 1)
     return {"exact": exact / n, "token_acc": correct / tokens, "loss": loss_sum / tokens,
             "n": len(encoded), "outputs": decoded}  # fmt: skip

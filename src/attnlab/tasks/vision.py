@@ -20,9 +20,10 @@ import torch.nn.functional as F
 
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.data import images as im
+from attnlab.metrics import Metric
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, Task, predict_options
-from attnlab.training.metrics import Metric
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "patch_size", "dropout")
 
@@ -172,11 +173,8 @@ class ImageClassifier(Task):
 
     def finish(self, model):
         """Accuracy on the test split, which training never saw."""
-        was = model.training
-        model.eval()
-        with torch.no_grad():
+        with evaluating(model), torch.no_grad():
             right, n = self.accuracy(model, self.test_idx)
-        model.train(was)
         return {"test_accuracy": right / n, "test_correct": right}
 
     def summary(self, result, final):

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.checkpoint import RunError
-from attnlab.training.config import TrainConfig
+from attnlab.train_config import TrainConfig
 
 
 def lr_at(step: int, c: TrainConfig) -> float:

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 
 from attnlab.heartbeat import Heartbeat, stamped
-from attnlab.training.metrics import Metric
+from attnlab.metrics import Metric
 
 
 def eval_line(row: dict, metrics: tuple[Metric, ...]) -> str:

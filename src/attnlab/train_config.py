@@ -6,7 +6,11 @@ up, evaluated and decayed in proportion (a 40-step run is not all warmup):
     eval_interval   = min(250, max(1, max_iters // 8))      (about 8 evaluations per run)
     lr_decay_iters  = max_iters
 They are fixed when the config is made, so ``--resume`` with more ``--max-iters`` keeps the
-schedule the run started with.
+schedule the run started with. A task that takes snapshots by default (induction) sets
+``snapshot_every = default_snapshot_interval(max_iters)``: about 40 per run.
+
+It sits below the tasks (a task states its default settings as a TrainConfig's fields) and
+the Trainer, which both read it; it imports only ``attnlab.config``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,14 @@ def default_warmup(max_iters: int) -> int:
 
 def default_eval_interval(max_iters: int) -> int:
     return min(250, max(1, max_iters // 8))
+
+
+DEFAULT_SNAPSHOTS = 40  # a task that snapshots by default does so about this often per run
+
+
+def default_snapshot_interval(max_iters: int) -> int:
+    """Steps between snapshots when a task takes them by default: about 40 per run."""
+    return max(1, max_iters // DEFAULT_SNAPSHOTS)
 
 
 @dataclasses.dataclass

@@ -1,5 +1,5 @@
 """A ViT's image in the pictures: its patches as thumbnails beside the attention matrix (the
-image under [CLS]'s attention is ``attnlab.inspect.plots.overlay``), and as a PNG ``data:`` URI
+image under [CLS]'s attention is ``attnlab.render.plots.overlay``), and as a PNG ``data:`` URI
 for the explorer page.
 
 A ViT's tokens are [CLS] then the patches row by row from the top left: token n >= 1 is the

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab.inspect.display import show_token
-from attnlab.inspect.recording import InspectError
+from attnlab.errors import AttnlabError
+from attnlab.render.display import show_token
 
 MAX_LABELS = 64  # past this many tokens a side, ticks show positions instead of tokens
 
@@ -188,14 +188,14 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` as a PNG atomically (never a half-written file) and close it."""
     import matplotlib.pyplot as plt
 
-    from attnlab.checkpoint import atomic_write
+    from attnlab.files import atomic_write
 
     path = Path(path)
     try:
         if path.suffix.lower() != ".png":
-            raise InspectError(f"{path}: figures are written as PNG; name the file *.png")
+            raise AttnlabError(f"{path}: figures are written as PNG; name the file *.png")
         if not path.parent.is_dir():
-            raise InspectError(f"{path.parent}: no such directory")
+            raise AttnlabError(f"{path.parent}: no such directory")
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight"))
     finally:
         plt.close(fig)
