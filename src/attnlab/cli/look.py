@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from attnlab.cli import UsageError, int_at_least, output_file
+from attnlab.cli.limits import check_forward_memory, config_field
 
 
 def _load(args):
@@ -166,6 +167,9 @@ def cmd_check(args) -> int:
     from attnlab.inspect.check import check
 
     model = _load(args).model
+    longest = config_field(model.config, "block_size", "max_len") or args.length
+    check_forward_memory(model.config, next(model.parameters()).device, args.batch,
+                         min(args.length, longest), "--batch", record=True)  # fmt: skip
     report = check(model, length=args.length, batch=args.batch, seed=args.seed)
     _print(report, args.json)
     return 0 if report.ok else 1
