@@ -25,8 +25,9 @@ from intervene_helpers import perturb, rnn_run, seq2seq_run, vit_run
 from look_helpers import make_run
 
 WIDTHS = (60, 80, 120)
-LONG_WORDS = ("internationalisation counterrevolutionaries incomprehensibilities "
-              "the bank of the river is green and deep water went by us").split()  # fmt: skip
+LONG_WORDS = ["internationalisation", "counterrevolutionaries", "incomprehensibilities", "the",
+              "bank", "of", "the", "river", "is", "green", "and", "deep", "water", "went", "by",
+              "us"]  # fmt: skip
 
 
 def _word_text(n: int) -> str:
@@ -140,21 +141,20 @@ def assert_rows(out: str, labels: list[str], what: str) -> None:
 
 # the verbs, as (name, arguments after RUN) for a text; the kinds each applies to
 def commands(kind: str, text: str) -> list[tuple[str, list]]:
-    cmds = [
+    lstm = kind == "lstm-attention"
+    head = ["--layer", 0, "--head", 0] if lstm else ["--layer", 1, "--head", 1]
+    return [
         ("trace", ["trace", text]),
-        ("attention", ["attention", text, "--layer", 0 if kind == "lstm-attention" else 1,
-                       "--head", 0 if kind == "lstm-attention" else 1]),  # fmt: skip
+        ("attention", ["attention", text, *head]),
         ("attention --start", ["attention", text, "--start", 3]),
         ("similarity", ["similarity", text]),
         ("influence", ["influence", text]),
         ("lens", ["lens", text]),
         ("attribute rollout", ["attribute", text, "--method", "rollout"]),
-        ("attribute grad", ["attribute", text, "--method", "grad"]),
-        ("ablate", ["ablate", text, "--head", "0.0"] if kind != "lstm-attention"
-         else ["ablate", text, "--context"]),  # fmt: skip
+        ("attribute flow", ["attribute", text, "--method", "flow"]),
+        ("ablate", ["ablate", text, *(["--context"] if lstm else ["--head", "0.0"])]),
         ("predict", ["predict", text]),
     ]
-    return cmds
 
 
 MUST = {  # what has to print a table on each kind (the rest may refuse, in one line)
@@ -185,10 +185,11 @@ def test_every_table_fits_at_60_80_and_120_columns(kind, runs, capsys, monkeypat
                     assert "…" not in out, (what, out)
                     continue
                 assert_fits(out, width, what)
-                if name in ("attention", "similarity") or (name == "trace" and "Q K^T" in out):
-                    if kind not in ("seq2seq", "lstm-attention") or name == "attention":
-                        # trace prints the first 32 queries of each matrix (--json has all)
-                        assert_rows(out, queries[:32] if name == "trace" else queries, what)
+                matrix = name in ("attention", "similarity") or (name == "trace" and "Q K^T" in out)
+                # an encoder-decoder's trace and similarity also show the decoder's tokens
+                if matrix and (kind not in ("seq2seq", "lstm-attention") or name == "attention"):
+                    # trace prints the first 32 queries of each matrix (--json has all)
+                    assert_rows(out, queries[:32] if name == "trace" else queries, what)
     for name, kinds in MUST.items():
         assert kind not in kinds or name in printed, f"{name} printed nothing on {kind}"
 

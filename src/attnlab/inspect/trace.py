@@ -33,6 +33,7 @@ from attnlab.attention import causal_mask
 from attnlab.inspect.recording import InspectError, Recording, record
 from attnlab.render.display import (
     TERMINAL_TOKENS,
+    Preview,
     Result,
     heatmap_html,
     matrix_table,
@@ -123,9 +124,7 @@ class Trace(Result):
                                           limit=TERMINAL_TOKENS, start=self.start, max_lines=48, row_name="queries",
                                           col_name="keys", more=TRACE_MORE))  # fmt: skip
             elif s.value is not None:
-                parts.append(
-                    Text("\n".join("    " + line for line in preview_text(s.value).splitlines()))
-                )
+                parts.append(Preview(s.value))
             parts.append(Text(""))
         return Group(*parts)
 

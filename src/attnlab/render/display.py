@@ -223,6 +223,22 @@ def preview(x, rows: int = 4, cols: int = 6, digits: int = 3) -> list:
     return rounded(a[:rows, :cols], digits)
 
 
+class Preview:
+    """``preview_text`` of ``x`` indented by ``indent``, with as many of its first 6 columns as
+    fit the width it is printed at (a row never wraps)."""
+
+    def __init__(self, x, indent: int = 4):
+        self.x, self.indent = x, indent
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        cols = max(1, min(6, (options.max_width - self.indent - 6) // 9))
+        pad = " " * self.indent
+        lines = preview_text(self.x, cols=cols).splitlines()
+        yield Text("\n".join(pad + line for line in lines))
+
+
 def preview_text(x, rows: int = 4, cols: int = 6) -> str:
     a = np.asarray(x, dtype=np.float64)
     if a.ndim == 0:
