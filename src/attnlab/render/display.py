@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 
+from attnlab.render.tables import Matrix
+
 TERMINAL_TOKENS = 32  # rows of each of trace's matrices (its columns page to the width)
 PIPE_WIDTH = 100  # the width tables are laid out for when stdout is not a terminal
 
@@ -154,10 +156,10 @@ def matrix_table(
     columns from ``start``; the first ``limit`` rows, all if None). ``more`` is how the verb shows what does
     not fit (``{next}``: the first column left out); ``col_tokens=False`` prints the column
     labels as they are (not as tokens)."""
-    from attnlab.render.tables import Matrix
-
+    rows = [show_token(str(r)) for r in rows]
+    cols = [show_token(str(c)) if col_tokens else str(c) for c in cols]
     return Matrix(m, rows, cols, title, digits=digits, heat=heat, sign=sign, start=start,
-                  col_tokens=col_tokens, max_rows=limit, max_lines=max_lines, more=more,
+                  max_rows=limit, max_lines=max_lines, more=more,
                   row_name=row_name, col_name=col_name)  # fmt: skip
 
 

@@ -219,8 +219,8 @@ def number(v: float, digits: int, compact: bool = False, sign: bool = False) -> 
 class Matrix:
     """A labelled matrix ``m`` (R, C) laid out for the width it is printed at.
 
-    Rows are labelled by ``rows`` (tokens, made visible), columns by ``cols`` (tokens, or words
-    such as ``layer 0`` with ``col_tokens=False``). The columns from ``start`` are printed in
+    Rows are labelled by ``rows``, columns by ``cols``, as they are to be printed (tokens
+    already made visible: ``display.matrix_table`` does that). The columns from ``start`` are printed in
     pages under the row labels (the first ``max_rows`` rows; all if None), at most
     ``max_lines`` rows of pages in all. If anything is left out, one line names it
     (``row_name``/``col_name``: "queries", "keys") and how to see it: ``more``, with ``{next}``
@@ -236,18 +236,14 @@ class Matrix:
         heat: bool = True,
         start: int = 0,
         sign: bool = False,
-        col_tokens: bool = True,
         max_rows: int | None = None,
         max_lines: int = 96,
         more: str = "--json has every value",
         row_name: str = "rows",
         col_name: str = "columns",
     ):
-        from attnlab.render.display import show_token
-
         self.m = np.asarray(m, dtype=np.float64)
-        self.rows = [show_token(str(r)) for r in rows]
-        self.cols = [show_token(str(c)) if col_tokens else str(c) for c in cols]
+        self.rows, self.cols = [str(r) for r in rows], [str(c) for c in cols]
         self.title, self.digits, self.heat, self.sign = title, digits, heat, sign
         self.start, self.max_rows, self.max_lines = start, max_rows, max_lines
         self.more, self.row_name, self.col_name = more, row_name, col_name
