@@ -322,3 +322,24 @@ def test_not_a_terminal_is_100_columns_unless_columns_says(monkeypatch):
     assert console(io.StringIO()).width == 100
     monkeypatch.setenv("COLUMNS", "72")
     assert console(io.StringIO()).width == 72
+
+
+@pytest.mark.parametrize("n", [3, 12])
+def test_evals_confusion_matrix_fits(n):
+    from attnlab.evaluation import Evaluation, Figure
+    from attnlab.metrics import classification_report
+
+    rng = np.random.default_rng(n)
+    classes = [f"class{i}" if i % 3 else f"a_long_class_name_{i}" for i in range(n)]
+    confusion = rng.integers(0, 1500, size=(n, n))
+    report = classification_report(confusion, classes)
+    ev = Evaluation("classify", "a test file", [Figure("accuracy", "accuracy", 0.5, "%")], report)
+    for width in WIDTHS:
+        out = _render(ev, width)
+        assert_fits(out, width, f"eval of {n} classes at {width}")
+        assert "confusion matrix (row = true class, column = predicted)" in out
+        assert_rows(out, classes, f"eval of {n} classes at {width}")
+        counts = [int(x) for line in out.splitlines() for x in line.split()[1:]
+                  if line.split()[:1] and line.split()[0] in classes
+                  and all(y.isdigit() for y in line.split()[1:])]  # fmt: skip
+        assert sorted(counts) == sorted(confusion.ravel().tolist())  # every count, once
