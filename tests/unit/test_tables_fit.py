@@ -343,3 +343,21 @@ def test_evals_confusion_matrix_fits(n):
                   if line.split()[:1] and line.split()[0] in classes
                   and all(y.isdigit() for y in line.split()[1:])]  # fmt: skip
         assert sorted(counts) == sorted(confusion.ravel().tolist())  # every count, once
+
+
+def test_timelines_table_fits():
+    from attnlab.inspect.timeline import FIGURE_SCORES, Timeline
+
+    steps = [0, 500, 1000, 150000]
+    heads = [{"name": f"decoder layer {i // 4}.{i % 4}", "layer": i // 4, "head": i % 4, "map": "m",
+              "scores": {s: [0.1, 0.2, 0.5, 0.9 - i / 100] for s in FIGURE_SCORES},
+              "fastest_rise": {s: {"step": 150000, "from": 0.1, "to": 0.9}
+                               for s in FIGURE_SCORES}}
+             for i in range(12)]  # fmt: skip
+    tl = Timeline("runs/a-long-run-name", steps, 500, heads, {}, [], [])
+    for width in WIDTHS:
+        out = _render(tl, width)
+        assert_fits(out, width, f"timeline at {width}")
+        for h in heads:
+            assert out.count(h["name"]) >= 1
+        assert out.count("150000") >= 12 * len(FIGURE_SCORES)  # every "rose at" cell, whole
