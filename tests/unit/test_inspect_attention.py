@@ -77,7 +77,8 @@ def test_long_input_table_pages_its_keys_and_says_how_to_see_the_rest():
     assert f"--start {n} shows the keys from {n}" in last
     assert sum(line.startswith("I ") for line in out.splitlines()) >= 1  # every query row
     shifted = str(attention(model.record_text(tok, text), start=10)).splitlines()
-    assert shifted[1].split()[0] == show_token(text[10])  # the first key shown is token 10
+    assert shifted[1].startswith("keys 10..")  # each page says which keys it holds
+    assert shifted[2].split()[0] == show_token(text[10])  # the first key shown is token 10
     assert shifted[-1].startswith("keys 10..") and shifted[-1].endswith("all of them")
 
 

@@ -286,7 +286,8 @@ def test_a_matrix_past_its_budget_names_the_option_that_shows_the_rest():
     k = int(last.split("keys 0..")[1].split()[0])
     assert k < 39 and f"--start {k + 1} shows more" in last
     shifted = _render(matrix_table(m, labels, labels, start=k + 1), 80)
-    assert shifted.splitlines()[0].split()[0] == f"t{k + 1}"  # the first key column shown
+    assert shifted.splitlines()[0] == f"columns {k + 1}..39"  # the page says where it starts
+    assert shifted.splitlines()[1].split()[0] == f"t{k + 1}"  # the first key column shown
     rows = _render(matrix_table(m[:, :3], labels, labels[:3], limit=32, row_name="queries"), 80)
     assert rows.strip().splitlines()[-1] == (
         "columns 0..2 of 3, queries 0..31 of 40 shown; --json has every value"

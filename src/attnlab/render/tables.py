@@ -18,7 +18,8 @@ The rules, the same for both:
   column, and folds over two lines only where that puts more columns on a page.
 - Free text (a check's detail, a list of sources) wraps inside its column.
 - Columns that do not fit side by side page: each page is a block of columns under the same
-  row labels, printed one under the other. A matrix prints at most ``max_lines`` rows of
+  row labels, printed one under the other (a matrix's pages each say which columns they hold:
+  ``keys 15..19``). A matrix prints at most ``max_lines`` rows of
   pages (and ``max_rows`` rows) from column ``start``; if it stops before the end, one line
   says which rows and columns were shown and names the verb's option that shows the rest.
 
@@ -301,9 +302,12 @@ class Matrix:
         shown = pages[:n_pages]
         if self.title:
             yield Text(self.title, style="italic")
+        paged = len(pages) > 1 or c0 > 0
         for n, page in enumerate(shown):
             if n:
                 yield Text("")
+            if paged:  # which columns this page holds: tokens repeat, positions do not
+                yield Text(f"{self.col_name} {c0 + page[0]}..{c0 + page[-1]}", style="dim")
             show = [0] + [1 + j for j in page]
             yield _page_table(header, body, columns, widths, show, MATRIX_GAP)
         last = c0 + shown[-1][-1] if shown and shown[-1] else c0
