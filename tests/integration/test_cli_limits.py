@@ -5,8 +5,8 @@ machine is refused before anything is built or printed, naming its estimate.
 
 The options are found by walking the parsers (attnlab.cli.limits.numeric_options), so an option
 added later is tested too. Each call is a real process (``forked_cli``). Which values each
-option accepts on purpose (--seed 0, --position -1, ...) is the unit test's (tests/unit/
-tests/unit/test_limits.py), which also tries every value on every option in-process.
+option accepts on purpose (--seed 0, --position -1, ...) is the unit test's
+(tests/unit/test_limits.py), which also tries every value on every option in-process.
 """
 
 from __future__ import annotations

@@ -92,7 +92,9 @@ def eval_(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"about": run.about, **ev.to_dict()}, ensure_ascii=False))
     else:
-        print(str(ev))
+        from attnlab.render.display import console
+
+        console().print(ev)
     if png is not None:
         print(f"wrote confusion matrix {png}", file=sys.stderr)
     return 0

@@ -32,6 +32,8 @@ import torch
 from attnlab.attention import causal_mask
 from attnlab.inspect.recording import InspectError, Recording, record
 from attnlab.render.display import (
+    TERMINAL_TOKENS,
+    Preview,
     Result,
     heatmap_html,
     matrix_table,
@@ -41,6 +43,7 @@ from attnlab.render.display import (
     show_token,
 )
 
+TRACE_MORE = "--start {next} shows the keys from {next}; --json has every value"
 FULL_VALUES = 16384  # steps with at most this many numbers carry all of them in --json
 
 
@@ -90,6 +93,7 @@ class Trace(Result):
     head: int
     steps: list[Step]
     about: dict = field(default_factory=dict)
+    start: int = 0  # first key column of the token x token tables in the terminal
 
     def step(self, name: str) -> Step:
         for s in self.steps:
@@ -116,11 +120,11 @@ class Trace(Result):
             if s.lines:
                 parts.append(Text("\n".join("    " + line for line in s.lines)))
             elif s.rows is not None and s.value is not None and s.value.ndim == 2:
-                parts.append(matrix_table(s.value, s.rows, s.cols or s.rows, limit=12, heat=False))
+                parts.append(matrix_table(s.value, s.rows, s.cols or s.rows, heat=False,
+                                          limit=TERMINAL_TOKENS, start=self.start, max_lines=48, row_name="queries",
+                                          col_name="keys", more=TRACE_MORE))  # fmt: skip
             elif s.value is not None:
-                parts.append(
-                    Text("\n".join("    " + line for line in preview_text(s.value).splitlines()))
-                )
+                parts.append(Preview(s.value))
             parts.append(Text(""))
         return Group(*parts)
 
