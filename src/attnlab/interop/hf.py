@@ -27,7 +27,6 @@ from attnlab import __version__ as ATTNLAB_VERSION
 from attnlab.checkpoint import (
     PICKLE_SUFFIXES,
     RunError,
-    load_run,
     load_tensors,
     read_json_object,
     save_model,
@@ -339,13 +338,7 @@ def _is_attnlab_run(d: Path) -> bool:
 def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads (see
     ``export_hf``, which also writes encoder runs)."""
-    model, tokenizer = load_run(run_dir)
-    if not isinstance(model, GPT):
-        raise RunError(
-            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
-            f"holds a model of type {model.model_type!r}"
-        )
-    return export_hf(run_dir, out_dir)
+    return export_hf(run_dir, out_dir, only="gpt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -555,36 +548,14 @@ def _json_or_empty(path: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def _load_t5(hf_dir: str | Path, hf: dict | None = None):
-    from attnlab.interop.t5 import load_t5  # t5.py builds on this module's key maps
-
-    return load_t5(hf_dir, hf)
-
-
-def _load_vit(hf_dir: str | Path, hf: dict | None = None):
-    from attnlab.interop.vit import load_vit
-
-    return load_vit(hf_dir, hf)
-
-
-def _t5_tokenizer(hf_dir: Path, hf: dict, model):
-    from attnlab.interop.t5 import read_t5_tokenizer
-
-    return read_t5_tokenizer(hf_dir, hf, model)
-
-
-def _vit_preprocessor(hf_dir: Path, hf: dict, model):
-    from attnlab.interop.vit import read_preprocessor
-
-    return read_preprocessor(hf_dir, hf, model)
-
-
-LOADERS = {"gpt2": load_gpt2, "bert": load_bert, "t5": _load_t5, "vit": _load_vit}
+# model_type -> loader (hf_dir, hf) -> model. A family in a module of its own (interop/t5.py,
+# interop/vit.py) adds itself here when attnlab.interop is imported.
+LOADERS = {"gpt2": load_gpt2, "bert": load_bert}
 # files a model_type cannot be imported without (its text or image reader)
-REQUIRED_FILES = {"t5": "tokenizer.json", "vit": "preprocessor_config.json"}
+REQUIRED_FILES: dict[str, str] = {}
 # model_type -> reader of its "tokenizer" (hf_dir, hf, model) -> (tokenizer, source); the rest
 # read tokenizer.json / vocab files (load_hf_tokenizer)
-TOKENIZER_READERS = {"t5": _t5_tokenizer, "vit": _vit_preprocessor}
+TOKENIZER_READERS: dict = {}
 
 
 def load_hf(hf_dir: str | Path):
@@ -821,29 +792,42 @@ def bert_state_dict(model: Encoder) -> dict[str, Tensor]:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
+# How each attnlab model type is written as a Hugging Face architecture (the explicit key
+# maps above): run -> (HF config.json, tensors, the tokenizer's max length). A format of this
+# module, not a declaration of the models, which know nothing of Hugging Face.
+EXPORTS = {
+    "gpt": lambda run: (gpt2_hf_config(run.model.config, run.tokenizer),
+                        gpt2_state_dict(run.model), run.model.config.block_size),
+    "encoder": lambda run: (bert_hf_config(run.model.config, run.config.get("labels")),
+                            bert_state_dict(run.model), run.model.config.block_size),
+}  # fmt: skip
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None) -> Path:
     """Write a GPT run as GPT-2 (``GPT2LMHeadModel``) and an encoder run as BERT
     (``BertForMaskedLM``, ``BertForSequenceClassification`` or ``BertModel``), with a tokenizer
     ``AutoTokenizer.from_pretrained`` loads (``tokenizer_files``), in a directory transformers
     opens with ``from_pretrained``. A char or word tokenizer is also kept as attnlab's own
     (attnlab_tokenizer.json), so ``import-hf`` brings the run back exactly."""
-    from attnlab.checkpoint import read_run_config
+    from attnlab.run import load_run
     from attnlab.tokenizers import PairTokenizer
 
-    model, tokenizer = load_run(run_dir)
-    if isinstance(model, GPT):
-        hf, tensors = gpt2_hf_config(model.config, tokenizer), gpt2_state_dict(model)
-        max_length = model.config.block_size
-    elif isinstance(model, Encoder):
-        labels = read_run_config(run_dir).get("labels")
-        hf, tensors = bert_hf_config(model.config, labels), bert_state_dict(model)
-        max_length = model.config.block_size
-    else:
+    run = load_run(run_dir)
+    model, tokenizer = run
+    # kind branch 2 of 3: a Hugging Face architecture is this module's format, chosen by the
+    # model_type config.json names (EXPORTS); the models declare nothing about Hugging Face
+    if only is not None and model.model_type != only:  # export_gpt2: GPT-2 directories only
+        raise RunError(
+            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
+            f"holds a model of type {model.model_type!r}"
+        )
+    if model.model_type not in EXPORTS:
         raise RunError(
             f"{run_dir}: export-hf writes GPT runs (as GPT-2) and encoder runs (as BERT); this "
             f"run holds a model of type {model.model_type!r}, which attnlab cannot write as a "
             "Hugging Face architecture"
         )
+    hf, tensors, max_length = EXPORTS[model.model_type](run)
     if tokenizer is not None and (
         isinstance(tokenizer, PairTokenizer) or not hasattr(tokenizer, "encode")
     ):

@@ -23,7 +23,14 @@ from torch import Tensor
 
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
-from attnlab.interop.hf import KeyMap, apply_key_map, read_hf_config, read_hf_weights
+from attnlab.interop import hf
+from attnlab.interop.hf import (
+    KeyMap,
+    apply_key_map,
+    load_hf_tokenizer,
+    read_hf_config,
+    read_hf_weights,
+)
 from attnlab.models.t5 import T5, T5Config
 from attnlab.tokenizers import HFTokenizer, SharedPairTokenizer
 
@@ -145,10 +152,13 @@ def load_t5(hf_dir: str | Path, hf: dict | None = None) -> T5:
 def read_t5_tokenizer(hf_dir: str | Path, hf: dict, model: T5):
     """T5's tokenizer.json (SentencePiece-derived: Unigram, or BPE with byte fallback), with
     the model's <pad>, decoder start and end ids: a ``SharedPairTokenizer``."""
-    from attnlab.interop.hf import load_hf_tokenizer
-
     tok, source = load_hf_tokenizer(hf_dir, hf)
     if not isinstance(tok, HFTokenizer):
         raise RunError(f"{hf_dir}: T5 needs a Hugging Face tokenizer.json")
     c = model.config
     return SharedPairTokenizer(tok, c.pad_id, c.decoder_start_id, c.eos_id), source
+
+
+hf.LOADERS["t5"] = load_t5
+hf.REQUIRED_FILES["t5"] = "tokenizer.json"
+hf.TOKENIZER_READERS["t5"] = read_t5_tokenizer

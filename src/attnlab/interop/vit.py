@@ -25,13 +25,14 @@ from torch import Tensor
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.data.images import ImageTokenizer, Preprocess
+from attnlab.interop import hf
 from attnlab.interop.hf import (
     HF_ACTIVATIONS,
     KeyMap,
-    _json_or_empty,
     apply_key_map,
     read_hf_config,
     read_hf_weights,
+    read_json_object,
 )
 from attnlab.models.vit import ViT, ViTConfig
 
@@ -118,9 +119,7 @@ def load_vit(hf_dir: str | Path, hf: dict | None = None) -> ViT:
 def read_preprocessor(hf_dir: str | Path, hf: dict, model: ViT) -> tuple[ImageTokenizer, str]:
     """The run's image reader from preprocessor_config.json, and that file's name."""
     name = "preprocessor_config.json"
-    pre = _json_or_empty(Path(hf_dir) / name)
-    if not pre:
-        raise RunError(f"{hf_dir}: {name} is not a JSON object")
+    pre = read_json_object(Path(hf_dir) / name)  # one line naming the file if it is not JSON
     c = model.config
     if pre.get("do_center_crop"):
         raise RunError(f"{name}: do_center_crop is not supported")
@@ -151,3 +150,8 @@ def read_preprocessor(hf_dir: str | Path, hf: dict, model: ViT) -> tuple[ImageTo
     tok = ImageTokenizer("", classes, c.image_size, c.channels, seed=0, val_fraction=0.0,
                          preprocess=preprocess)  # fmt: skip
     return tok, name
+
+
+hf.LOADERS["vit"] = load_vit
+hf.REQUIRED_FILES["vit"] = "preprocessor_config.json"
+hf.TOKENIZER_READERS["vit"] = read_preprocessor

@@ -40,6 +40,7 @@ from attnlab.attention import KVCache, StaticKV, padding_mask
 from attnlab.blocks import ACTIVATIONS, Block
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
+from attnlab.models.declare import InputError, Unembed, register, text_token_id
 from attnlab.models.seq2seq import DecoderCache, Seq2SeqTransformer
 from attnlab.norms import RMSNorm
 from attnlab.positional import RelativePositionBias
@@ -120,6 +121,7 @@ class _T5Stack(nn.Module):
         return self.hook_out(self.drop(self.ln_f(x)))
 
 
+@register
 class T5(Seq2SeqTransformer):
     """T5 encoder-decoder. ``forward(src, tgt)`` gives logits (B, T, vocab_size)."""
 
@@ -200,6 +202,42 @@ class T5(Seq2SeqTransformer):
         return self.config.eos_id
 
     never_emit: tuple[int, ...] = ()  # T5's greedy decoding may choose any id
+
+    # -- the declaration (attnlab.models.declare; the rest is Seq2SeqTransformer's) ------------
+
+    tokenizer_fields = (("vocab_size", "vocab_size", "tokenizer.json"),)  # one vocabulary
+    gradient_note = "baseline: zero source embeddings (T5 has no position vectors)"
+    examples = (dict(max_len=32, n_encoder_layers=2, n_decoder_layers=1, n_head=2, d_model=16,
+                     d_kv=8, d_ff=24, num_buckets=8, max_distance=16, dropout=0.0),
+                dict(max_len=32, n_encoder_layers=1, n_decoder_layers=2, n_head=2, d_model=16,
+                     d_kv=6, d_ff=24, num_buckets=8, max_distance=16, dropout=0.0, ffn="gated",
+                     activation="gelu_new", tie_weights=False, scale_output=False))  # fmt: skip
+    hook_points = {
+        "encoder.embed": "source token embeddings, the shared matrix, unscaled (B, S, C)",
+        "encoder.position_bias": "the encoder's relative position bias, every layer (1, H, S, S)",
+        "encoder.blocks.{i}.attn.weights": "source self-attention (B, H, S, S)",
+        "decoder.embed": "decoder input embeddings, the shared matrix (B, T, C)",
+        "decoder.position_bias": "the decoder's causal relative position bias (1, H, T, T)",
+        "decoder.blocks.{i}.attn.weights": "causal decoder self-attention (B, H, T, T)",
+        "decoder.blocks.{i}.cross.weights": "decoder queries over the source (B, H, T, S)",
+        "{stack}.blocks.{i}.resid_pre|resid_mid|resid_cross|resid_post": "residual stream",
+        "decoder.logits": "logits of each decoder step (B, T, V)",
+    }
+
+    def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        if (stack or "decoder") != "decoder":
+            raise InputError("only the decoder's residual stream reaches the logits")
+        return self.decoder.lm_head(self.decoder.ln_f(h) * self.output_scale)
+
+    def dla_readout(self) -> list:
+        return [Unembed(self.decoder.lm_head.weight * self.output_scale)]  # the tied scale folded
+
+    def gradient_baseline(self, x: Tensor) -> Tensor:
+        return x.new_zeros(x.shape)
+
+    def output_id(self, tokenizer, classes, token: str) -> int:
+        """T5's ids are its tokenizer's own (no reserved ids in front)."""
+        return text_token_id(getattr(tokenizer, "tok", tokenizer), token)
 
     def new_cache(self, batch: int, max_len: int | None = None) -> DecoderCache:
         c, p = self.config, next(self.parameters())
