@@ -6,7 +6,7 @@ the interventions, ``Run``, the checkpoint loader and the CLI read these declara
 ask which model they hold:
 
     what it is      kind (the project's one vocabulary: gpt, mlm, text-classifier, encoder,
-                    seq2seq-transformer, lstm-attention, lstm, vit), describe(), model_type and
+                    seq2seq-transformer, t5, lstm-attention, lstm, vit), describe(), model_type and
                     config_class (config.json), tokenizer_fields (what the tokenizer must match)
     its structure   stacks, output_stack, input_stack, memory_stack; head_groups(); points();
                     hook_points (name pattern -> meaning); residual (has a residual stream)
@@ -441,6 +441,14 @@ class EncoderDecoder(ModelKind):
     @classmethod
     def default_task(cls, config: dict) -> str | None:
         return "seq2seq"
+
+    @classmethod
+    def example_tokenizer(cls, text: str):
+        """A tokenizer of the characters of ``text`` for a test run of this kind: attnlab's
+        pair tokenizer (<pad>, <bos>, <eos> in front of each side's ids)."""
+        from attnlab.tokenizers import CharTokenizer, PairTokenizer
+
+        return PairTokenizer(CharTokenizer(text), CharTokenizer(text))
 
     def prepare(self, tokenizer, text: str, like: Prepared | None = None, decode=None) -> Prepared:
         """The source ids (1, S) and the decoder's input (1, T): <bos> + the greedy

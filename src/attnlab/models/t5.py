@@ -127,7 +127,7 @@ class T5(Seq2SeqTransformer):
 
     config_class = T5Config
     model_type = "t5"
-    kind = "seq2seq-transformer"
+    kind = "t5"  # an encoder-decoder of its own shape (relative bias, RMS norms, one vocabulary)
 
     def __init__(self, config: T5Config):
         nn.Module.__init__(self)
@@ -223,6 +223,24 @@ class T5(Seq2SeqTransformer):
         "{stack}.blocks.{i}.resid_pre|resid_mid|resid_cross|resid_post": "residual stream",
         "decoder.logits": "logits of each decoder step (B, T, V)",
     }
+
+    @classmethod
+    def example_tokenizer(cls, text: str):
+        """T5's shape of tokenizer over the characters of ``text``: <pad> 0, </s> 1, <unk> 2,
+        then one id per character, </s> appended to a source."""
+        from tokenizers import Regex, decoders, models, pre_tokenizers, processors
+        from tokenizers import Tokenizer as HFTok
+
+        from attnlab.tokenizers import HFTokenizer, SharedPairTokenizer
+
+        vocab = {t: i for i, t in enumerate(["<pad>", "</s>", "<unk>", *sorted(set(text))])}
+        tok = HFTok(models.WordLevel(vocab, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+        tok.decoder = decoders.Fuse()
+        tok.post_processor = processors.TemplateProcessing(single="$A </s>",
+                                                           special_tokens=[("</s>", 1)])  # fmt: skip
+        tok.add_special_tokens(["<pad>", "</s>", "<unk>"])
+        return SharedPairTokenizer(HFTokenizer(tok))
 
     def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
         if (stack or "decoder") != "decoder":
