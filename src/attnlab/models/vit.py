@@ -201,7 +201,12 @@ class ViT(ModelKind, nn.Module):
     # -- the declaration (attnlab.models.declare) ---------------------------------------------
 
     reads = "image"  # a file path, or test:N for the N-th image of the run's test split
-    predicts = "class"
+
+    @property
+    def predicts(self) -> str:
+        """A class, or nothing for a ViT without a classifier (Hugging Face's ViTModel)."""
+        return "class" if self.head is not None else "nothing"
+
     tokenizer_fields = (  # a ViT's "tokenizer" reads images and names the classes (data.images)
         ("n_classes", "vocab_size", "tokenizer.json"),
         ("image_size", "image_size", "tokenizer.json"),
@@ -249,22 +254,41 @@ class ViT(ModelKind, nn.Module):
                      {"": labels}, {"": list(range(n))},
                      {"image": image.cpu(), "patch_size": self.config.patch_size,
                       "truth": label, "classes": classes})  # fmt: skip
+        if self.head is None:
+            return p  # no classifier: nothing to predict, no target
         with torch.no_grad():
             pred = int(self.forward_logits(x)[0, 0].argmax())
         truth = classes.index(label) if label is not None and classes else pred
         p.targets = torch.tensor([truth])
         return p
 
+    def _no_head(self) -> InputError:
+        return InputError("this ViT has no classifier (a Hugging Face ViTModel): it predicts "
+                          "nothing; trace, attention, similarity, influence and explore read "
+                          "it")  # fmt: skip
+
     def forward_logits(self, images: Tensor) -> Tensor:
+        if self.head is None:
+            raise self._no_head()
         return self(images)[:, None]  # (B, 1, n_classes): one output position, [CLS]
 
+    def record_logits(self, args: tuple) -> Tensor | None:
+        if self.head is None:
+            self(*args)  # runs (and records) the blocks; the output is no prediction
+            return None
+        return self.forward_logits(*args)
+
     def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        if self.head is None:
+            raise self._no_head()
         return self.head(self.ln_f(h)[:, 0])[:, None]
 
     def dla_embeddings(self, cache, position: int) -> list[tuple[str, Tensor]]:
         return [("cls_token", self.cls_token[0, 0]), ("pos", self.pos_embed[0, 0])]
 
     def dla_readout(self) -> list:
+        if self.head is None:
+            raise self._no_head()
         return [Unembed(self.head.weight, self.head.bias, "head.bias")]
 
     def output_name(self, tokenizer, classes, i: int) -> str:
