@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.slow  # each trains six small models (about 20 to 40 s on 2 cores)
 
 
-@pytest.mark.parametrize("name", ["pruning", "rollout-and-flow"])
+@pytest.mark.parametrize("name", ["pruning", "rollout-and-flow", "attention-vs-importance"])
 def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path):
     out = tmp_path / "report"
     r = cli("experiment", name, "--quick", "--out", out, "--seeds", "1,2,3", "--threads", "1")
@@ -28,8 +28,8 @@ def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path):
         # the verdict is the criterion applied to the numbers, and the sentence says it
         values = [v for v in c["measured"]["per_seed"].values() if v is not None]
         t = c["threshold"]
-        met = [v > t if c["op"] == ">" else v >= t for v in values]
-        assert c["op"] in (">", ">=")
+        ops = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__, "<=": float.__le__}
+        met = [ops[c["op"]](float(v), float(t)) for v in values]
         assert c["reproduces"] == (len(values) == 3 and all(met))
         assert ("does not reproduce" in c["sentence"]) == (not c["reproduces"])
         assert c["sentence"] in r.stdout.replace("\n  ", " ").replace("attnlab:   ", "")

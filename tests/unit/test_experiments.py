@@ -143,3 +143,25 @@ def test_correlations_of_a_measure_with_itself_are_one_on_the_kept_tokens():
     assert out["blank-out"]["raw"][0] == pytest.approx(1.0)
     rows = [out, {"blank-out": {"raw": [math.nan]}}]
     assert rollout_flow.averaged(rows)["blank-out"]["raw"][0] == pytest.approx(1.0)
+
+
+def test_tvd_and_jsd_of_known_distributions():
+    from attnlab.experiments.attention_importance import jsd, tvd
+
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    assert float(tvd(a, b)) == pytest.approx(1.0)
+    assert float(jsd(a, b)) == pytest.approx(math.log(2), abs=1e-6)
+    p = torch.tensor([0.2, 0.3, 0.5])
+    assert float(jsd(p, p)) == pytest.approx(0.0, abs=1e-9)
+    assert float(tvd(p, torch.tensor([0.3, 0.3, 0.4]))) == pytest.approx(0.1)
+
+
+def test_the_generated_task_puts_its_decisive_word_where_it_says():
+    from attnlab.experiments.attention_importance import CUES, FILLER, cue_examples
+
+    rows = cue_examples(50, seed=3)
+    assert rows == cue_examples(50, seed=3)  # the same every time
+    for label, text, at in rows:
+        words = text.split()
+        assert words[at] in CUES[label]
+        assert sum(w not in FILLER for w in words) == 1  # only the cue decides

@@ -46,7 +46,10 @@ def register(sub) -> None:
         "measure, and write OUT/report.html and OUT/figures.json: each published figure beside "
         "attnlab's, over several seeds, with the criterion that decides whether it reproduces. "
         "pruning: Michel et al. 2019 (head importance, pruning curves). rollout-and-flow: Abnar "
-        "& Zuidema 2020 (raw attention, rollout and flow against blank-out and gradients).",
+        "& Zuidema 2020 (raw attention, rollout and flow against blank-out and gradients). "
+        "attention-vs-importance: Jain & Wallace 2019 and Wiegreffe & Pinter 2019 (attention "
+        "against gradient and leave-one-out importance; permuted, adversarial, uniform "
+        "attention).",
     )
     p.set_defaults(func=run)
     p.add_argument("name", choices=list(NAMES), metavar="NAME", help=f"one of {', '.join(NAMES)}")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from attnlab.experiments import pruning, rollout_flow
+from attnlab.experiments import attention_importance, pruning, rollout_flow
 from attnlab.experiments.recipe import Context, Experiment, ExperimentError, example_file
 from attnlab.experiments.report import Claim, Report, Table
 
@@ -27,12 +27,17 @@ __all__ = ["NAMES", "Claim", "Context", "Experiment", "ExperimentError", "Report
 
 def registry() -> dict[str, Experiment]:
     """Every experiment by name."""
-    found = {e.name: e for e in (pruning.EXPERIMENT, rollout_flow.EXPERIMENT)}
+    found = {e.name: e for e in (pruning.EXPERIMENT, rollout_flow.EXPERIMENT,
+                                 attention_importance.EXPERIMENT)}  # fmt: skip
     assert tuple(found) == NAMES, "NAMES lists the registered experiments"
     return found
 
 
-NAMES = ("pruning", "rollout-and-flow")  # the registry's names, for the CLI's choices
+NAMES = (
+    "pruning",
+    "rollout-and-flow",
+    "attention-vs-importance",
+)  # the registry's names, for the CLI's choices
 
 
 def run_experiment(name: str, out: str | Path, quick: bool = False, seeds=(1, 2, 3),
