@@ -165,3 +165,12 @@ def test_the_generated_task_puts_its_decisive_word_where_it_says():
         words = text.split()
         assert words[at] in CUES[label]
         assert sum(w not in FILLER for w in words) == 1  # only the cue decides
+
+
+def test_the_word_order_probe_data_pairs_each_sentence_with_its_words_shuffled():
+    train, test = pruning.word_order_data(1)
+    assert len(test) == 2 * pruning.PROBE_SENTENCES and len(train) > len(test)
+    for (a, ya), (b, yb) in zip(test[::2], test[1::2]):
+        assert (ya, yb) == (1, 0)
+        assert a != b and sorted(a.split()) == sorted(b.split())
+    assert {t for t, _ in train}.isdisjoint(t for t, _ in test)

@@ -56,5 +56,5 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="directory to write the report and runs into")
     p.add_argument("--quick", action="store_true",
                    help="smaller models and fewer steps: under a minute (what CI runs)")  # fmt: skip
-    p.add_argument("--seeds", type=seeds, default=[1, 2, 3],
+    p.add_argument("--seeds", type=seeds, default="1,2,3",
                    help="seeds to train and measure with, comma separated")  # fmt: skip
