@@ -147,8 +147,9 @@ def adversary(readout: Readout, base: torch.Tensor, intact: torch.Tensor, steps:
             loss = -j + 100.0 * torch.relu(d - TVD_HOLD * 0.5)
             (logits.grad,) = torch.autograd.grad(loss, [logits])  # the weights get none
         opt.step()
-        if float(d) <= TVD_HOLD and float(j) > best[0]:
-            best = (float(j), float(d))
+        d, j = float(d.detach()), float(j.detach())
+        if d <= TVD_HOLD and j > best[0]:
+            best = (j, d)
     return best
 
 
