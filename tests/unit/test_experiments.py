@@ -174,3 +174,8 @@ def test_the_word_order_probe_data_pairs_each_sentence_with_its_words_shuffled()
         assert (ya, yb) == (1, 0)
         assert a != b and sorted(a.split()) == sorted(b.split())
     assert {t for t, _ in train}.isdisjoint(t for t, _ in test)
+
+
+def test_a_table_cell_gives_the_range_without_the_mean():
+    assert value_range([0.1, 0.3], "signed", short=True) == "+0.100..+0.300"
+    assert value_range([0.1, 0.3], "signed") == "+0.100 to +0.300 (mean +0.200)"

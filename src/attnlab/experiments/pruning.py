@@ -336,14 +336,14 @@ def recipe(ctx: Context) -> Report:
         first = r[ctx.seeds[0]]["layers"]
         for i, ly in enumerate(first):
             counts = [r[s]["layers"][i]["removable"] for s in ctx.seeds]
-            per_layer.append([m.name, ly["layer"], ly["heads"], value_range(counts, "count")])
+            per_layer.append([m.name, ly["layer"], ly["heads"], value_range(counts, "count", True)])
     summary = []
     for m in models:
         r = results[m.name]
         summary.append([m.name, m.metric.replace("_", " "),
-                        value_range([r[s]["intact"] for s in ctx.seeds]),
-                        value_range([r[s]["prunable_share"] for s in ctx.seeds], "%"),
-                        value_range([r[s]["random_prunable_share"] for s in ctx.seeds], "%")])  # fmt: skip
+                        value_range([r[s]["intact"] for s in ctx.seeds], "", True),
+                        value_range([r[s]["prunable_share"] for s in ctx.seeds], "%", True),
+                        value_range([r[s]["random_prunable_share"] for s in ctx.seeds], "%", True)])  # fmt: skip
     tables = [
         Table("Prunable share of heads (metric within 1%)",
               ["model", "metric", "intact", "by importance", "random order"], summary),

@@ -33,13 +33,16 @@ def fmt(v: float, unit: str = "") -> str:
     return f"{v:+.3f}" if unit == "signed" else f"{v:.3f}"
 
 
-def value_range(values: list[float], unit: str = "") -> str:
-    """'0.41' for one value or equal ones; '0.38 to 0.45 (mean 0.41)' for a range."""
+def value_range(values: list[float], unit: str = "", short: bool = False) -> str:
+    """'0.41' for one value or equal ones; '0.38 to 0.45 (mean 0.41)' for a range, or
+    '0.38..0.45' when ``short`` (a table's cell)."""
     s = spread(values)
     if s["n"] == 0:
         return "n/a"
     lo, mean, hi = (fmt(s[k], unit) for k in ("min", "mean", "max"))
-    return lo if lo == hi else f"{lo} to {hi} (mean {mean})"
+    if lo == hi:
+        return lo
+    return f"{lo}..{hi}" if short else f"{lo} to {hi} (mean {mean})"
 
 
 @dataclass

@@ -200,7 +200,7 @@ def recipe(ctx: Context) -> Report:
                     "Zuidema 2020, Table 1)",
                     {s: last[s][k] - last[s]["raw"] for s in r}, ">", 0.0, "signed"))  # fmt: skip
             L = len(r[ctx.seeds[0]][imp]["raw"])
-            rows = [[k] + [value_range([r[s][imp][k][layer] for s in r], "signed")
+            rows = [[k] + [value_range([r[s][imp][k][layer] for s in r], "signed", True)
                            for layer in range(L)] for k in MEASURES]  # fmt: skip
             tables.append(Table(
                 f"{m.name}: Spearman's rho with {imp} importance (mean over examples)",
