@@ -48,9 +48,11 @@ def run(out: Path, task: str, snapshots: bool, extra: list[str]) -> tuple[float,
 
 def snapshot_cpu(run_dir: Path, repeats: int = 20) -> tuple[float, int, int]:
     """Median CPU seconds of one snapshot of the trained model; the run's interval and steps."""
-    from attnlab.checkpoint import load_run, read_run_config
+    from attnlab.checkpoint import read_run_config
     from attnlab.inspect.snapshots import PATTERN_TOKENS, Snapshots
+    from attnlab.run import load_run
     from attnlab.tasks import open_task
+    from attnlab.training.rundir import RunDir
 
     cfg = read_run_config(run_dir)["train_config"]
     model, _ = load_run(run_dir)
@@ -61,7 +63,7 @@ def snapshot_cpu(run_dir: Path, repeats: int = 20) -> tuple[float, int, int]:
         snaps = Snapshots(cfg["snapshot_every"], inputs, ids, seed=cfg["seed"])
 
         class Fake:  # what the callback reads of a Trainer
-            writes, out_dir, step, raw_model = True, Path(d), 0, model
+            writes, run, step, raw_model = True, RunDir(d), 0, model
 
         snaps.on_open(Fake, resumed=False)
         times = []

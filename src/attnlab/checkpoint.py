@@ -1,16 +1,14 @@
-"""The one place that reads and writes run directories.
+"""Run directories as models: config.json, model.safetensors and the tokenizer, written and
+loaded.
 
 A run directory looks like a Hugging Face model directory:
     config.json          {"attnlab_format": 1, "model_type": "gpt", "config": {...}, ...}
     model.safetensors    the weights (tied copies stored once)
     tokenizer.json       see attnlab.tokenizers (an encoder-decoder adds target_tokenizer.json)
-plus, for training runs (written by ``attnlab.training.Trainer`` through the functions of the
-last section here):
-    optimizer.safetensors   AdamW moments of the same step as model.safetensors
-    trainer_state.json      step, train config, RNG states, data position, best metric so far
-    best/                   config.json, tokenizer.json, model.safetensors of the best evaluation
-    metrics.jsonl, loss.png one JSON line per log or evaluation; the loss curve
-    snapshots/              attention and head scores every --snapshot-every steps
+A training run adds its checkpoint, metrics, best/ and snapshots: those are written and read
+by ``attnlab.training.rundir.RunDir``, the object the Trainer talks to. The pieces under both:
+``attnlab.files`` (atomic writes, the writer lock) and ``attnlab.safetensors_io`` (the header
+read and checked first, then the data).
 
 Every file is written to a temporary name in the same directory, fsynced, then renamed, so a
 crash never leaves half a file. Only safetensors and JSON are ever read: nothing is unpickled.
@@ -26,34 +24,16 @@ nothing until its files agree with each other (``check_run``):
        tables, not stored) must not be larger than the weights; the tokenizer's vocabulary must
        be the config's (both sides for an encoder-decoder; a ViT's image size and classes).
 Then the weights are memory-mapped and assigned to the meta model (``assign_weights``): loading
-costs one copy of the weights, read as they are used.
-
-How a checkpoint stays whole: its three files are first written into a fresh ``ckpt-tmp/``
-directory (each file fsynced), which is then renamed to ``ckpt-ready/``: the rename is the
-commit point. The files are then moved into place one by one (each move atomic) and
-``ckpt-ready/`` removed. A crash before the commit leaves the previous checkpoint untouched
-(``ckpt-tmp/`` is discarded by ``recover_checkpoint``); a crash after it is rolled forward by
-finishing the moves. ``model.safetensors`` is always one whole file, and config.json and
-tokenizer.json never change during training, so ``load_run`` works at every instant.
-
-A process that writes a run directory holds its writer lock (``writer_lock``): an OS lock on the
-directory itself, which dies with the process, even by kill -9. A second writer is refused in
-one line naming the holder. Readers take no lock: renames make every file they open whole.
+costs one copy of the weights, read as they are used. A writer replaces model.safetensors only
+by renaming a whole file onto it, so ``load_run`` works at every instant.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
-import math
-import os
-import shutil
-import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,416 +41,22 @@ import torch
 from torch import nn
 
 from attnlab.config import ConfigError
-from attnlab.errors import AttnlabError
+from attnlab.files import FileChangedError, RunError, atomic_write_json, atomic_write_text
+from attnlab.safetensors_io import (
+    PICKLE_SUFFIXES,
+    SafetensorsHeader,
+    TensorInfo,
+    error_line,
+    load_tensors,
+    looks_like_pickle,
+    read_header,
+    save_tensors,
+)
 from attnlab.tokenizers import PairTokenizer, Tokenizer, TokenizerError, load_tokenizer
 
 FORMAT_VERSION = 1
 
-# model_type -> "module:Class"; the class has ``config_class`` and is built as Class(config).
-MODEL_TYPES: dict[str, str] = {
-    "gpt": "attnlab.models.gpt:GPT",
-    "encoder": "attnlab.models.encoder:Encoder",
-    "seq2seq": "attnlab.models.seq2seq:Seq2SeqTransformer",
-    "rnn": "attnlab.models.rnn:RNNSeq2Seq",
-    "vit": "attnlab.models.vit:ViT",
-}
-
-PICKLE_SUFFIXES = (".pt", ".pth", ".bin", ".pkl", ".pickle", ".ckpt")
-
-
-class RunError(AttnlabError):
-    """A run directory that is missing, incomplete, corrupt or inconsistent."""
-
-
-class FileChangedError(RunError):
-    """A file no longer the one whose header was checked (a writer replaced it meanwhile)."""
-
-
-def looks_like_pickle(path: Path) -> bool:
-    """A file named like a PyTorch checkpoint whose first bytes are a pickle (protocol 2-5) or a
-    ``torch.save`` zip. Only those bytes are read: the file is never unpickled. (A run's own
-    ``tokens.bin`` is raw token ids and is not one.)"""
-    if path.suffix.lower() not in PICKLE_SUFFIXES or not path.is_file():
-        return False
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4)
-    except OSError:
-        return False
-    return (len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5) or head == b"PK\x03\x04"
-
-
-# ---------------------------------------------------------------------------------------------
-# Atomic writes
-# ---------------------------------------------------------------------------------------------
-
-
-def atomic_write(path: str | Path, write) -> None:
-    """Call ``write(tmp_path)``, fsync the result, then rename it onto ``path``."""
-    path = Path(path)
-    _claim(path)  # inside writer_lock: the first file written takes the run directory's lock
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise _about(e, path) from None
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.filename == tmp:
-            raise _about(e, path) from None  # name the file the user asked for, not our temp
-        raise
-    fsync_dir(path.parent)
-
-
-def _about(e: OSError, path: Path) -> OSError:
-    """The same error (type, errno, message) about ``path``."""
-    return type(e)(e.errno, e.strerror, str(path)) if e.errno else e
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
-def atomic_write_json(path: str | Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
-
-
-def save_tensors(
-    path: str | Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
-) -> None:
-    from safetensors.torch import save_file
-
-    tensors = {k: v.detach().contiguous().cpu() for k, v in tensors.items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading safetensors: the header first, then the data
-# ---------------------------------------------------------------------------------------------
-
-# A safetensors file is an 8-byte little-endian header length n, n bytes of JSON, then the
-# tensor data. 16 MiB of JSON names ~100,000 tensors; attnlab's files hold hundreds.
-MAX_HEADER_BYTES = 16 << 20
-
-DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-    "U64": torch.uint64, "U32": torch.uint32, "U16": torch.uint16, "U8": torch.uint8,
-    "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
-}  # fmt: skip
-
-
-@dataclasses.dataclass(frozen=True)
-class TensorInfo:
-    """One tensor as a safetensors header describes it: dtype, shape, and where its bytes lie
-    in the data section (``start`` to ``end``). No data."""
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    start: int
-    end: int
-
-
-@dataclasses.dataclass(frozen=True)
-class SafetensorsHeader:
-    """A checked safetensors header: every tensor's ``TensorInfo``, the file's string
-    ``metadata``, and ``data_start``, the byte where tensor data begins (8 + header length).
-    ``prefix`` holds those first bytes, to tell whether the file was replaced since."""
-
-    path: Path
-    tensors: dict[str, TensorInfo]
-    metadata: dict[str, str]
-    data_start: int
-    prefix: bytes = dataclasses.field(repr=False, default=b"")
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of tensor data: what loading the weights costs in memory."""
-        return sum(t.end - t.start for t in self.tensors.values())
-
-
-def read_header(path: str | Path) -> SafetensorsHeader:
-    """Read and check a safetensors header without reading any tensor data.
-
-    Refused (a RunError naming the file): a header longer than ``MAX_HEADER_BYTES`` or than
-    the file; a header that is not a JSON object of tensor entries; an unknown dtype; a shape
-    whose size is not its byte range; byte ranges that overlap, leave gaps, or run past the
-    end of the file (a truncated file). So nothing a header claims is ever allocated.
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise RunError(f"{path}: file not found")
-
-    def bad(why: str) -> RunError:
-        return RunError(f"{path}: not a valid safetensors file ({why})")
-
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 8:
-                raise bad(f"{size} bytes, shorter than the 8-byte header length")
-            n = int.from_bytes(f.read(8), "little")
-            if n > min(MAX_HEADER_BYTES, size - 8):
-                limit = "the file" if n <= MAX_HEADER_BYTES else f"{MAX_HEADER_BYTES:,} bytes"
-                raise bad(f"its header claims {n:,} bytes, more than {limit}")
-            raw = f.read(n)
-    except OSError as e:
-        raise RunError(f"{path}: cannot read ({e.strerror or e})") from None
-    try:
-        entries = json.loads(raw.decode("utf-8"), object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise bad(f"its header is not JSON: {_short(e)}") from None
-    if not isinstance(entries, dict):
-        raise bad("its header is not a JSON object")
-    metadata = entries.pop("__metadata__", None) or {}
-    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
-        raise bad("__metadata__ is not an object of strings")
-    tensors = {name: _tensor_info(name, entry, bad) for name, entry in entries.items()}
-    at, data_len = 0, size - 8 - n  # every data byte belongs to exactly one tensor, in order
-    for name, t in sorted(tensors.items(), key=lambda item: (item[1].start, item[1].end)):
-        if t.start != at:
-            what = "overlaps the tensor before it" if t.start < at else "leaves a gap before it"
-            raise bad(f"tensor {name!r} {what}")
-        at = t.end
-    if at > data_len:
-        raise bad(f"truncated: its header describes {at:,} bytes of tensor data, the file "
-                  f"holds {data_len:,}")  # fmt: skip
-    if at < data_len:
-        raise bad(f"{data_len - at:,} bytes after the last tensor")
-    prefix = n.to_bytes(8, "little") + raw
-    return SafetensorsHeader(path, tensors, metadata, 8 + n, prefix)
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"{next(k for k in keys if keys.count(k) > 1)!r} appears twice")
-    return dict(pairs)
-
-
-def _tensor_info(name: str, entry: Any, bad) -> TensorInfo:
-    """One header entry {"dtype": "F32", "shape": [..], "data_offsets": [start, end]}."""
-    if not isinstance(entry, dict):
-        raise bad(f"entry {name!r} is not an object")
-    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise bad(f"tensor {name!r} has unknown dtype {dtype!r}")
-    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
-        raise bad(f"tensor {name!r} has shape {shape!r}, not a list of sizes")
-    if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(type(o) is int for o in offsets)
-        and 0 <= offsets[0] <= offsets[1]
-    ):
-        raise bad(f"tensor {name!r} has data_offsets {offsets!r}, not [start, end]")
-    need = math.prod(shape) * DTYPES[dtype].itemsize
-    if offsets[1] - offsets[0] != need:
-        raise bad(f"tensor {name!r} of shape {tuple(shape)} and dtype {dtype} needs {need:,} "
-                  f"bytes, its offsets span {offsets[1] - offsets[0]:,}")  # fmt: skip
-    return TensorInfo(DTYPES[dtype], tuple(shape), offsets[0], offsets[1])
-
-
-def load_tensors(
-    path: str | Path, *, mmap: bool = False, header: SafetensorsHeader | None = None
-) -> dict[str, torch.Tensor]:
-    """Every tensor of a safetensors file, its header checked first (``read_header``).
-
-    ``mmap=False`` reads the data into memory once. ``mmap=True`` maps the file privately
-    (copy-on-write): pages are read when a tensor is used and shared with the OS's file cache,
-    and writing to a tensor never changes the file. Either way the tensors are views into one
-    buffer of the file's data size: one copy, never two. ``header`` skips re-reading it.
-    """
-    if sys.byteorder != "little":
-        raise RunError("safetensors data is little-endian; this machine is not")
-    header = header or read_header(path)
-    path, start, total = header.path, header.data_start, header.data_start + header.nbytes
-    try:
-        if mmap:
-            storage = torch.UntypedStorage.from_file(str(path), shared=False, nbytes=total)
-            whole = torch.empty(0, dtype=torch.uint8).set_(storage)  # (total,) the mapping
-            prefix, data = whole[:start].numpy().tobytes(), whole[start:]
-        else:
-            data = torch.empty(header.nbytes, dtype=torch.uint8)
-            with open(path, "rb") as f:
-                prefix = f.read(start)
-                if f.readinto(memoryview(data.numpy())) != header.nbytes:
-                    prefix = b""  # shorter than its header said: replaced since
-    except (OSError, RuntimeError) as e:  # RuntimeError: the file is shorter than the mapping
-        raise FileChangedError(f"{path}: cannot read ({_short(e)})") from None
-    if header.prefix and prefix != header.prefix:
-        raise FileChangedError(f"{path}: replaced while it was being read; try again")
-    tensors = {}
-    for name, t in header.tensors.items():
-        raw = data[t.start : t.end]  # (nbytes,) uint8
-        if t.start % t.dtype.itemsize:  # not aligned for its dtype: copy it to a fresh buffer
-            raw = raw.clone()
-        tensors[name] = raw.view(t.dtype).view(t.shape)
-    return tensors
-
-
-def _short(e: Exception) -> str:
-    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-
-
-# ---------------------------------------------------------------------------------------------
-# The writer lock
-# ---------------------------------------------------------------------------------------------
-
-try:
-    import fcntl
-except ImportError:  # not a POSIX system: no lock (nothing else changes)
-    fcntl = None
-
-
-class _WriterLock:
-    """The flock a ``writer_lock`` block holds (``fd``), or waits to take (``run_dir``)."""
-
-    def __init__(self, run_dir: Path):
-        self.run_dir = run_dir
-        self.fd: int | None = None
-        self.claimed = False  # taken, or found impossible to take: do not try again
-
-    def take(self, d: Path) -> None:
-        self.claimed = True
-        if fcntl is None:
-            return
-        try:
-            fd = os.open(d, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))  # never inherited
-        except OSError:
-            return  # the write that follows reports what is wrong with the directory
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise RunError(
-                f"{d}: another process is writing this run directory ({lock_holder(d)}); "
-                "wait for it to finish or stop it, or write to another directory"
-            ) from None
-        except OSError:  # a file system without flock (some network mounts): write unlocked
-            os.close(fd)
-            return
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)  # closing the only descriptor releases the flock
-            self.fd = None
-
-
-_writer: _WriterLock | None = None  # this process's writer_lock block, if one is running
-
-
-@contextlib.contextmanager
-def writer_lock(run_dir: str | Path) -> Iterator[None]:
-    """Hold the writer lock of the run directory ``run_dir`` while the block runs.
-
-    The lock is ``flock`` on the directory itself. Taking it creates and changes nothing in
-    the directory, so a command refused later (a ``train`` without ``--resume`` into an
-    existing run) leaves it exactly as it was. The kernel drops it when the process ends,
-    however it ends (kill -9 too), so ``--resume`` works at once afterwards. A second writer
-    is refused with a RunError naming the holder: its pid, command and start time.
-
-    If ``run_dir`` exists, the lock is taken on entry. If it does not (a new run), it is taken
-    by the first file the block writes under it through this module (``create_run_dir`` writes
-    one), before that file is written. ``attnlab.training.run.train`` holds it for every task,
-    ``Trainer.fit`` for a Trainer used on its own, ``import_hf`` and ``TunedLens.save`` for
-    what they write. Readers take no lock. Blocks do not nest: an inner one leaves the outer
-    one in charge. Ranks other than 0 of a torchrun job (which write nothing) take no lock.
-    """
-    global _writer
-    if _writer is not None or os.environ.get("RANK", "0") != "0":
-        yield
-        return
-    lock = _WriterLock(Path(run_dir))
-    if lock.run_dir.is_dir():
-        lock.take(lock.run_dir)
-    _writer = lock
-    try:
-        yield
-    finally:
-        _writer = None
-        lock.release()
-
-
-def _claim(path: Path) -> None:
-    """Called before every write: inside ``writer_lock``, the first write into the run
-    directory takes its lock (a RunError if another process holds it: nothing is written)."""
-    w = _writer
-    if w is not None and not w.claimed and _within(path.parent, w.run_dir):
-        w.take(w.run_dir)
-
-
-def _within(path: Path, root: Path) -> bool:
-    path, root = os.path.realpath(path), os.path.realpath(root)
-    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
-
-
-def lock_holder(run_dir: str | Path) -> str:
-    """Who holds the writer lock of ``run_dir``: "pid 123: attnlab train ..., since <start>",
-    read from /proc (Linux); "another process" where that cannot be read. Reads only."""
-    try:
-        st = os.stat(run_dir)
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return "another process"
-    # "1: FLOCK  ADVISORY  WRITE 6145 fe:00:2146455 0 EOF"; "1: -> FLOCK ..." is a waiter
-    exact = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    found = {}
-    for fields in map(str.split, lines):
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5].endswith(f":{st.st_ino}"):
-            found[fields[5] == exact] = fields[4]  # exact device, or the inode alone
-    pid = found.get(True, found.get(False))
-    return _describe_process(pid) if pid else "another process"
-
-
-def _describe_process(pid: str) -> str:
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
-        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22: start, in ticks after boot
-        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                    if line.startswith("btime "))  # fmt: skip
-    except (OSError, ValueError, IndexError, StopIteration):
-        return f"pid {pid}"
-    argv = [a for a in argv if a]
-    if "-m" in argv[:-1] and argv[argv.index("-m") + 1] == "attnlab":
-        argv = ["attnlab", *argv[argv.index("-m") + 2 :]]
-    elif argv and Path(argv[0]).name == "attnlab":
-        argv = ["attnlab", *argv[1:]]
-    command = " ".join(argv)
-    command = command if len(command) <= 120 else command[:117] + "..."
-    since = time.strftime(
-        "%Y-%m-%d %H:%M:%S", time.localtime(boot + ticks / os.sysconf("SC_CLK_TCK"))
-    )
-    return f"pid {pid}: {command}, running since {since}"
-
+MODEL_FILE = "model.safetensors"
 
 # ---------------------------------------------------------------------------------------------
 # Models
@@ -478,10 +64,13 @@ def _describe_process(pid: str) -> str:
 
 
 def model_class(model_type: str) -> type[nn.Module]:
-    if model_type not in MODEL_TYPES:
-        raise RunError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}")
-    module, name = MODEL_TYPES[model_type].split(":")
-    return getattr(importlib.import_module(module), name)
+    """The class registered for config.json's ``model_type`` (``attnlab.models.declare``)."""
+    from attnlab.models.declare import registered
+
+    kinds = registered()
+    if model_type not in kinds:
+        raise RunError(f"unknown model_type {model_type!r}; known: {', '.join(kinds)}")
+    return kinds[model_type]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -644,7 +233,7 @@ def build_model(
             return cls(config)
     except (ValueError, RuntimeError, OverflowError) as e:  # e.g. a size past int64
         raise RunError(
-            f"{source}: cannot build the {cls.__name__} it describes ({_short(e)})"
+            f"{source}: cannot build the {cls.__name__} it describes ({error_line(e)})"
         ) from None
 
 
@@ -669,26 +258,6 @@ def _no_init() -> Iterator[None]:
             setattr(nn.init, name, fn)
 
 
-# What a run's tokenizer must agree on with its config, per model type:
-# (config field, tokenizer attribute, the file holding that tokenizer).
-TOKENIZER_FIELDS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "gpt": (("vocab_size", "vocab_size", "tokenizer.json"),),
-    "encoder": (("vocab_size", "vocab_size", "tokenizer.json"),),
-    "seq2seq": (
-        ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
-        ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
-    ),
-    "rnn": (
-        ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
-        ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
-    ),
-    "vit": (  # a ViT's "tokenizer" reads images and names the classes (data.images)
-        ("n_classes", "vocab_size", "tokenizer.json"),
-        ("image_size", "image_size", "tokenizer.json"),
-        ("channels", "channels", "tokenizer.json"),
-    ),
-}
-
 # Tables a model computes instead of storing (position tables) may take at most the size of
 # its weights plus this: a config cannot make a loader allocate through them either.
 COMPUTED_ALLOWANCE = 64 << 20
@@ -705,12 +274,13 @@ class CheckedRun:
     tokenizer: Any  # Tokenizer, PairTokenizer (encoder-decoder), ImageTokenizer (ViT) or None
 
 
-def check_run(run_dir: str | Path) -> CheckedRun:
-    """Check that a run directory's config.json, weights and tokenizer agree, allocating
-    nothing; the first difference is a RunError naming the file. The steps are listed at the
-    top of this module; ``load_run`` then only has to read the weights."""
+def check_run(run_dir: str | Path, cfg: dict | None = None) -> CheckedRun:
+    """Check that a run directory's config.json (``cfg`` if it was read already), weights and
+    tokenizer agree, allocating nothing; the first difference is a RunError naming the file.
+    The steps are listed at the top of this module; ``open_model`` then only has to read the
+    weights."""
     run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)
+    cfg = read_run_config(run_dir) if cfg is None else cfg
     config_path, weights = run_dir / "config.json", run_dir / "model.safetensors"
     header = read_header(weights)
     _check_layer_counts(cfg, header, config_path)
@@ -774,16 +344,16 @@ def check_tokenizer(
 ) -> None:
     """The tokenizer must speak the model's ids: the same vocabulary size (each side of an
     encoder-decoder, counting its <pad>, <bos>, <eos>), and for a ViT the same classes, image
-    size and channels (``TOKENIZER_FIELDS``). A run imported from Hugging Face (``imported``)
+    size and channels (the model's ``tokenizer_fields``). A run imported from Hugging Face (``imported``)
     may have a larger vocabulary than its tokenizer, as ``import-hf`` accepts (some models pad
     it), but never a smaller one. A run saved without a tokenizer passes."""
     if tokenizer is None:
         return
-    run_dir, kind = Path(run_dir), model.model_type
-    for name in dict.fromkeys(name for *_, name in TOKENIZER_FIELDS[kind]):
+    run_dir, kind, fields = Path(run_dir), model.model_type, model.tokenizer_fields
+    for name in dict.fromkeys(name for *_, name in fields):
         if not (run_dir / name).is_file():
             raise RunError(f"{run_dir}: has tokenizer.json but no {name}, which a {kind} run needs")
-    for field, attr, name in TOKENIZER_FIELDS[kind]:
+    for field, attr, name in fields:
         got, want = getattr(tokenizer, attr, None), getattr(model.config, field)
         if got is None:
             what = getattr(tokenizer, "kind", type(tokenizer).__name__)
@@ -828,14 +398,15 @@ def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Mod
 
 
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """The run's model in eval mode (see ``load_run``)."""
-    return load_run(run_dir, device)[0]
+    """The run's model in eval mode (see ``open_model``)."""
+    return open_model(run_dir, device)[0]
 
 
-def load_run(
-    run_dir: str | Path, device: str | torch.device = "cpu"
+def open_model(
+    run_dir: str | Path, device: str | torch.device = "cpu", cfg: dict | None = None
 ) -> tuple[nn.Module, Tokenizer | None]:
-    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode.
+    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode; the
+    loader under ``attnlab.load_run`` (the one door to a run), given its config.json once read.
 
     Everything is checked before the weights are read (``check_run``); then the weights are
     memory-mapped and assigned to the model built on the meta device (``assign_weights``), so
@@ -843,7 +414,7 @@ def load_run(
     gives a ``PairTokenizer``, a ViT run an ``ImageTokenizer``.
     """
     for attempt in range(3):  # a training run may replace model.safetensors as we read it
-        run = check_run(run_dir)
+        run = check_run(run_dir, cfg if attempt == 0 else None)
         try:
             tensors = load_tensors(run.header.path, mmap=True, header=run.header)
             break
@@ -852,201 +423,6 @@ def load_run(
                 raise
     model = assign_weights(run.model, tensors)
     return model.to(device).eval(), run.tokenizer
-
-
-# ---------------------------------------------------------------------------------------------
-# Training runs: the directory, checkpoints, trainer state and metrics (written by the Trainer)
-# ---------------------------------------------------------------------------------------------
-
-MODEL_FILE = "model.safetensors"
-OPTIMIZER_FILE = "optimizer.safetensors"
-STATE_FILE = "trainer_state.json"
-METRICS_FILE = "metrics.jsonl"
-CURVE_FILE = "loss.png"
-SNAPSHOT_DIR, SNAPSHOT_PREFIX = "snapshots", "step-"  # snapshots/step-00000250.safetensors
-STAGING, READY = "ckpt-tmp", "ckpt-ready"
-CHECKPOINT_FILES = (OPTIMIZER_FILE, MODEL_FILE, STATE_FILE)  # install order: state last
-# what makes a directory a run (one of these, and starting a new run there is refused)
-RUN_FILES = ("config.json", MODEL_FILE, STATE_FILE, "tokenizer.json", METRICS_FILE)
-
-
-def check_writable(run_dir: str | Path) -> None:
-    """Create ``run_dir`` if needed and prove a file can be written there (then remove it)."""
-    d = Path(run_dir)
-    try:
-        if d.exists() and not d.is_dir():
-            raise RunError(f"{d}: exists and is not a directory")
-        d.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(d / ".write-test", "ok")
-        (d / ".write-test").unlink()
-    except OSError as e:
-        raise RunError(
-            f"cannot write the run directory {d}: {e.strerror or e} "
-            "(nothing was trained; choose another --out)"
-        ) from None
-
-
-def check_new_run(run_dir: str | Path) -> None:
-    """A new run may go into a missing or empty directory, or one holding other files; one that
-    holds a run (even part of one) is refused: it is continued with --resume, never replaced."""
-    d = Path(run_dir)
-    if d.exists() and not d.is_dir():
-        raise RunError(f"{d}: exists and is not a directory")
-    found = [name for name in RUN_FILES if (d / name).exists()]
-    if not found:
-        return
-    if (d / STATE_FILE).is_file():
-        try:
-            step = read_trainer_state(d).get("step")
-        except RunError:
-            step = None
-        held = f"a training run (step {step})" if step is not None else "a training run"
-        raise RunError(
-            f"{d} already holds {held}; pass --resume to continue it, or choose another --out"
-        )
-    if (d / MODEL_FILE).is_file():
-        raise RunError(f"{d} already holds a model; choose another --out (it is left as it is)")
-    raise RunError(
-        f"{d} holds part of a run that never wrote its first checkpoint ({found[0]}); "
-        "remove the directory or choose another --out"
-    )
-
-
-def create_run_dir(run_dir: str | Path) -> bool:
-    """Create (or reuse) the directory of a new run and prove it writable; True if it is new."""
-    created = not Path(run_dir).exists()
-    check_writable(run_dir)
-    return created
-
-
-def remove_partial_run(run_dir: str | Path, created: bool, names: tuple[str, ...] = ()) -> None:
-    """Bad input found while a new run was being prepared: leave nothing behind. A directory
-    this run created is removed whole; in one that existed, only ``names`` (files or
-    directories, such as a task's token shards) and the files every run writes are removed,
-    with their temporary copies."""
-    d = Path(run_dir)
-    if created:
-        shutil.rmtree(d, ignore_errors=True)
-        return
-    for name in (*names, *RUN_FILES, "target_tokenizer.json", OPTIMIZER_FILE, CURVE_FILE):
-        if (d / name).is_dir() and not (d / name).is_symlink():
-            shutil.rmtree(d / name, ignore_errors=True)
-        else:
-            (d / name).unlink(missing_ok=True)
-        for tmp in d.glob(f".{name}.*tmp"):
-            tmp.unlink(missing_ok=True)
-    shutil.rmtree(d / "best", ignore_errors=True)
-    for name in (STAGING, READY, SNAPSHOT_DIR):
-        shutil.rmtree(d / name, ignore_errors=True)
-
-
-def write_run_files(run_dir: str | Path, model: nn.Module, tokenizer, extra: dict) -> None:
-    """config.json and the tokenizer files, in ``run_dir`` and in ``run_dir/best``: written
-    once, before the first step (which also proves the directory writable before training)."""
-    d = Path(run_dir)
-    try:
-        for target in (d, d / "best"):
-            target.mkdir(exist_ok=True)
-            write_run_config(target, model, extra)
-            if tokenizer is not None:
-                write_tokenizer(target, tokenizer)
-    except OSError as e:
-        raise RunError(
-            f"cannot write the run directory {d}: {e.strerror or e} (nothing was trained)"
-        ) from None
-
-
-def write_checkpoint(
-    run_dir: str | Path,
-    model_tensors: dict[str, torch.Tensor],
-    optimizer_tensors: dict[str, torch.Tensor],
-    state: dict,
-    fault: Callable[[str, Path], None] | None = None,
-) -> None:
-    """Write one checkpoint (model, optimizer, trainer state of ``state["step"]``) whole or not
-    at all: staged in ``ckpt-tmp/``, committed by renaming it ``ckpt-ready/``, then installed.
-
-    ``fault(point, staging_dir)`` is a test hook called at "start", "optimizer" (model staged)
-    and "installed-model". An OSError (a full disk) leaves the previous checkpoint in place.
-    """
-    d = Path(run_dir)
-    staging, ready = d / STAGING, d / READY
-    hook = fault or (lambda point, where: None)
-    try:
-        hook("start", staging)
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-        meta = {"format": "pt", "step": str(state["step"])}
-        save_tensors(staging / MODEL_FILE, model_tensors, meta)
-        hook("optimizer", staging)
-        save_tensors(staging / OPTIMIZER_FILE, optimizer_tensors)
-        atomic_write_json(staging / STATE_FILE, state)
-        fsync_dir(staging)
-        os.replace(staging, ready)  # the commit point
-        fsync_dir(d)
-        for name in CHECKPOINT_FILES:
-            os.replace(ready / name, d / name)
-            if name == MODEL_FILE:
-                hook("installed-model", staging)
-        fsync_dir(d)
-        ready.rmdir()
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def recover_checkpoint(run_dir: str | Path) -> None:
-    """Bring a run directory back to one whole checkpoint after a crash: finish installing a
-    committed ``ckpt-ready/``, discard an uncommitted ``ckpt-tmp/`` and half-written files."""
-    run_dir = Path(run_dir)
-    ready = run_dir / READY
-    if ready.is_dir():
-        for name in CHECKPOINT_FILES:
-            if (ready / name).exists():
-                os.replace(ready / name, run_dir / name)
-        fsync_dir(run_dir)
-        shutil.rmtree(ready)
-    shutil.rmtree(run_dir / STAGING, ignore_errors=True)
-    for tmp in list(run_dir.glob(".*.tmp")) + list((run_dir / "best").glob(".*.tmp")):
-        tmp.unlink(missing_ok=True)  # a file whose atomic write was cut short
-
-
-def read_trainer_state(run_dir: str | Path) -> dict | None:
-    """trainer_state.json as a dict; None when the run has no checkpoint yet."""
-    path = Path(run_dir) / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise RunError(f"{path}: cannot read ({e})") from None
-    if not isinstance(state, dict):
-        raise RunError(f"{path}: not a trainer state (expected a JSON object)")
-    return state
-
-
-def read_checkpoint(run_dir: str | Path) -> tuple[dict, dict, dict] | None:
-    """(trainer state, model tensors, optimizer tensors) of the run's last checkpoint, after
-    ``recover_checkpoint``; None if it has none. The state's step must be a number and the
-    model's weights must be of that step (their metadata says which)."""
-    d = Path(run_dir)
-    state = read_trainer_state(d)
-    if state is None:
-        return None
-    step = state.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise RunError(f"{d / STATE_FILE}: not a trainer state (no step number)")
-    tensors = load_tensors(d / MODEL_FILE)
-    from safetensors import safe_open
-
-    with safe_open(str(d / MODEL_FILE), "pt") as f:
-        model_step = (f.metadata() or {}).get("step", "-1")
-    if str(model_step) != str(step):
-        raise RunError(
-            f"{d}: model.safetensors is from step {model_step} but trainer_state.json "
-            f"from step {step}"
-        )
-    return state, tensors, load_tensors(d / OPTIMIZER_FILE)
 
 
 def read_tokenizer_files(run_dir: str | Path):
@@ -1063,108 +439,3 @@ def read_tokenizer_files(run_dir: str | Path):
     except TokenizerError as e:
         raise RunError(str(e)) from None  # it names the file
     return tok
-
-
-def write_best(run_dir: str | Path, model_tensors: dict[str, torch.Tensor], meta: dict) -> None:
-    """best/model.safetensors; ``meta`` (step, metric, value) goes into its metadata."""
-    meta = {"format": "pt", **{k: str(v) for k, v in meta.items()}}
-    save_tensors(Path(run_dir) / "best" / MODEL_FILE, model_tensors, meta)
-
-
-def append_metrics(run_dir: str | Path, row: dict) -> None:
-    with open(Path(run_dir) / METRICS_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps(row) + "\n")
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of a metrics.jsonl file (a run directory, or the file itself)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    if not path.is_file():
-        return []
-    return [
-        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
-    ]
-
-
-def truncate_metrics(run_dir: str | Path, step: int) -> list[dict]:
-    """Keep the rows up to ``step`` (a resumed run rewrites what came after its checkpoint)."""
-    path = Path(run_dir) / METRICS_FILE
-    keep = [row for row in read_metrics(path) if row.get("step", 0) <= step]
-    if path.is_file():
-        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in keep))
-    return keep
-
-
-def clear_metrics(run_dir: str | Path) -> None:
-    """A run starting from step 0 begins with no metrics and no curve."""
-    for name in (METRICS_FILE, CURVE_FILE):
-        (Path(run_dir) / name).unlink(missing_ok=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Training snapshots: attention and head scores recorded during training
-# (written by attnlab.training.snapshots, read by attnlab timeline)
-# ---------------------------------------------------------------------------------------------
-
-
-def snapshot_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / SNAPSHOT_DIR / f"{SNAPSHOT_PREFIX}{step:08d}.safetensors"
-
-
-def write_snapshot(run_dir: str | Path, step: int, tensors: dict[str, torch.Tensor],
-                   meta: dict) -> Path:  # fmt: skip
-    """``snapshots/step-NNNNNNNN.safetensors``: ``tensors`` and ``meta`` (JSON, in the file's
-    metadata), written whole or not at all."""
-    path = snapshot_path(run_dir, step)
-    path.parent.mkdir(exist_ok=True)
-    save_tensors(path, tensors, {"format": "pt", "snapshot": json.dumps({"step": step, **meta})})
-    return path
-
-
-def snapshot_steps(run_dir: str | Path) -> list[int]:
-    """The steps that have a snapshot, in order."""
-    d = Path(run_dir) / SNAPSHOT_DIR
-    steps = []
-    for p in d.glob(f"{SNAPSHOT_PREFIX}*.safetensors") if d.is_dir() else ():
-        number = p.name[len(SNAPSHOT_PREFIX) : -len(".safetensors")]
-        if number.isdigit():
-            steps.append(int(number))
-    return sorted(steps)
-
-
-def read_snapshot(run_dir: str | Path, step: int, keys=None) -> tuple[dict, dict]:
-    """(meta, tensors) of the snapshot of ``step``: every tensor, or those whose name starts
-    with one of ``keys`` (the scores alone, without the patterns). A RunError names a damaged
-    file."""
-    from safetensors import safe_open
-
-    path = snapshot_path(run_dir, step)
-    try:
-        with safe_open(str(path), "pt") as f:
-            meta = json.loads((f.metadata() or {}).get("snapshot", "null"))
-            names = [k for k in f.keys() if keys is None or k.startswith(tuple(keys))]  # noqa: SIM118
-            tensors = {k: f.get_tensor(k) for k in names}
-    except FileNotFoundError:
-        raise RunError(f"{path}: file not found") from None
-    except Exception as e:  # safetensors' own error types, bad JSON
-        raise RunError(f"{path}: not a valid snapshot ({_short(e)})") from None
-    if not isinstance(meta, dict) or meta.get("step") != step:
-        raise RunError(f"{path}: not a valid snapshot (its metadata names no step {step})")
-    return meta, tensors
-
-
-def truncate_snapshots(run_dir: str | Path, step: int) -> None:
-    """Remove the snapshots after ``step`` (a resumed run takes them again)."""
-    for s in snapshot_steps(run_dir):
-        if s > step:
-            snapshot_path(run_dir, s).unlink(missing_ok=True)
-    d = Path(run_dir) / SNAPSHOT_DIR
-    for tmp in d.glob(".*.tmp") if d.is_dir() else ():
-        tmp.unlink(missing_ok=True)
-
-
-def clear_snapshots(run_dir: str | Path) -> None:
-    """A run starting from step 0 begins with no snapshots."""
-    shutil.rmtree(Path(run_dir) / SNAPSHOT_DIR, ignore_errors=True)

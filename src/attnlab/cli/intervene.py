@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from attnlab.cli import UsageError, int_at_least, output_file
+from attnlab.cli.limits import GAUSS_LEGENDRE_MAX
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
@@ -23,9 +24,9 @@ def _ints(text: str | None, option: str) -> list[int] | None:
 
 
 def _subject(args):
-    from attnlab.interventions import load_subject
+    from attnlab.run import load_run
 
-    return load_subject(args.run, args.device)
+    return load_run(args.run, args.device).subject
 
 
 def _show(result, args) -> int:
@@ -57,11 +58,11 @@ def cmd_ablate(args) -> int:
     s = _subject(args)
     heads = args.head
     if args.context:
-        if s.kind != "rnn":
+        if s.model.residual:  # the context vector is the attention of an LSTM
             raise UsageError("--context ablates an LSTM decoder's context vector; this run is "
                              f"a {s.kind} model: use --head")  # fmt: skip
         heads = "context"
-    elif heads and s.kind == "rnn":
+    elif heads and not s.model.residual:
         raise UsageError("an LSTM has no heads: its attention is one context vector, ablate it "
                          "with --context")  # fmt: skip
     result = ablation(s, args.text, heads=heads, site=args.site, positions=positions,
@@ -124,6 +125,11 @@ def cmd_attribute(args) -> int:
     args._png = output_file(args.png, ".png", "--png")
     if args.method in ("dla", "ig", "grad") and args.target is None:
         raise UsageError(f"--method {args.method} attributes a token's logit: give --target TOKEN")
+    if args.method == "ig" and args.rule == "gauss-legendre" and args.steps > GAUSS_LEGENDRE_MAX:
+        raise UsageError(f"--steps must be at most {GAUSS_LEGENDRE_MAX} with --rule "
+                         "gauss-legendre (its nodes cost steps^3 to find, and 256 already "
+                         f"integrate exactly to degree 511), got {args.steps}; --rule riemann "
+                         "takes more")  # fmt: skip
     if args.method in ("rollout", "flow") and (args.target or args.foil):
         raise UsageError(f"--method {args.method} follows attention only: it takes no --target "
                          "(pick the output with --position)")  # fmt: skip
@@ -162,14 +168,21 @@ def cmd_heads(args) -> int:
                          "on the run's held-out split: give one at most")  # fmt: skip
     if not given:  # a trained run: its task's held-out loss, as training measured it
         from attnlab.interventions import Subject, held_out
+        from attnlab.run import load_run
 
-        h = held_out(args.run, args.device)
+        h = held_out(load_run(args.run, args.device))
         s = Subject(h.model, h.task.tokenizer)
         result = head_importance(s, h.loss(), args.mode, h.source, prune=not args.no_prune,
                                  quiet=args.quiet)  # fmt: skip
         return _show(result, args)
     s = _subject(args)
     if args.data is not None:
+        from attnlab.cli.limits import check_forward_memory, config_field
+
+        c = s.model.config
+        check_forward_memory(
+            c, s.device, args.windows, config_field(c, "block_size") or 1, "--windows"
+        )
         evaluate = corpus_loss(s, args.data, args.windows)
         source = f"{args.windows} windows of {args.data}"
     elif args.inputs is not None:

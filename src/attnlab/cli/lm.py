@@ -13,6 +13,7 @@ import sys
 
 from attnlab import checkpoint as ckpt
 from attnlab.cli import DescribedHelpFormatter, UsageError, as_options
+from attnlab.cli.limits import check_decoding_memory
 from attnlab.decoding import WINDOWS, decoder_for
 
 # ---------------------------------------------------------------------------------------------
@@ -25,7 +26,10 @@ def _load_gpt(run: str, device_name: str):
     from attnlab.cli.predict import open_run
 
     r = open_run(run, device_name)
-    if r.kind != "gpt":
+    if r.model.predicts == "decoder-step":
+        raise UsageError(f"{run} is an encoder-decoder run: use attnlab translate "
+                         f"{run} TEXT (--temperature 0.8 to sample)")  # fmt: skip
+    if r.model.predicts != "next-token" or not r.model.decodes:
         raise UsageError(f"{run}: generate samples from a GPT language model; this run is a "
                          f"{r.kind} ({type(r.model).__name__}): use `attnlab predict`")  # fmt: skip
     if r.tokenizer is None:
@@ -114,22 +118,20 @@ def decoding_settings(args: argparse.Namespace, max_new_tokens: int | None):
 def generate(args: argparse.Namespace) -> int:
     """``attnlab generate RUN TEXT`` (or ``--prompt TEXT``): sample a continuation (or beam-search one); text
     on stdout."""
-    from attnlab.checkpoint import read_run_config
     from attnlab.generation import beam_generate
     from attnlab.generation import generate as sample
 
     cfg = decoding_settings(args, args.max_new_tokens)
-    if read_run_config(args.run).get("model_type") in ("seq2seq", "rnn"):
-        raise UsageError(f"{args.run} is an encoder-decoder run: use attnlab translate "
-                         f"{args.run} TEXT (--temperature 0.8 to sample)")  # fmt: skip
     prompts = [*args.text, *(args.prompt or [])] or ["\n"]
     model, tokenizer = _load_gpt(args.run, args.device)
     try:
         decoder_for(model).check_window(args.window, use_cache=not args.no_cache)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    for p in prompts:
-        tokenizer.encode(p)  # unknown characters: a one-line error naming them, before any output
+    # unknown characters: a one-line error naming them, before any output
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    rows = len(prompts) * (args.beam if args.beam is not None else args.num_samples)
+    check_decoding_memory(model, rows, longest, args.max_new_tokens, use_cache=not args.no_cache)
     if args.beam is not None:
         best = beam_generate(model, tokenizer, prompts, args.beam, args.alpha,
                              args.max_new_tokens, n_best=args.num_samples, window=args.window,

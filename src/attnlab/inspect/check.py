@@ -77,9 +77,11 @@ class CheckReport(Result):
         raise KeyError(name)
 
     def __rich__(self):
-        from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title="conformance checks", box=None)
+        from attnlab.render.tables import FitTable
+
+        table = FitTable(title="conformance checks")
         for col, just in (
             ("check", "left"),
             ("result", "left"),
@@ -87,11 +89,11 @@ class CheckReport(Result):
             ("tolerance", "right"),
             ("detail", "left"),
         ):
-            table.add_column(col, justify=just)
+            table.add_column(col, justify=just, wrap=col == "detail")
         colour = {"PASS": "green", "FAIL": "bold red", "skip": "dim"}
         for r in self.results:
             table.add_row(
-                r.name, f"[{colour[r.status]}]{r.status}[/]", _num(r.diff), _num(r.tol), r.detail
+                r.name, Text(r.status, style=colour[r.status]), _num(r.diff), _num(r.tol), r.detail
             )
         n_fail = sum(r.passed is False for r in self.results)
         table.caption = "all checks passed" if self.ok else f"{n_fail} check(s) FAILED"
@@ -148,7 +150,7 @@ def check_kv_cache(model, ids, tol: float = 1e-4) -> CheckResult:
     if custom is not None:
         diff = float(custom(ids))
         return CheckResult("KV cache == no cache", diff <= tol, diff, tol, "model's own probe")
-    if not hasattr(model, "new_cache"):
+    if not model.kv_cache:  # declared (attnlab.models.declare)
         return CheckResult("KV cache == no cache", None, None, None, "model has no KV cache")
     full = output_tensor(model(ids))  # (B, T, V)
     B, T = ids.shape
@@ -171,12 +173,11 @@ def check_kv_cache(model, ids, tol: float = 1e-4) -> CheckResult:
 @torch.no_grad()
 def check_decoding(model, ids, tol: float = 1e-4) -> CheckResult:
     name = "decoding == full pass"
-    try:
-        dec = decoder_for(model)
-    except ValueError:
+    if not model.decodes:
         return CheckResult(name, None, None, None, "model does not decode")
     if getattr(model, "is_encoder_decoder", False):
         return CheckResult(name, None, None, None, "an encoder-decoder: the KV cache check")
+    dec = decoder_for(model)
     B, T = ids.shape
     first = max(1, T // 2)
     full = torch.log_softmax(output_tensor(model(ids)).float(), dim=-1)[:, first - 1 :]

@@ -32,6 +32,8 @@ import torch
 from attnlab.attention import causal_mask
 from attnlab.inspect.recording import InspectError, Recording, record
 from attnlab.render.display import (
+    TERMINAL_TOKENS,
+    Preview,
     Result,
     heatmap_html,
     matrix_table,
@@ -41,6 +43,7 @@ from attnlab.render.display import (
     show_token,
 )
 
+TRACE_MORE = "--start {next} shows the keys from {next}; --json has every value"
 FULL_VALUES = 16384  # steps with at most this many numbers carry all of them in --json
 
 
@@ -90,6 +93,7 @@ class Trace(Result):
     head: int
     steps: list[Step]
     about: dict = field(default_factory=dict)
+    start: int = 0  # first key column of the token x token tables in the terminal
 
     def step(self, name: str) -> Step:
         for s in self.steps:
@@ -116,11 +120,11 @@ class Trace(Result):
             if s.lines:
                 parts.append(Text("\n".join("    " + line for line in s.lines)))
             elif s.rows is not None and s.value is not None and s.value.ndim == 2:
-                parts.append(matrix_table(s.value, s.rows, s.cols or s.rows, limit=12, heat=False))
+                parts.append(matrix_table(s.value, s.rows, s.cols or s.rows, heat=False,
+                                          limit=TERMINAL_TOKENS, start=self.start, max_lines=48, row_name="queries",
+                                          col_name="keys", more=TRACE_MORE))  # fmt: skip
             elif s.value is not None:
-                parts.append(
-                    Text("\n".join("    " + line for line in preview_text(s.value).splitlines()))
-                )
+                parts.append(Preview(s.value))
             parts.append(Text(""))
         return Group(*parts)
 
@@ -214,7 +218,7 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
     N = len(toks)
     root = stack + "." if stack else ""
     attn = model.get_submodule(info.module_path)
-    vit = rec.kind == "vit"
+    vit = model.reads == "image"  # patches of an image, not tokens of a text
     if vit:
         g = int(round(math.sqrt(N - 1)))
         p = rec.extra.get("patch_size", "P")
@@ -397,12 +401,12 @@ def _output_steps(steps, model, tokenizer, rec, stack, top_k) -> None:
     if root + "ln_f" in c:
         hf = _np(c[root + "ln_f"][0])
         add(Step("ln_f", "final layer norm", hf.shape, "the last residual stream, normalised.", hf))
-    kind = rec.kind
-    if kind == "mlm":
+    predicts = model.predicts  # what the model's head makes of its last hidden state
+    if predicts == "masked-token":
         _masked_lm_steps(steps, tokenizer, rec, top_k)
-    elif kind in ("text-classifier", "vit"):
+    elif predicts == "class":
         _class_steps(steps, rec, top_k)
-    elif kind == "encoder" or (rec.logits is None and not getattr(model, "causal", False)):
+    elif predicts == "nothing" or (rec.logits is None and not model.causal):
         h = _np(c[root + "ln_f"][0]) if root + "ln_f" in c else None
         add(Step("output", "contextual vectors (no prediction head)",
                  h.shape if h is not None else (len(toks),),
@@ -515,11 +519,13 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
         _stack_input(steps, rec, "decoder", dec)
         _attention_steps(steps, model, rec, dec, head, prefix_name="decoder.")
         _block_steps(steps, model, rec, dec, prefix_name="decoder.", cross_info=cross, head=head)
-        weights = rec.weights(cross.name)[head]  # (T, S)
-    else:
+        weights, alignment = rec.weights(cross.name)[head], False  # (T, S)
+    else:  # kind branch 1 of 3: an LSTM's recurrence, scores and context are no blocks; the
+        # walk-through names its formulas (rnn.SCORE_FORMULAS), prose no declaration holds yet
         _lstm_steps(steps, model, rec, src, tgt)
         weights = rec.weights(cross_maps[0].name)[0] if cross_maps else None
-    _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head)
+        alignment = True  # an LSTM's one attention: an alignment, not heads
+    _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head, alignment)
     layer_shown = layer if self_maps else 0
     return Trace(text, list(src), list(rec.ids.get("encoder", [])), layer_shown, head, steps,
                  rec.about)  # fmt: skip
@@ -584,7 +590,7 @@ def _lstm_steps(steps, model, rec, src, tgt) -> None:
                  "the next token.", h))  # fmt: skip
 
 
-def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head) -> None:
+def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head, alignment=False):
     """For each decoder step t: the token fed, the source tokens it attends to most, and the
     probabilities of the next output token (logits (T, V))."""
     add = steps.append
@@ -616,7 +622,7 @@ def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head) -> No
         lines.append(f"t={t} fed {show_token(tgt[t]):>6}"
                      + (f"  reads {seen}" if seen else "") + f"  -> {best}")  # fmt: skip
     what = ("the source tokens its cross-attention (head "
-            f"{head}) weighs most" if weights is not None and rec.kind != "lstm-attention"
+            f"{head}) weighs most" if weights is not None and not alignment
             else "the source tokens its alignment weighs most" if weights is not None
             else "(no attention: the source reaches it only through the context vector)")  # fmt: skip
     add(Step("decoder_steps", "each decoder step's prediction", (len(rows),),

@@ -27,16 +27,13 @@ from attnlab import __version__ as ATTNLAB_VERSION
 from attnlab.checkpoint import (
     PICKLE_SUFFIXES,
     RunError,
-    atomic_write_json,
-    atomic_write_text,
-    load_run,
     load_tensors,
     read_json_object,
     save_model,
     save_tensors,
-    writer_lock,
 )
 from attnlab.config import ConfigError
+from attnlab.files import FileLock, atomic_write_json, atomic_write_text
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import HFTokenizer, Tokenizer, TokenizerError, tokenizer_from_json
@@ -339,13 +336,7 @@ def _is_attnlab_run(d: Path) -> bool:
 def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads (see
     ``export_hf``, which also writes encoder runs)."""
-    model, tokenizer = load_run(run_dir)
-    if not isinstance(model, GPT):
-        raise RunError(
-            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
-            f"holds a model of type {model.model_type!r}"
-        )
-    return export_hf(run_dir, out_dir)
+    return export_hf(run_dir, out_dir, only="gpt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -637,8 +628,10 @@ def _fresh_output_dir(out_dir: str | Path, verb: str) -> Path:
 def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     """Convert a HF GPT-2 / BERT directory into an attnlab run directory."""
     model, tokenizer, provenance = load_hf(hf_dir)
-    with writer_lock(out_dir):  # a train writing out_dir refuses this, and this a train
+    with FileLock(out_dir) as lock:  # a train writing out_dir refuses this, and this a train
         out_dir = _fresh_output_dir(out_dir, "import-hf")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock.take()  # a directory made just now: locked before its first file
         save_model(out_dir, model, tokenizer, extra=provenance)
     return out_dir
 
@@ -781,29 +774,42 @@ def bert_state_dict(model: Encoder) -> dict[str, Tensor]:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
+# How each attnlab model type is written as a Hugging Face architecture (the explicit key
+# maps above): run -> (HF config.json, tensors, the tokenizer's max length). A format of this
+# module, not a declaration of the models, which know nothing of Hugging Face.
+EXPORTS = {
+    "gpt": lambda run: (gpt2_hf_config(run.model.config, run.tokenizer),
+                        gpt2_state_dict(run.model), run.model.config.block_size),
+    "encoder": lambda run: (bert_hf_config(run.model.config, run.config.get("labels")),
+                            bert_state_dict(run.model), run.model.config.block_size),
+}  # fmt: skip
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None) -> Path:
     """Write a GPT run as GPT-2 (``GPT2LMHeadModel``) and an encoder run as BERT
     (``BertForMaskedLM``, ``BertForSequenceClassification`` or ``BertModel``), with a tokenizer
     ``AutoTokenizer.from_pretrained`` loads (``tokenizer_files``), in a directory transformers
     opens with ``from_pretrained``. A char or word tokenizer is also kept as attnlab's own
     (attnlab_tokenizer.json), so ``import-hf`` brings the run back exactly."""
-    from attnlab.checkpoint import read_run_config
+    from attnlab.run import load_run
     from attnlab.tokenizers import PairTokenizer
 
-    model, tokenizer = load_run(run_dir)
-    if isinstance(model, GPT):
-        hf, tensors = gpt2_hf_config(model.config, tokenizer), gpt2_state_dict(model)
-        max_length = model.config.block_size
-    elif isinstance(model, Encoder):
-        labels = read_run_config(run_dir).get("labels")
-        hf, tensors = bert_hf_config(model.config, labels), bert_state_dict(model)
-        max_length = model.config.block_size
-    else:
+    run = load_run(run_dir)
+    model, tokenizer = run
+    # kind branch 2 of 3: a Hugging Face architecture is this module's format, chosen by the
+    # model_type config.json names (EXPORTS); the models declare nothing about Hugging Face
+    if only is not None and model.model_type != only:  # export_gpt2: GPT-2 directories only
+        raise RunError(
+            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
+            f"holds a model of type {model.model_type!r}"
+        )
+    if model.model_type not in EXPORTS:
         raise RunError(
             f"{run_dir}: export-hf writes GPT runs (as GPT-2) and encoder runs (as BERT); this "
             f"run holds a model of type {model.model_type!r}, which attnlab cannot write as a "
             "Hugging Face architecture"
         )
+    hf, tensors, max_length = EXPORTS[model.model_type](run)
     if tokenizer is not None and (
         isinstance(tokenizer, PairTokenizer) or not hasattr(tokenizer, "encode")
     ):

@@ -31,7 +31,6 @@ from attnlab.interventions.subjects import InterventionError, Point, Subject
 from attnlab.render.display import Result, heatmap_html, matrix_table, show_token
 
 LENS_FILE, LENS_META = "tuned_lens.safetensors", "tuned_lens.json"
-LENS_KINDS = ("gpt", "mlm", "encoder", "classify", "seq2seq", "vit")
 
 
 @dataclass
@@ -48,16 +47,17 @@ class LensResult(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
 
+        from attnlab.render.tables import FitTable
+
         kind = "tuned lens" if self.tuned else "logit lens"
-        t = Table(title=f"{kind}: top token per layer (row) and position (column)", box=None)
+        t = FitTable(title=f"{kind}: top token per layer (row) and position (column)")
         t.add_column("", style="bold")
-        for tok in self.tokens[:32]:
+        for tok in self.tokens:
             t.add_column(show_token(tok), justify="center")
         for label, row in zip(self.points, self.top):
-            t.add_row(label, *[show_token(x) for x in row[:32]])
+            t.add_row(label, *[show_token(x) for x in row])
         kl = matrix_table(self.kl, self.points, self.tokens, f"KL(final || {kind}) in nats")
         parts = [t, Text(""), kl, Text(f"\nlast layer vs the model's logits: max |difference| "
                                        f"{self.last_vs_model:.2e}", style="dim")]  # fmt: skip
@@ -111,12 +111,13 @@ class TunedLens:
     def save(self, run_dir: str | Path) -> tuple[Path, Path]:
         """Write the probes and their description into ``run_dir`` (each file atomically),
         holding its writer lock: refused while a train writes the run (its weights change)."""
-        from attnlab.checkpoint import atomic_write_json, save_tensors, writer_lock
+        from attnlab.files import FileLock, atomic_write_json
+        from attnlab.safetensors_io import save_tensors
 
         run_dir = Path(run_dir)
         tensors = {f"{n}.weight": w for n, w in self.weight.items()}
         tensors |= {f"{n}.bias": b for n, b in self.bias.items()}
-        with writer_lock(run_dir):
+        with FileLock(run_dir):
             meta = {**self.meta, "model_sha256": model_digest(run_dir)}
             save_tensors(run_dir / LENS_FILE, {k: v.float() for k, v in tensors.items()})
             atomic_write_json(run_dir / LENS_META, meta)
@@ -160,7 +161,7 @@ def _width(subject: Subject) -> int:
 
 
 def _check_kind(subject: Subject) -> None:
-    if subject.kind not in LENS_KINDS:
+    if not subject.model.residual:
         raise InterventionError("the lens reads a residual stream; an LSTM has none (its state "
                                 "is rewritten at every step, not added to)")  # fmt: skip
 
@@ -206,13 +207,14 @@ def training_batches(subject: Subject, data: str, max_tokens: int, encoding: str
     block size; an encoder reads one line per sequence (framed by its special tokens)."""
     from attnlab import data as corpora
 
-    if subject.kind not in ("gpt", "mlm", "encoder", "classify"):
+    model = subject.model
+    if model.reads != "text" or list(model.stacks) != [""]:
         raise InterventionError(f"the tuned lens is fitted on text: GPT and encoder runs, not "
                                 f"{subject.kind}")  # fmt: skip
     corpus = corpora.open_corpus(data, encoding)
     tok, dev = subject.tokenizer, subject.device
     block = subject.model.config.block_size
-    if subject.kind == "gpt":
+    if model.causal:  # a causal model reads windows; an encoder one line at a time
         ids: list[int] = []
         for chunk in corpus.chunks():
             ids.extend(tok.encode(chunk))

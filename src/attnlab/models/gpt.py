@@ -21,6 +21,7 @@ from attnlab.attention import KVCache, RingKVCache, from_hf_attention_mask
 from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
+from attnlab.models.declare import ModelKind, register
 from attnlab.positional import POSITIONAL, Rotary
 
 POSITIONS = ("learned", "sinusoidal", "rotary")
@@ -71,11 +72,20 @@ PRESETS: dict[str, dict] = {
 }
 
 
-class GPT(nn.Module):
-    """Decoder-only transformer. ``forward(ids)`` returns logits (B, T, vocab)."""
+@register
+class GPT(ModelKind, nn.Module):
+    """Decoder-only transformer. ``forward(ids)`` returns logits (B, T, vocab).
+
+    Declares (``attnlab.models.declare``): one causal stack read from token ids; it predicts
+    the next token at every position, through ``ln_f`` and ``lm_head``; it decodes."""
 
     config_class = GPTConfig
     model_type = "gpt"
+    decodes = kv_cache = True
+    examples = (
+        dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0),
+        dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0, mlp=False, pos="rotary"),
+    )
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
     causal = True  # output t depends on ids 0..t only (checked by `attnlab check`)
     uses_padding = False
@@ -181,13 +191,6 @@ class GPT(nn.Module):
         return (f"GPT: a causal decoder-only language model ({c.n_layer} layers, {c.n_head} "
                 f"heads, width {c.d_model}, {c.pos} positions); each token attends only to itself "
                 "and the tokens before it, and the model predicts the next token")  # fmt: skip
-
-    def record_text(self, tokenizer, text: str):
-        """Record one forward pass over ``text``: an ``attnlab.inspect.Recording`` whose cache
-        holds every named activation (blocks.N.attn.weights (1, H, T, T), ...)."""
-        from attnlab.inspect.recording import record_text
-
-        return record_text(self, tokenizer, text)
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ``targets`` (B, T) from ``ids`` (B, T)."""
