@@ -72,7 +72,6 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.hooks",
             "attnlab.modes",
             "attnlab.checks",
-            "attnlab.norms",
         ],
     ),  # fmt: skip
     # Leaves anything may use: files and the safetensors header, tokenizers, data, metrics,

@@ -61,7 +61,7 @@ def cue_examples(n: int, seed: int = 0) -> list[tuple[str, str, int]]:
 
 def write_cue_data(path) -> list[tuple[str, str, int]]:
     """The generated task as a label<TAB>text file (the same every time)."""
-    from attnlab.checkpoint import atomic_write_text
+    from attnlab.files import atomic_write_text
 
     rows = cue_examples(800)
     path.parent.mkdir(parents=True, exist_ok=True)

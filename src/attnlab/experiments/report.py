@@ -147,7 +147,7 @@ class Report:
                 "notes": self.notes, "measurements": self.data}  # fmt: skip
 
     def write(self, out: Path) -> tuple[Path, Path]:
-        from attnlab.checkpoint import atomic_write_text
+        from attnlab.files import atomic_write_text
 
         out.mkdir(parents=True, exist_ok=True)
         js, page = out / "figures.json", out / "report.html"
