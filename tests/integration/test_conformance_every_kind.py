@@ -10,7 +10,6 @@ import pytest
 from conformance_helpers import EXAMPLES, build_run, conformance
 
 
-@pytest.mark.slow  # every verb on a kind: 10 to 40 s each on a busy 2-core machine
 @pytest.mark.parametrize("cls, cfg", EXAMPLES)
 def test_every_verb_runs_on_every_declared_kind_and_its_identities_hold(cls, cfg, tmp_path,
                                                                         capsys):  # fmt: skip
