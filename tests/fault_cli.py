@@ -1,7 +1,7 @@
 """The ``attnlab`` command with a fault injected into its training (``attnlab.training.faults``).
 
     python tests/fault_cli.py SPEC ARGS...    # attnlab ARGS..., trained with Faults(SPEC)
-    run_faulty(SPEC, ARGS...)                 # the same as a subprocess, as conftest's run_cli
+    run_faulty(SPEC, ARGS...)                 # the same as a subprocess, as cli_helpers.run_cli
     inject(monkeypatch, SPEC)                 # in this process: attnlab.cli.main(...) trains
                                               # with Faults(SPEC) until the test ends
 

@@ -34,8 +34,15 @@ TINY_TRAIN = [
 ]
 
 
-def tiny_gpt(vocab: int = 20, **kw) -> GPT:
-    cfg = dict(vocab_size=vocab, block_size=16, n_layer=2, n_head=2, d_model=16)
+def tiny_gpt(vocab=20, **kw) -> GPT:
+    """The tests' one small GPT (2 layers, 2 heads, width 16). ``vocab``: a vocabulary size
+    (16 positions), or a tokenizer whose vocabulary it reads (48 positions: room for the
+    look-inside tests' sentences). Any config field can be overridden."""
+    if isinstance(vocab, int):
+        cfg = dict(vocab_size=vocab, block_size=16)
+    else:
+        cfg = dict(vocab_size=vocab.vocab_size, block_size=48)
+    cfg.update(n_layer=2, n_head=2, d_model=16)
     cfg.update(kw)
     return GPT(GPTConfig(**cfg))
 

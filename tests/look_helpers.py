@@ -9,8 +9,8 @@ from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import Block
 from attnlab.checkpoint import save_model
 from attnlab.models.declare import ModelKind
-from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import CharTokenizer
+from lm_helpers import tiny_gpt  # the tests' one small GPT (its importers take it from here too)
 
 SENTENCE = "I like to eat apples"
 CORPUS = "I like to eat apples. You like to eat pears. The bank of the river is green. "
@@ -18,12 +18,6 @@ CORPUS = "I like to eat apples. You like to eat pears. The bank of the river is 
 
 def char_tokenizer() -> CharTokenizer:
     return CharTokenizer.from_text(CORPUS)
-
-
-def tiny_gpt(tok: CharTokenizer, **overrides) -> GPT:
-    cfg = dict(vocab_size=tok.vocab_size, n_layer=2, n_head=2, d_model=16, block_size=48)
-    cfg.update(overrides)
-    return GPT(GPTConfig(**cfg))
 
 
 def train_briefly(

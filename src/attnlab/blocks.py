@@ -221,6 +221,13 @@ class Block(nn.Module):
         return out
 
 
+def block_parameters(d_model: int, d_ff: int, cross: bool = False) -> int:
+    """About how many parameters one Block of width C = ``d_model`` holds, counted without
+    building it: 4 C^2 of self-attention (Q, K, V, out), 4 C^2 more of cross-attention, and
+    2 C d_ff of feed-forward (``d_ff`` 0: none). Biases and norms, O(C), are left out."""
+    return (8 if cross else 4) * d_model * d_model + 2 * d_model * d_ff
+
+
 def block_stack(c, causal: bool, rotary: nn.Module | None = None) -> nn.ModuleList:
     """``c.n_layer`` Blocks sized by a model config (d_model, n_head, d_ff, dropout, norm_first,
     activation, ln_eps, bias, and ``mlp`` where the config has it): the stack of a GPT

@@ -31,16 +31,11 @@ from attnlab.cli import (
     verbs,
 )
 from attnlab.cli.lm import unescaped
-from conftest import SRC
+from cli_helpers import SRC
 from fault_cli import command
 from lm_helpers import TEXT, TINY_TRAIN
 
 ONE_STEP = ["--max-iters", "1", "--eval-interval", "1", "--eval-iters", "1"]
-
-
-@pytest.fixture(scope="module")
-def cli(forked_cli):
-    return forked_cli
 
 
 @pytest.fixture(scope="module")

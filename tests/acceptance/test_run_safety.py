@@ -41,7 +41,7 @@ from attnlab.run import load_run
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from attnlab.training import run as training
 from attnlab.training.rundir import RunDir
-from conftest import SRC, run_cli
+from cli_helpers import SRC, run_cli
 from fault_cli import command
 from forked_cli import watch
 from lm_helpers import TEXT, TINY_TRAIN, train_losses
@@ -380,11 +380,6 @@ def test_an_imported_run_may_have_a_padded_vocabulary_but_no_unknown_ids(tmp_pat
 # ---------------------------------------------------------------------------------------------
 # the real CLI: every edited run refused in one line, quickly, without growing
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cli(forked_cli):
-    return forked_cli
 
 
 @pytest.fixture(scope="module")

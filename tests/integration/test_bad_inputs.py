@@ -28,17 +28,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SRC, run_cli
+from cli_helpers import SRC, run_cli
 from lm_helpers import TEXT, TINY_TRAIN
 
 # ---------------------------------------------------------------------------------------------
 # fixtures and helpers
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def cli(forked_cli):
-    return forked_cli
 
 
 @pytest.fixture(scope="module")

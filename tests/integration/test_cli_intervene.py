@@ -17,9 +17,9 @@ CLEAN, CORRUPT = "I like to eat apples", "I like to eat pears."
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    path, _, _ = make_run(tmp_path_factory.mktemp("cli") / "run")
-    return path
+def run_dir(run):
+    """The tier's tiny run (tests/integration/conftest.py), as its directory."""
+    return run[0]
 
 
 def ok(capsys, *args) -> str:
@@ -37,78 +37,92 @@ def one_line_error(capsys, *args) -> str:
     return lines[0]
 
 
-def test_ablate_prints_the_loss_change_and_what_changed(capsys, run, tmp_path):
-    d = json.loads(ok(capsys, "ablate", run, CLEAN, "--head", "0.1,1.0", "--json"))
+def test_ablate_prints_the_loss_change_and_what_changed(capsys, run_dir, tmp_path):
+    d = json.loads(ok(capsys, "ablate", run_dir, CLEAN, "--head", "0.1,1.0", "--json"))
     assert d["loss_change"] == pytest.approx(d["ablated_loss"] - d["clean_loss"])
     assert d["values_changed"] > 0 and set(d["edits"]) == {"blocks.0.attn.z", "blocks.1.attn.z"}
     png = tmp_path / "ablate.png"
-    out = ok(capsys, "ablate", run, CLEAN, "--head", "1.1", "--mode", "mean", "--png", png)
+    out = ok(capsys, "ablate", run_dir, CLEAN, "--head", "1.1", "--mode", "mean", "--png", png)
     assert "values changed" in out and png.stat().st_size > 1000
 
 
-def test_patch_json_has_the_results_list(capsys, run):
-    d = json.loads(ok(capsys, "patch", run, "--clean", CLEAN, "--corrupt", CORRUPT,
+def test_patch_json_has_the_results_list(capsys, run_dir):
+    d = json.loads(ok(capsys, "patch", run_dir, "--clean", CLEAN, "--corrupt", CORRUPT,
                       "--target", "s", "--foil", ".", "--json"))  # fmt: skip
     rows = d["results"]
     assert len(rows) == 3 * len(CLEAN)  # (2 layers + the final residual) x positions
     assert all({"layer", "position", "recovered"} <= set(r) for r in rows)
     last = [r for r in rows if r["layer"] == 2 and r["position"] == len(CLEAN) - 1]
     assert last[0]["recovered"] == pytest.approx(1.0)
-    d = json.loads(ok(capsys, "patch", run, "--clean", CLEAN, "--corrupt", CORRUPT,
+    d = json.loads(ok(capsys, "patch", run_dir, "--clean", CLEAN, "--corrupt", CORRUPT,
                       "--target", "s", "--by", "head", "--json"))  # fmt: skip
     assert [(r["layer"], r["head"]) for r in d["results"]] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
-def test_attribute_dla_json_sums_to_the_logit(capsys, run):
-    d = json.loads(ok(capsys, "attribute", run, CLEAN, "--target", "s", "--method", "dla",
+def test_attribute_dla_json_sums_to_the_logit(capsys, run_dir):
+    d = json.loads(ok(capsys, "attribute", run_dir, CLEAN, "--target", "s", "--method", "dla",
                       "--json"))  # fmt: skip
     assert {"target", "logit", "components"} <= set(d)
     assert all(set(c) == {"name", "value"} for c in d["components"])
     assert abs(sum(c["value"] for c in d["components"]) - d["logit"]) <= 1e-5
-    out = ok(capsys, "attribute", run, CLEAN, "--target", "s", "--method", "dla")
+    out = ok(capsys, "attribute", run_dir, CLEAN, "--target", "s", "--method", "dla")
     assert "frozen: the final LayerNorm's scale" in out
 
 
-def test_attribute_ig_prints_its_completeness_error(capsys, run, tmp_path):
-    out = ok(capsys, "attribute", run, CLEAN, "--target", "s", "--method", "ig",
+def test_attribute_ig_prints_its_completeness_error(capsys, run_dir, tmp_path):
+    out = ok(capsys, "attribute", run_dir, CLEAN, "--target", "s", "--method", "ig",
              "--png", tmp_path / "ig.png")  # fmt: skip
     assert "completeness error" in out and (tmp_path / "ig.png").is_file()
 
 
 @pytest.mark.parametrize("method", ["rollout", "flow", "grad"])
-def test_attribute_other_methods(capsys, run, method):
+def test_attribute_other_methods(capsys, run_dir, method):
     extra = ["--target", "s"] if method == "grad" else []
-    d = json.loads(ok(capsys, "attribute", run, CLEAN, "--method", method, *extra, "--json"))
+    d = json.loads(ok(capsys, "attribute", run_dir, CLEAN, "--method", method, *extra, "--json"))
     assert d["method"] == method
 
 
-def test_lens_and_the_tuned_lens(capsys, run, tmp_path):
-    d = json.loads(ok(capsys, "lens", run, CLEAN, "--json"))
+def test_lens_and_the_tuned_lens(capsys, run_dir, tmp_path):
+    d = json.loads(ok(capsys, "lens", run_dir, CLEAN, "--json"))
     assert d["last_vs_model"] <= 1e-6 and d["points"][0] == "embed"
-    one_line_error(capsys, "lens", run, CLEAN, "--tuned")  # none fitted yet
+    one_line_error(capsys, "lens", run_dir, CLEAN, "--tuned")  # none fitted yet
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS * 20)
-    ok(capsys, "lens", run, "--train-tuned", "--data", corpus, "--max-tokens", "1500", "--quiet")
-    assert (run / "tuned_lens.safetensors").is_file() and (run / "tuned_lens.json").is_file()
-    d = json.loads(ok(capsys, "lens", run, CLEAN, "--tuned", "--json", "--png", tmp_path / "l.png"))
+    ok(
+        capsys,
+        "lens",
+        run_dir,
+        "--train-tuned",
+        "--data",
+        corpus,
+        "--max-tokens",
+        "1500",
+        "--quiet",
+    )
+    assert (run_dir / "tuned_lens.safetensors").is_file() and (
+        run_dir / "tuned_lens.json"
+    ).is_file()
+    d = json.loads(
+        ok(capsys, "lens", run_dir, CLEAN, "--tuned", "--json", "--png", tmp_path / "l.png")
+    )
     assert d["lens"] == "tuned" and (tmp_path / "l.png").is_file()
 
 
-def test_heads_importance_table_heatmap_and_curve(capsys, run, tmp_path):
+def test_heads_importance_table_heatmap_and_curve(capsys, run_dir, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS * 20)
-    d = json.loads(ok(capsys, "heads", run, "--importance", "--data", corpus, "--windows", "4",
+    d = json.loads(ok(capsys, "heads", run_dir, "--importance", "--data", corpus, "--windows", "4",
                       "--quiet", "--json", "--png", tmp_path / "h.png"))  # fmt: skip
     assert len(d["heads"]) == 4 and len(d["pruning"]) == 5
     assert (tmp_path / "h.png").stat().st_size > 1000
-    one_line_error(capsys, "heads", run, "--data", corpus)  # no mode chosen
+    one_line_error(capsys, "heads", run_dir, "--data", corpus)  # no mode chosen
 
 
-def test_eval_with_ablated_heads_on_a_text(capsys, run, tmp_path):
+def test_eval_with_ablated_heads_on_a_text(capsys, run_dir, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text(CORPUS * 20)
-    plain = ok(capsys, "eval", run, "--data", corpus, "--device", "cpu")
-    code, out, err = run_main(capsys, "eval", run, "--data", corpus, "--device", "cpu",
+    plain = ok(capsys, "eval", run_dir, "--data", corpus, "--device", "cpu")
+    code, out, err = run_main(capsys, "eval", run_dir, "--data", corpus, "--device", "cpu",
                               "--ablate", "0.0,1.1", "--json")  # fmt: skip
     assert code == 0, err
     d = json.loads(out)
@@ -117,7 +131,9 @@ def test_eval_with_ablated_heads_on_a_text(capsys, run, tmp_path):
     assert d["ablated"]["loss"] != d["intact"]["loss"]
     assert d["change"]["loss"] == pytest.approx(d["ablated"]["loss"] - d["intact"]["loss"])
     assert set(d["edits"]) == {"blocks.0.attn.z", "blocks.1.attn.z"} and d["values_changed"] > 0
-    assert "no head 7" in one_line_error(capsys, "eval", run, "--data", corpus, "--ablate", "1.7")
+    assert "no head 7" in one_line_error(
+        capsys, "eval", run_dir, "--data", corpus, "--ablate", "1.7"
+    )
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -132,8 +148,8 @@ def test_eval_with_ablated_heads_on_a_text(capsys, run, tmp_path):
     (["attribute", "{run}", CLEAN, "--method", "dla", "--target", "s", "--png", "x.txt"], ".png"),
     (["lens", "{run}"], "TEXT"),
 ])  # fmt: skip
-def test_bad_input_is_one_line_and_exit_2(capsys, run, args, needle):
-    assert needle in one_line_error(capsys, *[a.format(run=run) for a in args])
+def test_bad_input_is_one_line_and_exit_2(capsys, run_dir, args, needle):
+    assert needle in one_line_error(capsys, *[a.format(run=run_dir) for a in args])
 
 
 @pytest.mark.slow  # two interpreter start-ups
@@ -167,9 +183,9 @@ def test_an_encoder_decoder_run_patches_and_attributes(capsys, tmp_path):
     assert {r.get("stack") for r in d["results"]} == {"encoder", "decoder"}
 
 
-def test_explore_adds_intervention_tabs(capsys, run, tmp_path):
+def test_explore_adds_intervention_tabs(capsys, run_dir, tmp_path):
     out = tmp_path / "e.html"
-    code, _, err = run_main(capsys, "explore", run, CLEAN, "--html", out, "--interventions")
+    code, _, err = run_main(capsys, "explore", run_dir, CLEAN, "--html", out, "--interventions")
     assert code == 0, err
     page = out.read_text()
     for tab in (
@@ -184,23 +200,24 @@ def test_explore_adds_intervention_tabs(capsys, run, tmp_path):
     assert page.count('class="tabpane"') == 7 and "data:image/png;base64," in page
     assert "http://" not in page and "https://" not in page  # still self-contained
     plain = tmp_path / "p.html"
-    assert run_main(capsys, "explore", run, CLEAN, "--html", plain)[0] == 0
+    assert run_main(capsys, "explore", run_dir, CLEAN, "--html", plain)[0] == 0
     assert 'id="tabs"' not in plain.read_text()  # no tabs unless asked for
 
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_intervention_tabs_switch_in_chromium(run, tmp_path):
+def test_intervention_tabs_switch_in_chromium(run_dir, tmp_path):
     import os
 
     if not os.path.exists("/usr/bin/chromium"):
         pytest.skip("no /usr/bin/chromium: the tabs were not tried in a browser")
+    from attnlab.run_dir import load_run
+
     from attnlab.inspect import explore, record
     from attnlab.interventions import explorer_tabs
-    from attnlab.run import load_run
     from cdp import Browser
 
-    s = load_run(run).subject
+    s = load_run(run_dir).subject
     page = explore(record(s.model, s.tokenizer, CLEAN), s.model,
                    tabs=explorer_tabs(s, CLEAN)).save(tmp_path / "t.html")  # fmt: skip
     browser = Browser()

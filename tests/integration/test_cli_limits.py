@@ -20,7 +20,7 @@ import pytest
 
 from attnlab.cli import build_parser, verbs
 from attnlab.cli.limits import INDEX_MAX, bound_for, numeric_options
-from conftest import run_cli
+from cli_helpers import run_cli
 from lm_helpers import TEXT, TINY_TRAIN
 
 SECONDS = 5.0
@@ -72,11 +72,6 @@ for n, (verb, option, dest, _) in enumerate(numeric_options(verbs(build_parser()
     marks = [pytest.mark.slow] if verb in seen else []
     seen.add(verb)
     CASES.append(pytest.param(verb, option, values[n % len(values)], marks=marks))
-
-
-@pytest.fixture(scope="module")
-def cli(forked_cli):
-    return forked_cli
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -11,7 +11,7 @@ from lm_helpers import TEXT, TINY_TRAIN, metrics, write_text
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from conftest import run_cli
+    from cli_helpers import run_cli
 
     d = tmp_path_factory.mktemp("cli")
     data = write_text(d)

@@ -22,16 +22,11 @@ import pytest
 
 from attnlab import runtime
 from attnlab.cli import main
-from conftest import SRC
+from cli_helpers import SRC
 from lm_helpers import TEXT, TINY_TRAIN
 
 COPY = "copy:n_train=40,n_val=8,n_test=8,min_len=3,max_len=5,symbols=4"
 ONE_STEP = ["--max-iters", "1", "--eval-interval", "1", "--eval-iters", "1"]
-
-
-@pytest.fixture(scope="module")
-def cli(forked_cli):
-    return forked_cli
 
 
 @pytest.fixture(scope="module")

@@ -10,18 +10,13 @@ import numpy as np
 import pytest
 
 from attnlab.tasks.base import PredictOptions
-from conftest import SRC, run_cli
+from cli_helpers import SRC, run_cli
 
 pytest.importorskip("sklearn")
 
 # A few seconds of training: enough to exercise every verb, not to be accurate.
 QUICK = ("--task", "classify", "--data", "digits", "--max-iters", "30", "--eval-interval", "15",
          "--d-model", "16", "--n-head", "2", "--quiet")  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def cli(forked_cli):
-    return forked_cli
 
 
 @pytest.fixture(scope="module")

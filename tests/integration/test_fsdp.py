@@ -130,7 +130,7 @@ def test_fsdp_with_snapshots_is_refused_in_one_line(tmp_path, monkeypatch):
 
 
 def _torchrun(d, out, *more) -> subprocess.CompletedProcess:
-    from conftest import SRC
+    from cli_helpers import SRC
 
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",

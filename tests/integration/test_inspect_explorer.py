@@ -17,15 +17,10 @@ import torch
 from attnlab.hooks import ActivationCache
 from attnlab.inspect import Recording, explore, record
 from attnlab.models.gpt import GPT, GPTConfig
-from look_helpers import CORPUS, SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
+from look_helpers import CORPUS, SENTENCE, char_tokenizer, run_main, tiny_gpt
 from task_helpers import train_args, write_task_data
 
 CHROMIUM = "/usr/bin/chromium"
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("look") / "run")
 
 
 def _embedded(html: str) -> dict:

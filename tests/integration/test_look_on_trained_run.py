@@ -6,7 +6,8 @@ import csv
 import json
 
 import pytest
-from tests.conftest import run_cli
+
+from cli_helpers import run_cli
 
 pytestmark = pytest.mark.slow
 TEXT = "to be or not"

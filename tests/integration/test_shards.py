@@ -38,7 +38,7 @@ from attnlab.data.shards import (
 )
 from attnlab.data.stream import sample_chunks
 from attnlab.tokenizers import CharTokenizer, WordTokenizer, train_bpe
-from conftest import SRC
+from cli_helpers import SRC
 
 # Text that exercises every kind of boundary: runs of blanks, CR LF, tabs, non-breaking and
 # ideographic spaces, \x1c (a Python space that is not a Rust one), accents, digits, marks,

@@ -343,7 +343,7 @@ ARGS = [
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    from conftest import run_cli
+    from cli_helpers import run_cli
 
     d = tmp_path_factory.mktemp("whole")
     data = write_text(d)
@@ -373,7 +373,7 @@ def test_killed_while_writing_a_checkpoint(tmp_path, cli, uninterrupted, fault, 
 
 @pytest.mark.slow
 def test_kill_9_mid_run_then_resume_matches_uninterrupted(tmp_path, uninterrupted):
-    from conftest import SRC
+    from cli_helpers import SRC
 
     data, whole = uninterrupted
     run = tmp_path / "run"
@@ -391,7 +391,7 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted(tmp_path, uninterrupte
     assert proc.returncode == -signal.SIGKILL
     killed_at = max(train_losses(run))
     assert killed_at < 12
-    from conftest import run_cli
+    from cli_helpers import run_cli
 
     r = run_cli("train", "--data", data, "--out", run, *ARGS, "--resume")
     assert r.returncode == 0, r.stderr

@@ -14,14 +14,9 @@ import torch  # noqa: E402
 
 from attnlab.inspect import attention, attention_grid  # noqa: E402
 from attnlab.inspect.recording import record
-from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt  # noqa: E402
+from look_helpers import SENTENCE, char_tokenizer, run_main, tiny_gpt  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("look") / "run")
 
 
 def _drawn(fig):

@@ -12,14 +12,9 @@ from attnlab.errors import AttnlabError
 from attnlab.inspect import InspectError, attention, attention_grid
 from attnlab.inspect.recording import record
 from attnlab.render.display import show_token
-from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
+from look_helpers import SENTENCE, char_tokenizer, run_main, tiny_gpt
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("look") / "run")
 
 
 def test_attention_rows_sum_to_one_and_ignore_the_future(run):
@@ -96,17 +91,6 @@ def test_heatmap_and_grid_pngs(run, tmp_path):
     with pytest.raises(AttnlabError, match="PNG"):  # the rendering layer says it
         attention(rec).save_png(tmp_path / "map.jpg")
     assert not (tmp_path / "map.jpg").exists()
-
-
-def test_attention_cli(run, cli, tmp_path):
-    path, _, _ = run
-    r = cli(
-        "attention", path, SENTENCE, "--layer", "1", "--head", "1", "--json"
-    )  # real entry point
-    assert r.returncode == 0, r.stderr
-    d = json.loads(r.stdout)
-    assert (d["layer"], d["head"], d["queries"]) == (1, 1, list(SENTENCE))
-    np.testing.assert_allclose(np.array(d["weights"]).sum(-1), 1.0, atol=1e-4)
 
 
 def test_attention_cli_pngs_and_bad_input(run, capsys, tmp_path):

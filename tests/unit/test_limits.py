@@ -154,9 +154,15 @@ def _configs():
             yield name, GPT, GPTConfig(vocab_size=65, **p)
     for name, p in ENCODER_PRESETS.items():
         yield "encoder " + name, Encoder, EncoderConfig(vocab_size=512, **p)
+    yield "encoder mlm", Encoder, EncoderConfig(vocab_size=512, mlm_head=True)
+    yield "encoder classifier", Encoder, EncoderConfig(num_labels=3, pooler=True)
     yield "seq2seq", Seq2SeqTransformer, Seq2SeqConfig()
+    shared = dict(share_embeddings=True, pos="learned", src_vocab_size=512, tgt_vocab_size=512)
+    yield "seq2seq shared", Seq2SeqTransformer, Seq2SeqConfig(**shared)
     yield "lstm", RNNSeq2Seq, RNNConfig(n_layer=2)
+    yield "lstm 3 layers", RNNSeq2Seq, RNNConfig(n_layer=3, attention="additive")
     yield "vit", ViT, ViTConfig()
+    yield "vit rgb", ViT, ViTConfig(image_size=32, patch_size=4, channels=3)
 
 
 @pytest.mark.parametrize(

@@ -5,13 +5,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_conformance import build_run, conformance
 from torch import Tensor, nn
 
 from attnlab.blocks import Block
 from attnlab.config import BaseConfig
 from attnlab.hooks import Hook
 from attnlab.models.declare import REGISTRY, ModelKind, Unembed, register
+from conformance_helpers import build_run, conformance
 
 
 @dataclasses.dataclass

@@ -15,8 +15,18 @@ import sys
 
 from attnlab.errors import AttnlabError
 
-AREAS = ("train", "predict", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline",
-         "experiment")
+AREAS = (
+    "train",
+    "predict",
+    "lm",
+    "look",
+    "interop",
+    "seq2seq",
+    "vision",
+    "intervene",
+    "timeline",
+    "experiment",
+)
 
 
 class UsageError(AttnlabError):

@@ -532,7 +532,7 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
         _attention_steps(steps, model, rec, dec, head, prefix_name="decoder.")
         _block_steps(steps, model, rec, dec, prefix_name="decoder.", cross_info=cross, head=head)
         weights, alignment = rec.weights(cross.name)[head], False  # (T, S)
-    else:  # kind branch 1 of 3: an LSTM's recurrence, scores and context are no blocks; the
+    else:  # kind branch 1 of 2: an LSTM's recurrence, scores and context are no blocks; the
         # walk-through names its formulas (rnn.SCORE_FORMULAS), prose no declaration holds yet
         _lstm_steps(steps, model, rec, src, tgt)
         weights = rec.weights(cross_maps[0].name)[0] if cross_maps else None

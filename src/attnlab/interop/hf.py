@@ -814,7 +814,7 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None)
 
     run = load_run(run_dir)
     model, tokenizer = run
-    # kind branch 2 of 3: a Hugging Face architecture is this module's format, chosen by the
+    # kind branch 2 of 2: a Hugging Face architecture is this module's format, chosen by the
     # model_type config.json names (EXPORTS); the models declare nothing about Hugging Face
     if only is not None and model.model_type != only:  # export_gpt2: GPT-2 directories only
         raise RunError(

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import from_hf_attention_mask
-from attnlab.blocks import ACTIVATIONS, block_stack
+from attnlab.blocks import ACTIVATIONS, block_parameters, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.models.declare import (
@@ -81,6 +81,16 @@ class EncoderConfig(BaseConfig):
             raise ConfigError(
                 f"pad_id {self.pad_id} is outside the vocabulary of {self.vocab_size}"
             )
+
+    def estimate_parameters(self) -> int:
+        """About how many parameters an encoder of this config has, from its sizes alone: the
+        blocks, token, position and segment embeddings, and the heads the config asks for."""
+        c = self.d_model
+        n = self.n_layer * block_parameters(c, self.d_ff or 4 * c)
+        n += (self.vocab_size + self.block_size + self.type_vocab_size) * c
+        n += (c * c + self.vocab_size) if self.mlm_head else 0  # dense + decoder bias (tied)
+        n += (c * c if self.pooler else 0) + c * self.num_labels
+        return n + (0 if self.tie_weights or not self.mlm_head else self.vocab_size * c)
 
 
 ENCODER_PRESETS: dict[str, dict] = {

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import KVCache, RingKVCache, from_hf_attention_mask
-from attnlab.blocks import ACTIVATIONS, block_stack
+from attnlab.blocks import ACTIVATIONS, block_parameters, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.models.declare import ModelKind, register
@@ -54,6 +54,16 @@ class GPTConfig(BaseConfig):
         self._one_of("activation", ACTIVATIONS)
         self._fraction("dropout")
         self._positive("ln_eps")
+
+    def estimate_parameters(self) -> int:
+        """About how many parameters a GPT of this config has, from its sizes alone (building
+        100,000 layers takes minutes even on the meta device): the blocks, the token and
+        learned position embeddings, and the output layer when it is not tied."""
+        c = self.d_model
+        ff = (self.d_ff or 4 * c) if self.mlp else 0
+        n = self.n_layer * block_parameters(c, ff) + self.vocab_size * c
+        n += self.block_size * c if self.pos == "learned" else 0
+        return n + (0 if self.tie_weights else self.vocab_size * c)
 
 
 PRESETS: dict[str, dict] = {

@@ -64,6 +64,15 @@ class RNNConfig(BaseConfig):
         self._fraction("dropout")
         self._fraction("label_smoothing")
 
+    def estimate_parameters(self) -> int:
+        """About how many parameters this LSTM encoder-decoder has, from its sizes alone:
+        4 h (e + h) per LSTM layer (the first reads the embedding e, the rest h), both
+        embeddings, the attention's combination layer and the output layer."""
+        h, e, n = self.d_hidden, self.d_embed, self.n_layer
+        lstm = 4 * h * (e + h) + (n - 1) * 4 * h * (2 * h)
+        embed = (self.src_vocab_size + self.tgt_vocab_size) * e
+        return 2 * lstm + embed + 2 * h * h + (h + 1) * self.tgt_vocab_size
+
 
 class SourceAttention(nn.Module):
     """One-head attention of decoder states (B, T, C) over encoder outputs (B, S, C)."""

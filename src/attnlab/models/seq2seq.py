@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import KVCache, StaticKV, padding_mask
-from attnlab.blocks import ACTIVATIONS, Block
+from attnlab.blocks import ACTIVATIONS, Block, block_parameters
 from attnlab.checks import DecoderProbes
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
@@ -71,6 +71,18 @@ class Seq2SeqConfig(BaseConfig):
                 raise ConfigError("share_embeddings needs src_vocab_size == tgt_vocab_size")
             if not self.tie_weights:
                 raise ConfigError("share_embeddings ties all three matrices: it needs tie_weights")
+
+    def estimate_parameters(self) -> int:
+        """About how many parameters this encoder-decoder has, from its sizes alone: encoder
+        blocks, decoder blocks (with cross-attention), both embeddings (one when shared),
+        learned positions, and the output layer when it is not tied."""
+        c = self.d_model
+        ff = self.d_ff or 4 * c
+        n = self.n_encoder_layers * block_parameters(c, ff)
+        n += self.n_decoder_layers * block_parameters(c, ff, cross=True)
+        n += (0 if self.share_embeddings else self.src_vocab_size) * c
+        n += self.tgt_vocab_size * c + (2 * self.max_len * c if self.pos == "learned" else 0)
+        return n + (0 if self.tie_weights else self.tgt_vocab_size * c)
 
 
 def noam_lr(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.blocks import ACTIVATIONS, block_stack
+from attnlab.blocks import ACTIVATIONS, block_parameters, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.models.declare import InputError, ModelKind, Prepared, Unembed, class_id, register
@@ -59,6 +59,14 @@ class ViTConfig(BaseConfig):
         self._one_of("activation", ACTIVATIONS)
         self._fraction("dropout")
         self._positive("ln_eps")
+
+    def estimate_parameters(self) -> int:
+        """About how many parameters a ViT of this config has, from its sizes alone: the
+        blocks, the patch projection, [CLS] and position embeddings, and the class head."""
+        c = self.d_model
+        n = self.n_layer * block_parameters(c, self.d_ff or 4 * c)
+        n += self.patch_size * self.patch_size * self.channels * c
+        return n + (self.n_patches + 2) * c + c * self.n_classes
 
     @property
     def grid(self) -> int:

@@ -122,26 +122,9 @@ def _layers(cfg) -> int:
 
 def estimate_parameters(cfg) -> int:
     """About how many parameters a model of config ``cfg`` has, counted from its sizes without
-    building it (building 100,000 layers takes minutes even on the meta device): per layer
-    4 C^2 of attention (and 4 C^2 more of cross-attention in a decoder layer) and 2 C d_ff of
-    feed-forward; 4 h (e + h) per LSTM layer; the embeddings and an untied output layer."""
-    vocab = int(getattr(cfg, "vocab_size", 0) or 0)
-    src = int(getattr(cfg, "src_vocab_size", 0) or 0)
-    tgt = int(getattr(cfg, "tgt_vocab_size", 0) or 0)
-    if hasattr(cfg, "d_hidden"):  # an LSTM encoder-decoder
-        h, e, n = int(cfg.d_hidden), int(cfg.d_embed), int(cfg.n_layer)
-        lstm = 4 * h * (e + h) + (n - 1) * 4 * h * (2 * h)  # first layer reads e, the rest h
-        return 2 * lstm + (src + tgt) * e + 2 * h * h + (h + 1) * tgt
-    c = int(getattr(cfg, "d_model", 0) or 0)
-    ff = int(getattr(cfg, "d_ff", 0) or 4 * c) if getattr(cfg, "mlp", True) else 0
-    layers = _layers(cfg)
-    cross = int(getattr(cfg, "n_decoder_layers", 0) or 0) * 4 * c * c
-    n = layers * (4 * c * c + 2 * c * ff) + cross
-    n += (vocab + src + tgt) * c + positions(cfg) * c  # token and position embeddings
-    if not getattr(cfg, "tie_weights", True):
-        n += (vocab or tgt) * c
-    patch, channels = getattr(cfg, "patch_size", 0) or 0, getattr(cfg, "channels", 0) or 0
-    return int(n + patch * patch * channels * c + c * int(getattr(cfg, "n_classes", 0) or 0))
+    building it: each model config declares the count (``estimate_parameters``, in its
+    module in ``attnlab.models``)."""
+    return int(cfg.estimate_parameters())
 
 
 def planned_config(options):
