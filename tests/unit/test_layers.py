@@ -67,6 +67,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.attention",
             "attnlab.blocks",
             "attnlab.positional",
+            "attnlab.norms",
             "attnlab.hooks",
             "attnlab.modes",
             "attnlab.checks",
