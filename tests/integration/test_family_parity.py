@@ -24,7 +24,7 @@ from attnlab.interop.hf import load_hf  # noqa: E402
 
 SIZE = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
             num_attention_heads=4, max_position_embeddings=64, bos_token_id=None,
-            eos_token_id=None, pad_token_id=None)  # fmt: skip
+            eos_token_id=None, pad_token_id=None, initializer_range=0.2)  # fmt: skip
 LLAMA3 = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 8.0, "low_freq_factor": 1.0,
           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
 
@@ -141,6 +141,10 @@ def test_the_older_config_spelling_reads_the_same(pair):
 
 def test_an_import_directory_gives_a_run_with_the_same_logits(pair, tmp_path):
     name, hf, ours, d = pair
+    from tokenizers import Tokenizer, models
+
+    vocab = {f"t{i}": i for i in range(SIZE["vocab_size"])}
+    Tokenizer(models.WordLevel(vocab, unk_token="t0")).save(str(d / "tokenizer.json"))
     model, _, provenance = load_hf(d)
     ids = torch.randint(0, SIZE["vocab_size"], (1, 9))
     with torch.no_grad():

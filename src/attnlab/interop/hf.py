@@ -467,6 +467,10 @@ def load_hf(hf_dir: str | Path):
         )
     model = known[kind](hf_dir, hf)
     tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
+    if tokenizer is None and kind in decoders.FAMILIES:
+        raise RunError(
+            f"{hf_dir}: no tokenizer.json (a {kind} model is imported with its tokenizer)"
+        )
     if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
         raise RunError(
             f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model "

@@ -58,8 +58,9 @@ class GPTConfig(BaseConfig):
     rope_scaling: dict | None = None  # RopeScaling's fields: {"kind": "llama3", "factor": 8, ...}
     local_rope_base: float | None = None  # the base of sliding layers, where it differs (Gemma 3)
     sliding_window: int | None = None  # a sliding layer's query sees the last this many tokens
-    layer_types: list | None = None  # full | sliding per layer; None = all sliding when
-    #                                  sliding_window is set (Mistral), else all full
+    layer_types: list | None = None  # full | sliding, layer i the (i mod len)-th: a pattern
+    #       (Gemma 2: [sliding, full]) or one per layer; None = all sliding when sliding_window
+    #       is set (Mistral), else all full
     qk_norm: bool = False  # an RMSNorm of this model's kind on each head's q and k (Qwen3)
     qkv_bias: bool | None = None  # None = bias (Qwen2: q/k/v biases only)
     out_bias: bool | None = None  # None = bias
@@ -100,8 +101,8 @@ class GPTConfig(BaseConfig):
             except (TypeError, ValueError) as e:
                 raise ConfigError(f"rope_scaling: {e}") from None
         if self.layer_types is not None:
-            if len(self.layer_types) != self.n_layer or not set(self.layer_types) <= {*LAYER_TYPES}:
-                raise ConfigError(f"layer_types: one of {', '.join(LAYER_TYPES)} per layer")
+            if not self.layer_types or not set(self.layer_types) <= {*LAYER_TYPES}:
+                raise ConfigError(f"layer_types: a list of {', '.join(LAYER_TYPES)}")
             if "sliding" in self.layer_types and self.sliding_window is None:
                 raise ConfigError("sliding layers need a sliding_window")
         if (self.qk_norm or self.norm != "layer") and not self.norm_first:
@@ -119,7 +120,8 @@ class GPTConfig(BaseConfig):
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of layer ``layer``, or None where it sees every earlier token."""
-        kind = self.layer_types[layer] if self.layer_types else "sliding"
+        types = self.layer_types
+        kind = types[layer % len(types)] if types else "sliding"
         return self.sliding_window if kind == "sliding" else None
 
     def to_dict(self) -> dict:
