@@ -51,6 +51,7 @@ def snapshot_cpu(run_dir: Path, repeats: int = 20) -> tuple[float, int, int]:
     from attnlab.checkpoint import load_run, read_run_config
     from attnlab.inspect.snapshots import PATTERN_TOKENS, Snapshots
     from attnlab.tasks import open_task
+    from attnlab.training.rundir import RunDir
 
     cfg = read_run_config(run_dir)["train_config"]
     model, _ = load_run(run_dir)
@@ -61,7 +62,7 @@ def snapshot_cpu(run_dir: Path, repeats: int = 20) -> tuple[float, int, int]:
         snaps = Snapshots(cfg["snapshot_every"], inputs, ids, seed=cfg["seed"])
 
         class Fake:  # what the callback reads of a Trainer
-            writes, out_dir, step, raw_model = True, Path(d), 0, model
+            writes, run, step, raw_model = True, RunDir(d), 0, model
 
         snaps.on_open(Fake, resumed=False)
         times = []

@@ -20,8 +20,8 @@ SENTENCE = "I like to eat apples"
 
 
 def train() -> None:
-    from attnlab.checkpoint import read_trainer_state
     from attnlab.cli import main as cli
+    from attnlab.training.rundir import read_trainer_state
 
     state = read_trainer_state(RUN) if (RUN / "trainer_state.json").is_file() else None
     if state is not None and state["step"] >= MAX_ITERS:

@@ -15,7 +15,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from attnlab.cli import (
 )
 from attnlab.cli.lm import unescaped
 from conftest import SRC
+from fault_cli import command
 from lm_helpers import TEXT, TINY_TRAIN
 
 ONE_STEP = ["--max-iters", "1", "--eval-interval", "1", "--eval-iters", "1"]
@@ -238,10 +238,10 @@ def test_ctrl_c_names_the_step_that_was_saved(home, tmp_path):
     checkpoint's step and the last step in metrics.jsonl."""
     out = tmp_path / "run"
     loud = [a for a in TINY_TRAIN if a != "--quiet"]
-    env = {**os.environ, "PYTHONPATH": str(SRC), "ATTNLAB_FAULT": "step-delay:0.05"}
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "train", "--data", str(home / "corpus.txt"), "--out",
-         str(out), *loud, "--max-iters", "100000", "--eval-interval", "7"],
+        command("step-delay:0.05", "train", "--data", home / "corpus.txt", "--out", out, *loud,
+                "--max-iters", "100000", "--eval-interval", "7"),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     lines = []

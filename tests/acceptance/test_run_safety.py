@@ -8,8 +8,9 @@
   the refusing process never grows by more than the weights' size: for every kind of run
   (GPT, masked LM, classifier, Transformer and LSTM encoder-decoders, ViT, imported GPT-2),
   by the verb that reads it and by train --resume.
-- ``writer_lock``: training.train takes it for every task before anything else; a second
-  writer is refused naming the first; readers never take it; kill -9 frees it at once.
+- the writer lock (``attnlab.files.FileLock``, held by a ``RunDir``): training.train takes it
+  for every task before anything else; a second writer is refused naming the first; readers
+  never take it; kill -9 frees it at once.
 """
 
 from __future__ import annotations
@@ -33,12 +34,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnlab import checkpoint as ckpt
-from attnlab.checkpoint import RunError, load_run, read_header, save_model, writer_lock
+from attnlab.checkpoint import RunError, load_run, read_header, save_model
 from attnlab.data.images import ImageTokenizer
+from attnlab.files import FileLock, atomic_write_text
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
-from attnlab.training import FAULT_ENV
 from attnlab.training import run as training
+from attnlab.training.rundir import RunDir
 from conftest import SRC, run_cli
+from fault_cli import command
 from forked_cli import watch
 from lm_helpers import TEXT, TINY_TRAIN, train_losses
 from task_helpers import TASKS, given, train_args, write_task_data
@@ -695,7 +698,7 @@ def test_loading_costs_one_copy_of_the_weights(tmp_path):
 
 def flock(run_dir: Path) -> int | None:
     """Try to take the flock of ``run_dir`` as another writer would (its own descriptor, so
-    even in this process it conflicts with writer_lock's): the descriptor, or None if held."""
+    even in this process it conflicts with FileLock's): the descriptor, or None if held."""
     fd = os.open(run_dir, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -715,7 +718,7 @@ def test_a_second_writer_is_refused_naming_the_first(tmp_path):
     fd = flock(run)  # the first writer: this process, under another descriptor
     try:
         before = snapshot(tmp_path)
-        with pytest.raises(RunError) as e, writer_lock(run):
+        with pytest.raises(RunError) as e, FileLock(run):
             pass
         load_run(run)  # readers take no lock
     finally:
@@ -724,47 +727,61 @@ def test_a_second_writer_is_refused_naming_the_first(tmp_path):
     assert message.startswith(f"{run}: another process is writing this run directory (pid ")
     assert f"(pid {os.getpid()}: " in message and ", running since 20" in message
     assert snapshot(tmp_path) == before  # the lock is on the directory: nothing is created
-    with writer_lock(run):  # closing the holder's descriptor released it
+    with FileLock(run):  # closing the holder's descriptor released it
         assert flock(run) is None
 
 
 def test_taking_the_lock_changes_nothing_in_an_existing_run(tmp_path):
     run = saved(tmp_path, "gpt tied learned")
     before = snapshot(tmp_path)
-    with writer_lock(run):
+    with FileLock(run):
         assert flock(run) is None  # held from entry
         assert snapshot(tmp_path) == before
     assert snapshot(tmp_path) == before
     os.close(flock(run))  # and free after
 
 
-def test_a_new_run_is_locked_at_its_first_write(tmp_path):
-    """Entering creates nothing; the first file written under the run directory through
-    checkpoint (in a subdirectory too) takes its lock."""
+def test_a_new_run_is_locked_when_it_is_created(tmp_path):
+    """Entering creates nothing; ``RunDir.create`` makes the directory and takes its lock
+    before its first file. Writes elsewhere know nothing of the lock (it is no global)."""
     run = tmp_path / "new"
-    with writer_lock(run):
+    with RunDir(run) as run_dir:
         assert not run.exists()
-        (run / "best").mkdir(parents=True)
-        os.close(flock(run))  # free until the first write (flock gives None if held)
-        ckpt.atomic_write_text(tmp_path / "elsewhere.txt", "not the run's")
-        os.close(flock(run))
-        ckpt.atomic_write_text(run / "best" / "a.txt", "first")
+        atomic_write_text(tmp_path / "elsewhere.txt", "not the run's")
+        run_dir.create()
+        assert flock(run) is None
+        assert list(run.iterdir()) == []  # its proof of writability removed
+        atomic_write_text(run / "a.txt", "first")
         assert flock(run) is None
     os.close(flock(run))
 
 
-def test_a_refused_first_write_writes_nothing(tmp_path):
+def test_a_refused_create_writes_nothing(tmp_path):
     run = tmp_path / "new"
     run.mkdir()
-    with writer_lock(run / "sub"):
+    with RunDir(run / "sub") as run_dir:
         (run / "sub").mkdir()
-        fd = flock(run / "sub")  # another writer got there between our mkdir and first write
+        fd = flock(run / "sub")  # another writer got there between our entry and create
         try:
             with pytest.raises(RunError, match="another process is writing"):
-                ckpt.atomic_write_text(run / "sub" / "a.txt", "first")
+                run_dir.create()
         finally:
             os.close(fd)
     assert list((run / "sub").iterdir()) == []
+
+
+def test_one_lock_object_nests_and_two_conflict(tmp_path):
+    """Entering a lock this object holds is a no-op (the outer block keeps it); a second
+    object on the same directory, even in this process, is a second writer."""
+    lock = FileLock(tmp_path)
+    with lock:
+        with lock:
+            assert lock.held
+        assert lock.held and flock(tmp_path) is None
+        with pytest.raises(RunError, match="another process is writing"), FileLock(tmp_path):
+            pass
+    assert not lock.held
+    os.close(flock(tmp_path))
 
 
 @pytest.mark.parametrize("resume", [False, True], ids=["new run", "--resume"])
@@ -822,8 +839,9 @@ def test_every_task_trains_holding_the_lock(tmp_path, task_id, monkeypatch):
 
         return checked
 
-    for name in ("write_tokenizer", "write_checkpoint", "write_best", "append_metrics"):
-        monkeypatch.setattr(ckpt, name, checking(getattr(ckpt, name)))
+    monkeypatch.setattr(ckpt, "write_tokenizer", checking(ckpt.write_tokenizer))
+    for name in ("save_checkpoint", "save_best", "append_metrics"):
+        monkeypatch.setattr(RunDir, name, checking(getattr(RunDir, name)))
     more = ("--max-iters", "2", "--eval-interval", "1", "--checkpoint-seconds", "0")
     training.train(training.plan(given(task_id, tmp_path, run, *more)))
     assert len(held) >= 4 and all(held), held
@@ -867,8 +885,8 @@ def test_a_tuned_lens_is_not_saved_into_a_run_being_trained(tmp_path):
 
 KILLED_HOLDER = textwrap.dedent("""
     import os, signal, sys
-    from attnlab.checkpoint import writer_lock
-    with writer_lock(sys.argv[1]):
+    from attnlab.files import FileLock
+    with FileLock(sys.argv[1]):
         os.kill(os.getpid(), signal.SIGKILL)
 """)
 
@@ -878,8 +896,8 @@ def test_kill_9_frees_the_lock_at_once(tmp_path):
     r = subprocess.run([sys.executable, "-c", KILLED_HOLDER, str(tmp_path)], env=ENV,
                        timeout=120)  # fmt: skip
     assert r.returncode == -signal.SIGKILL
-    with writer_lock(tmp_path):
-        ckpt.atomic_write_text(tmp_path / "note.txt", "mine")
+    with FileLock(tmp_path):
+        atomic_write_text(tmp_path / "note.txt", "mine")
     assert (tmp_path / "note.txt").read_text() == "mine"
 
 
@@ -889,9 +907,8 @@ def test_two_trains_one_run_then_kill_9_and_resume(tmp_path):
     within seconds naming the first; after kill -9 of the first, --resume works at once."""
     (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
     args = ["train", "--data", "corpus.txt", "--out", "run", *TINY_TRAIN, "--eval-interval", "2"]
-    env = {**ENV, FAULT_ENV: "step-delay:0.2"}
-    first = subprocess.Popen([sys.executable, "-m", "attnlab", *args, "--max-iters", "1000"],
-                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+    first = subprocess.Popen(command("step-delay:0.2", *args, "--max-iters", "1000"),
+                             cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.time() + 120
@@ -905,7 +922,9 @@ def test_two_trains_one_run_then_kill_9_and_resume(tmp_path):
             lines = r.stderr.splitlines()
             assert r.returncode == 2 and len(lines) == 1, r.stderr
             assert "another process is writing this run directory" in lines[0]
-            assert f"pid {first.pid}: attnlab train --data corpus.txt --out run" in lines[0]
+            # (the first train runs through the tests' fault_cli.py, not `python -m attnlab`)
+            assert f"pid {first.pid}: " in lines[0]
+            assert "train --data corpus.txt --out run" in lines[0]
             assert seconds < 30
             print(
                 f"second train {' '.join(extra) or '(no --resume)'}: exit 2 in {seconds:.1f} s:"

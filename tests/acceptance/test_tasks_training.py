@@ -14,10 +14,11 @@ import signal
 import pytest
 import torch
 
-from attnlab.checkpoint import load_run, read_trainer_state
+from attnlab.checkpoint import load_run
 from attnlab.cli import main
-from attnlab.training import FAULT_ENV
 from attnlab.training import run as training
+from attnlab.training.rundir import read_trainer_state
+from fault_cli import inject, run_faulty
 from lm_helpers import metrics
 from task_helpers import TASKS, given, train_args, write_task_data
 
@@ -97,16 +98,16 @@ def test_a_signal_saves_the_step_it_finished_then_resume_matches(
     task_id, data_dir, whole, tmp_path, monkeypatch, capsys
 ):
     sig = "sigterm" if IDS.index(task_id) % 2 else "sigint"
-    monkeypatch.setenv(FAULT_ENV, f"{sig}-at:3")
     run = tmp_path / task_id
-    code = main(train_args(task_id, data_dir, run, "--max-iters", "8", *SCHEDULE))
+    with monkeypatch.context() as m:
+        inject(m, f"{sig}-at:3")
+        code = main(train_args(task_id, data_dir, run, "--max-iters", "8", *SCHEDULE))
     assert code == (143 if sig == "sigterm" else 130)
     err = capsys.readouterr().err
     assert f"saved the checkpoint of step 3 in {run}" in err
     assert f"stopped at step 3; checkpoint saved in {run}" in err
     assert read_trainer_state(run)["step"] == 3
     load_run(run)
-    monkeypatch.delenv(FAULT_ENV)
     assert resume(data_dir, run) == 0
     assert train_losses(run) == train_losses(whole(task_id))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
@@ -138,7 +139,7 @@ def test_grad_accum_compile_and_bf16_autocast_train_every_task(task_id, data_dir
 def test_a_nan_loss_stops_every_task_and_keeps_the_last_checkpoint(
     task_id, data_dir, tmp_path, monkeypatch, capsys
 ):
-    monkeypatch.setenv(FAULT_ENV, "nan-at:3")  # the 4th step's loss
+    inject(monkeypatch, "nan-at:3")  # the 4th step's loss
     run = tmp_path / task_id
     assert main(train_args(task_id, data_dir, run, "--max-iters", "8", *SCHEDULE)) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -249,7 +250,7 @@ def test_kill_9_while_installing_a_checkpoint_leaves_a_run_that_loads_and_resume
     assert r.returncode == 0, r.stderr
     run = tmp_path / "killed"
     args = train_args(task_id, data_dir, run, "--max-iters", "8", *SCHEDULE)
-    r = forked(*args, env={FAULT_ENV: "kill-during-install:3"})  # checkpoints 0, 2, then 4
+    r = run_faulty("kill-during-install:3", *args)  # checkpoints 0, 2, then 4
     assert r.returncode == -signal.SIGKILL and (run / "ckpt-ready").is_dir()
     load_run(run)
     data = TASKS[task_id][1] if ":" in TASKS[task_id][1] else data_dir / TASKS[task_id][1]

@@ -141,7 +141,9 @@ def test_an_incomplete_or_unsupported_directory_is_refused_in_one_line(
 @pytest.fixture(scope="module", params=["LlamaConfig", "Gemma2Config"])
 def imported(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
-    extra = {"head_dim": 8, "sliding_window": 4} if request.param == "Gemma2Config" else {}
+    extra = {}
+    if request.param == "Gemma2Config":  # a cap that bends the logits (they are about 1)
+        extra = {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 1.0}
     save_family(d, request.param, **extra)
     run = tmp_path_factory.mktemp("run") / "run"
     assert main(["import-hf", str(d), "--out", str(run)]) == 0
@@ -164,3 +166,27 @@ def test_an_imported_run_loads_with_its_pieces(imported):
     c = model.config
     assert c.norm.startswith("rms") and c.ffn == "gated" and c.n_kv_heads == 2
     assert tokenizer.vocab_size <= c.vocab_size
+
+
+def test_the_conformance_identities_hold_on_an_imported_decoder(capsys, imported):
+    """DLA's parts sum to the logit (RMS norms, four-norm blocks and the final softcap frozen);
+    lens at the last layer gives the model's own prediction; patching the whole clean residual
+    recovers 1."""
+    text = "the cat sat on the mat"
+    code, out, err = attnlab(capsys, "attribute", imported, text, "--method", "dla",
+                             "--target", " mat", "--json")  # fmt: skip
+    assert code == 0, err
+    dla = json.loads(out)
+    assert dla["error"] < 1e-6 * (1 + abs(dla["logit"])), dla["frozen"]
+    assert abs(dla["logit"] - dla["logit_float32"]) < 1e-4
+    code, out, err = attnlab(capsys, "patch", imported, "--clean", "the cat sat", "--corrupt",
+                             "the dog sat", "--target", " on", "--json")  # fmt: skip
+    assert code == 0, err
+    patch = json.loads(out)
+    last = max(r["layer"] for r in patch["results"])
+    for r in patch["results"]:  # the final residual: the clean run's metric, exactly
+        if r["layer"] == last:
+            assert r["recovered"] == (1.0 if r["position"] == patch["position"] else 0.0)
+    code, out, err = attnlab(capsys, "lens", imported, text, "--json")
+    assert code == 0, err
+    assert max(json.loads(out)["kl"][-1]) < 1e-4  # the last layer's lens is the model itself

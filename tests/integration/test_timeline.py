@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab import checkpoint as ckpt
 from attnlab.cli import main
 from attnlab.inspect.snapshots import PATTERN_BUDGET, Snapshots
 from attnlab.inspect.timeline import fastest_change, timeline
 from attnlab.train_config import default_snapshot_interval
-from attnlab.training import FAULT_ENV
+from attnlab.training.rundir import RunDir
+from fault_cli import inject
 from lm_helpers import metrics
 from task_helpers import train_args, write_task_data
 
@@ -87,7 +87,7 @@ def test_patterns_are_thinned_to_the_budget_and_scores_kept_at_every_snapshot(tm
 
     model = GPT(GPTConfig(vocab_size=16, n_layer=2, n_head=4, d_model=16, block_size=48))
     snaps = Snapshots(every=1, n_probe=2)
-    snaps.out_dir = tmp_path
+    snaps.run = RunDir(tmp_path)
     snaps.repeat = torch.randint(0, 16, (2, 48))
     per = 2 * 4 * 48 * 48 * 2  # maps x heads x T x T x 2 bytes (one probe)
     max_iters = 4 * PATTERN_BUDGET // per
@@ -95,11 +95,13 @@ def test_patterns_are_thinned_to_the_budget_and_scores_kept_at_every_snapshot(tm
         snaps.take(model, step, max_iters)
     assert snaps.keep_every == 5  # ceil((max_iters + 1) * per / budget)
     kept = [
-        s for s in ckpt.snapshot_steps(tmp_path) if ckpt.read_snapshot(tmp_path, s)[0]["patterns"]
+        s
+        for s in RunDir(tmp_path).snapshot_steps()
+        if RunDir(tmp_path).read_snapshot(s)[0]["patterns"]
     ]
     assert kept == [0, max_iters]
-    for s in ckpt.snapshot_steps(tmp_path):
-        meta, t = ckpt.read_snapshot(tmp_path, s)
+    for s in RunDir(tmp_path).snapshot_steps():
+        meta, t = RunDir(tmp_path).read_snapshot(s)
         assert t["scores.repeat.blocks.1.attn.weights"].shape == (4, 6)
         assert ("patterns.repeat.blocks.1.attn.weights" in t) == meta["patterns"]
 
@@ -108,7 +110,7 @@ def test_patterns_are_thinned_to_the_budget_and_scores_kept_at_every_snapshot(tm
 
 
 def snapshots(run) -> dict[int, dict[str, torch.Tensor]]:
-    return {s: ckpt.read_snapshot(run, s)[1] for s in ckpt.snapshot_steps(run)}
+    return {s: RunDir(run).read_snapshot(s)[1] for s in RunDir(run).snapshot_steps()}
 
 
 def same_snapshots(a, b) -> bool:
@@ -141,7 +143,7 @@ def test_snapshots_do_not_change_training(data_dir, whole, tmp_path):
     args = [a for a in train_args("induction", data_dir, out, *SCHEDULE, "--max-iters", "8")]
     args[args.index("--snapshot-every") + 1] = "0"
     assert main(args) == 0
-    assert ckpt.snapshot_steps(out) == [] and ckpt.snapshot_steps(whole) == [0, 2, 4, 6, 8]
+    assert RunDir(out).snapshot_steps() == [] and RunDir(whole).snapshot_steps() == [0, 2, 4, 6, 8]
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "ms_per_iter")}
                           for r in rows]  # fmt: skip
     assert strip(metrics(out)) == strip(metrics(whole))
@@ -151,10 +153,10 @@ def test_snapshots_do_not_change_training(data_dir, whole, tmp_path):
 def test_snapshots_survive_resume_exactly(data_dir, whole, tmp_path):
     half = tmp_path / "induction"
     assert train(data_dir, half, "induction", "--max-iters", "4") == 0
-    assert ckpt.snapshot_steps(half) == [0, 2, 4]
+    assert RunDir(half).snapshot_steps() == [0, 2, 4]
     # a snapshot written after the last checkpoint (a crash in between) is taken again
-    meta, tensors = ckpt.read_snapshot(half, 4)
-    ckpt.write_snapshot(half, 6, {k: torch.zeros_like(v) for k, v in tensors.items()}, meta)
+    meta, tensors = RunDir(half).read_snapshot(4)
+    RunDir(half).write_snapshot(6, {k: torch.zeros_like(v) for k, v in tensors.items()}, meta)
     assert resume(half, "--max-iters", "8") == 0
     assert same_snapshots(half, whole)
 
@@ -162,11 +164,11 @@ def test_snapshots_survive_resume_exactly(data_dir, whole, tmp_path):
 @pytest.mark.slow
 def test_a_signal_mid_run_then_resume_gives_the_same_snapshots(data_dir, whole, tmp_path,
                                                               monkeypatch):  # fmt: skip
-    monkeypatch.setenv(FAULT_ENV, "sigint-at:3")
     run = tmp_path / "induction"
-    assert train(data_dir, run, "induction", "--max-iters", "8") == 130
-    assert ckpt.snapshot_steps(run) == [0, 2]
-    monkeypatch.delenv(FAULT_ENV)
+    with monkeypatch.context() as m:
+        inject(m, "sigint-at:3")
+        assert train(data_dir, run, "induction", "--max-iters", "8") == 130
+    assert RunDir(run).snapshot_steps() == [0, 2]
     assert resume(run) == 0
     assert same_snapshots(run, whole)
 
@@ -179,8 +181,8 @@ def test_every_task_with_self_attention_takes_snapshots_the_timeline_reads(
     pytest.importorskip("sklearn")  # the ViT's digits
     out = tmp_path / task_id
     assert train(data_dir, out, task_id, "--max-iters", "4") == 0
-    assert ckpt.snapshot_steps(out) == [0, 2, 4]
-    meta, tensors = ckpt.read_snapshot(out, 4)
+    assert RunDir(out).snapshot_steps() == [0, 2, 4]
+    meta, tensors = RunDir(out).read_snapshot(4)
     assert any(k.startswith("scores.") for k in tensors) and meta["patterns"]
     capsys.readouterr()
     assert main(["timeline", str(out), "--json"]) == 0
@@ -331,7 +333,7 @@ def test_induction_on_a_text_file_repeats_stretches_of_its_held_out_text(data_di
     args = ["train", "--task", "induction", "--data", str(data_dir / "corpus.txt"), "--out",
             str(out), "--block-size", "16", "--d-model", "16", "--max-iters", "4", "--quiet"]  # fmt: skip
     assert main(args) == 0
-    assert ckpt.snapshot_steps(out) == [0, 1, 2, 3, 4]  # max_iters // 40, at least 1
+    assert RunDir(out).snapshot_steps() == [0, 1, 2, 3, 4]  # max_iters // 40, at least 1
     task = open_task(out, with_data=True)
     x = task.eval_sequences(5)
     text = task.tokenizer.decode(np.asarray(task.val_tokens).tolist())  # shards on disk

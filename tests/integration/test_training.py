@@ -6,24 +6,27 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from attnlab.checkpoint import RunError, load_run, read_trainer_state
+from attnlab.checkpoint import RunError, load_run
 from attnlab.data import RandomWindows
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tokenizers import CharTokenizer
-from attnlab.training import FAULT_ENV, TrainConfig, Trainer, TrainingError, lr_at
+from attnlab.training import TrainConfig, Trainer, TrainingError, lr_at
+from attnlab.training.faults import Faults
+from attnlab.training.rundir import read_trainer_state
+from fault_cli import command, run_faulty
 from lm_helpers import TINY_TRAIN, random_tokens, tiny_gpt, train_losses, write_text
 
 TOKENS = random_tokens(3000, 20, seed=1)
 TOK = CharTokenizer("abcdefghijklmnopqrst")
 
 
-def make_trainer(out=None, max_iters=12, seed=0, batches=None, **kw):
+def make_trainer(out=None, max_iters=12, seed=0, batches=None, faults=None, **kw):
+    """A Trainer of a tiny GPT; ``faults``: a ``Faults`` spec injected through its callbacks."""
     torch.manual_seed(seed)
     model = tiny_gpt(dropout=0.1)  # dropout: the RNG state must be restored too
     fields = dict(
@@ -44,7 +47,8 @@ def make_trainer(out=None, max_iters=12, seed=0, batches=None, **kw):
     task = LanguageModel.from_tokens(TOKENS, TOKENS[:500], TOK, block_size=16)
     if batches is not None:
         task.train_batches = lambda *args: batches
-    return Trainer(model, task, cfg, out, quiet=True)
+    callbacks = [Faults(faults)] if faults else []
+    return Trainer(model, task, cfg, out, quiet=True, callbacks=callbacks)
 
 
 def losses(result) -> dict[int, float]:
@@ -132,20 +136,18 @@ def test_run_directory_holds_a_loadable_checkpoint(tmp_path):
     assert [r["step"] for r in rows if "val_loss" in r] == [0, 4, 8]
 
 
-def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "nan-at:5")  # the 6th step's loss becomes NaN
+def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path):
     with pytest.raises(TrainingError, match=r"nan at step 6.*step 4\) is kept.*--lr"):
-        make_trainer(tmp_path / "r").fit()
+        make_trainer(tmp_path / "r", faults="nan-at:5").fit()  # the 6th step's loss: NaN
     assert read_trainer_state(tmp_path / "r")["step"] == 4
     model, _ = load_run(tmp_path / "r")
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
-def test_a_non_finite_step_is_skipped_on_the_device_and_named_when_read_back(monkeypatch):
+def test_a_non_finite_step_is_skipped_on_the_device_and_named_when_read_back():
     """The loss is read back only at log lines: the NaN step's update is skipped by the fused
     AdamW itself, so the model in memory stays finite, and the error names that step."""
-    monkeypatch.setenv(FAULT_ENV, "nan-at:2")  # the 3rd step
-    trainer = make_trainer(max_iters=8, log_interval=5, eval_interval=100)
+    trainer = make_trainer(max_iters=8, log_interval=5, eval_interval=100, faults="nan-at:2")
     assert trainer.defers_readback
     for _ in range(4):  # nothing read back, nothing raised yet
         trainer.train_step()
@@ -204,10 +206,9 @@ def test_compile_pays_only_when_the_steps_left_repay_it():
     assert compile_pays("cuda", 2000, 0.1) and not compile_pays("cuda", 200, 0.1)
 
 
-def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch):
-    monkeypatch.setenv(FAULT_ENV, "disk-full-at-checkpoint:3")
+def test_disk_full_at_a_checkpoint_keeps_the_previous_one(tmp_path):
     with pytest.raises(TrainingError, match=r"step 8.*No space left.*step 4\) is kept"):
-        make_trainer(tmp_path / "r").fit()
+        make_trainer(tmp_path / "r", faults="disk-full-at-checkpoint:3").fit()
     assert read_trainer_state(tmp_path / "r")["step"] == 4
     load_run(tmp_path / "r")
 
@@ -255,10 +256,9 @@ def test_sigint_saves_a_checkpoint_and_stops_cleanly(tmp_path):
     assert losses(resumed) == losses(whole)
 
 
-def test_sigterm_saves_the_step_it_finished_and_says_which(tmp_path, monkeypatch):
+def test_sigterm_saves_the_step_it_finished_and_says_which(tmp_path):
     said = []
-    monkeypatch.setenv(FAULT_ENV, "sigterm-at:5")  # after step 5 is done
-    trainer = make_trainer(tmp_path / "r")
+    trainer = make_trainer(tmp_path / "r", faults="sigterm-at:5")  # after step 5 is done
     trainer._log = said.append
     result = trainer.fit()
     assert result.interrupted == "SIGTERM" and result.step == 5
@@ -358,7 +358,7 @@ def uninterrupted(tmp_path_factory):
 def test_killed_while_writing_a_checkpoint(tmp_path, cli, uninterrupted, fault, expect_step):
     data, whole = uninterrupted
     run = tmp_path / "run"
-    r = cli("train", "--data", data, "--out", run, *ARGS, env={FAULT_ENV: fault})
+    r = run_faulty(fault, "train", "--data", data, "--out", run, *ARGS)
     assert r.returncode == -signal.SIGKILL
     assert (run / ("ckpt-tmp" if "checkpoint" in fault else "ckpt-ready")).exists()
     load_run(run)  # whatever the moment of death, the run directory loads
@@ -376,8 +376,8 @@ def test_kill_9_mid_run_then_resume_matches_uninterrupted(tmp_path, uninterrupte
 
     data, whole = uninterrupted
     run = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(SRC), FAULT_ENV: "step-delay:0.15"}
-    cmd = [sys.executable, "-m", "attnlab", "train", "--data", str(data), "--out", str(run), *ARGS]
+    env = {**os.environ, "PYTHONPATH": str(SRC)}
+    cmd = command("step-delay:0.15", "train", "--data", data, "--out", run, *ARGS)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 60
     while time.time() < deadline:  # wait for the first checkpoint and a few steps after it

@@ -58,7 +58,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("generation", ["attnlab.generation", "attnlab.decoding"]),
     # The architectures and their declarations.
     ("models", ["attnlab.models", "attnlab.models.*"]),
-    # What models are built from: attention and its masks, blocks, positions, hook points; the
+    # What models are built from: attention and its masks, blocks, positions, norms, hook points; the
     # eval-mode context; checks.py, the causality and decoding checks the models' own
     # conformance methods call.
     (
@@ -97,10 +97,7 @@ LAYERS: list[tuple[str, list[str]]] = [
 
 # Modules placed above that land with branches being merged now; absent until then. Remove a
 # name once its module exists (the test says when).
-COMING = {
-    "attnlab.files",  # atomic writes and the file lock out of checkpoint.py (rundir branch)
-    "attnlab.safetensors_io",  # the safetensors header check out of checkpoint.py (rundir)
-}
+COMING: set[str] = set()
 
 # Violations that branches in flight remove, as (importer, imported) file paths under attnlab/.
 KNOWN: dict[tuple[str, str], str] = {
@@ -110,11 +107,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("models/rnn.py", "inspect/recording.py"): "model declarations (kinds branch)",
     ("models/seq2seq.py", "inspect/recording.py"): "model declarations (kinds branch)",
     ("models/vit.py", "inspect/recording.py"): "model declarations (kinds branch)",
-    # Atomic writes move from checkpoint.py to files.py, below everything (rundir branch).
-    ("data/shards.py", "checkpoint.py"): "fsync_dir moves to files.py (rundir branch)",
-    ("data/stream.py", "checkpoint.py"): "atomic_write_text moves to files.py (rundir branch)",
-    ("data/tokens.py", "checkpoint.py"): "atomic_write_json moves to files.py (rundir branch)",
-    ("render/plots.py", "checkpoint.py"): "atomic_write moves to files.py (rundir branch)",
 }
 
 

@@ -44,6 +44,7 @@ import numpy as np
 from attnlab.data.corpus import Corpus, DataError
 from attnlab.data.pieces import array_encoder, next_safe_cut, split_pieces
 from attnlab.data.tokens import token_dtype
+from attnlab.files import FileLock, atomic_write_json, fsync_dir
 from attnlab.tokenizers import Tokenizer, tokenizer_from_json
 
 FORMAT = 1
@@ -386,21 +387,11 @@ def _progress_line(done: int, total: int, tokens: int, seconds: float) -> str:
     )
 
 
-@contextlib.contextmanager
-def locked(dest: Path):
-    """Hold ``.DEST.lock`` (an OS lock: freed when this process ends, however it ends)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        import fcntl
-    except ImportError:  # Windows: no lock; the atomic rename still keeps the directory whole
-        yield
-        return
-    with open(dest.parent / f".{dest.name}.lock", "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def locked(dest: Path) -> FileLock:
+    """``.DEST.lock``, a lock file a second process waits for (an OS lock: freed when this
+    process ends, however it ends; none on Windows, where the atomic rename still keeps the
+    directory whole)."""
+    return FileLock(dest.parent / f".{dest.name}.lock", wait=True, create=True)
 
 
 def build_shards(
@@ -450,10 +441,10 @@ def build_shards(
             "n_chars": sum(e["n_chars"] for e in entries),
             "shards": entries,
         }
-        _write_json(tmp / MANIFEST, manifest)
-        _fsync_dir(tmp)
+        atomic_write_json(tmp / MANIFEST, manifest)
+        fsync_dir(tmp)
         os.rename(tmp, dest)  # fails if dest exists: never replaces anything
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -465,20 +456,6 @@ def build_shards(
             f"shards in {dest}"
         )
     return stats
-
-
-def _write_json(path: Path, obj) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(d: Path) -> None:
-    from attnlab.checkpoint import fsync_dir
-
-    fsync_dir(d)
 
 
 class ShardError(DataError):
@@ -575,7 +552,7 @@ def repair_shards(
             os.replace(tmp, dest / e["file"])  # readers keep the file they opened
         finally:
             tmp.unlink(missing_ok=True)
-    _fsync_dir(dest)
+    fsync_dir(dest)
 
 
 @dataclass

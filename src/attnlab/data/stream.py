@@ -150,7 +150,7 @@ def cached_tokenizer(
 
     Cached because BPE training is not deterministic from run to run (ties between merges), and
     the shards are keyed by the tokenizer: the same data must get the same tokenizer."""
-    from attnlab.checkpoint import atomic_write_text
+    from attnlab.files import atomic_write_text
 
     options = [kind, vocab_size if kind == "bpe" else None, min_freq if kind == "word" else None]
     key = content_key("tokenizer", options, sample_bytes, SAMPLE_PIECES, corpus_fingerprint(corpus))

@@ -70,7 +70,7 @@ def encode_to_file(
         tmp.unlink(missing_ok=True)
         raise
     info = TokenFileInfo(n_tokens, n_chars, dtype.name, source, corpus.encoding)
-    from attnlab.checkpoint import atomic_write_json
+    from attnlab.files import atomic_write_json
 
     atomic_write_json(path.with_name(TOKEN_META), asdict(info))
     return info

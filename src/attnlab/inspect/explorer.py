@@ -72,7 +72,7 @@ class Explorer(Result):
         return len(self.html.encode("utf-8"))
 
     def save(self, path: str | Path) -> Path:
-        from attnlab.checkpoint import atomic_write_text
+        from attnlab.files import atomic_write_text
 
         path = Path(path)
         atomic_write_text(path, self.html)

@@ -164,7 +164,7 @@ class Influence(Result):
     def to_csv(self, path: str | Path) -> Path:
         """Write ``csv_text()`` as UTF-8 with a byte-order mark, so that a spreadsheet reads
         ␣ and other non-ASCII tokens as UTF-8 (Python reads it back with ``utf-8-sig``)."""
-        from attnlab.checkpoint import atomic_write
+        from attnlab.files import atomic_write
 
         path = Path(path)
         text = self.csv_text()

@@ -5,7 +5,7 @@ runs during training, so it lives here beside the head scores it records and the
 that reads them; the train verb (``attnlab.training.run``) hands it to the Trainer. Every
 ``every`` steps, and at the last step, it runs the model (in eval mode, without gradients) on two fixed
 probes and writes ``snapshots/step-NNNNNNNN.safetensors`` into the run directory
-(``attnlab.checkpoint.write_snapshot``):
+(``RunDir.write_snapshot``, through the Trainer's ``run``):
 
     repeat   ``n_probe`` random token sequences r r, each r of up to 24 tokens
              (``attnlab.inspect.heads.repeated_tokens``; a model that reads no token ids has none)
@@ -29,8 +29,8 @@ one always; scores are kept at every snapshot. So a run's snapshots stay under ~
 a few KiB per snapshot whatever the model, and grow linearly with heads x T^2 until the budget
 thins them.
 
-Snapshots survive ``--resume``: the snapshots after the checkpoint's step are removed and taken
-again. The probes are drawn from their own seeded generator and the model runs in eval mode,
+Snapshots survive ``--resume``: the snapshots after the checkpoint's step are removed
+(``RunDir.start``) and taken again. The probes are drawn from their own seeded generator and the model runs in eval mode,
 so the global RNG (and so the training) is untouched.
 """
 
@@ -41,7 +41,6 @@ import time
 
 import torch
 
-from attnlab import checkpoint as ckpt
 from attnlab.inspect.heads import SCORES, ProbeResult, repeated_tokens, run_probe
 
 PATTERN_BUDGET = 4 * 2**20  # bytes of attention patterns per run, at most
@@ -60,7 +59,7 @@ class Snapshots:
         self.sample_ids = sample_ids
         self.n_probe, self.seed = n_probe, seed
         self.repeat: torch.Tensor | None = None
-        self.out_dir = None
+        self.run = None  # the Trainer's RunDir
         self.done: set[int] = set()
         self.keep_every: int | None = None  # patterns at every k-th snapshot
         self.seconds = 0.0  # time spent taking snapshots (for the overhead benchmark)
@@ -70,12 +69,8 @@ class Snapshots:
     def on_open(self, trainer, resumed: bool) -> None:
         if not trainer.writes:
             return
-        self.out_dir = trainer.out_dir
-        if resumed:
-            ckpt.truncate_snapshots(trainer.out_dir, trainer.step)
-        else:
-            ckpt.clear_snapshots(trainer.out_dir)
-        self.done = set(ckpt.snapshot_steps(trainer.out_dir))
+        self.run = trainer.run
+        self.done = set(self.run.snapshot_steps())
         self.repeat = repeated_tokens(trainer.raw_model, self.n_probe, self.seed,
                                       PATTERN_TOKENS // 2)  # fmt: skip
 
@@ -126,7 +121,7 @@ class Snapshots:
             meta["tokens"]["repeat"] = self.repeat[0].tolist()
         if self.sample is not None and self.sample_ids:
             meta["tokens"]["sample"] = self.sample[0].tolist()
-        ckpt.write_snapshot(self.out_dir, step, tensors, meta)
+        self.run.write_snapshot(step, tensors, meta)
         self.done.add(step)
         return meta
 

@@ -28,6 +28,7 @@ from attnlab.inspect.explorer import Explorer
 from attnlab.inspect.heads import SCORES
 from attnlab.inspect.recording import InspectError
 from attnlab.inspect.timeline import timeline
+from attnlab.training.rundir import RunDir
 
 
 def _tokens(run_dir: Path, ids: list[int] | None) -> list[str] | None:
@@ -44,7 +45,8 @@ def step_data(run_dir: str | Path) -> dict:
     """Everything the page draws: per probe, the snapshot steps, each map's heads' scores over
     the steps, and the patterns of the snapshots that kept them."""
     run_dir = Path(run_dir)
-    steps = ckpt.snapshot_steps(run_dir)
+    snapshots = RunDir(run_dir, writer=False)
+    steps = snapshots.snapshot_steps()
     if not steps:
         raise InspectError(f"{run_dir} has no snapshots: train it with --snapshot-every N "
                            "(--task induction takes them by default)")  # fmt: skip
@@ -58,7 +60,7 @@ def step_data(run_dir: str | Path) -> dict:
             continue
         frames, tokens = [], None
         for s in steps:
-            meta, tensors = ckpt.read_snapshot(run_dir, s, keys=(f"patterns.{probe}.",))
+            meta, tensors = snapshots.read_snapshot(s, keys=(f"patterns.{probe}.",))
             tokens = tokens or (meta.get("tokens") or {}).get(probe)
             if not tensors:
                 continue

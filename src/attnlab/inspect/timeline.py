@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from attnlab import checkpoint as ckpt
+from attnlab.files import atomic_write
 from attnlab.inspect.heads import SCORES, head_label
 from attnlab.inspect.recording import InspectError
 from attnlab.render.display import Result
+from attnlab.training.rundir import RunDir, read_metrics
 
 # the score a head's curve shows in the figure, and the head named in the summary
 FIGURE_SCORES = ("induction", "previous-token", "duplicate-token", "first-token")
@@ -166,7 +168,7 @@ class Timeline(Result):
 
         fig = self.figure()
         path = Path(path)
-        ckpt.atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
         plt.close(fig)
         return path
 
@@ -180,13 +182,14 @@ def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
         raise InspectError(f"probe must be repeat or sample, got {probe!r}")
     run_dir = Path(run_dir)
     ckpt.read_run_config(run_dir)  # a run directory at all (a RunError says why not)
-    steps = ckpt.snapshot_steps(run_dir)
+    snapshots = RunDir(run_dir, writer=False)
+    steps = snapshots.snapshot_steps()
     if not steps:
         raise InspectError(f"{run_dir} has no snapshots: train it with --snapshot-every N "
                            "(--task induction takes them by default)")  # fmt: skip
     rows, every, maps = [], None, None
     for s in steps:
-        meta, tensors = ckpt.read_snapshot(run_dir, s, keys=(f"scores.{probe}.",))
+        meta, tensors = snapshots.read_snapshot(s, keys=(f"scores.{probe}.",))
         if not tensors and probe == "repeat":  # a model that reads no token ids: the sample
             return timeline(run_dir, "sample")
         if not tensors:
@@ -214,7 +217,7 @@ def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
             heads.append({"name": f"{label}.{h}", "layer": layer, "head": h, "map": name,
                           "scores": series, "fastest_rise": rises})  # fmt: skip
     in_context = {k: [m.get(k) for m, _ in rows] for k in ("loss_first_half", "loss_repeated_half")}
-    metrics = ckpt.read_metrics(run_dir)
+    metrics = read_metrics(run_dir)
     loss = [{"step": r["step"], "train_loss": r["train_loss"]} for r in metrics
             if "train_loss" in r and "val_loss" not in r]  # fmt: skip
     evals = [r for r in metrics if "val_loss" in r]

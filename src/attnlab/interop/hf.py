@@ -22,14 +22,12 @@ from torch import Tensor
 from attnlab import __version__ as ATTNLAB_VERSION
 from attnlab.checkpoint import (
     RunError,
-    atomic_write_json,
-    atomic_write_text,
     load_run,
     save_model,
     save_tensors,
-    writer_lock,
 )
 from attnlab.config import ConfigError
+from attnlab.files import FileLock, atomic_write_json, atomic_write_text
 from attnlab.interop import decoders
 from attnlab.interop.hf_files import (
     KeyMap,
@@ -539,8 +537,10 @@ def _fresh_output_dir(out_dir: str | Path, verb: str) -> Path:
 def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
     """Convert a HF GPT-2 / BERT directory into an attnlab run directory."""
     model, tokenizer, provenance = load_hf(hf_dir)
-    with writer_lock(out_dir):  # a train writing out_dir refuses this, and this a train
+    with FileLock(out_dir) as lock:  # a train writing out_dir refuses this, and this a train
         out_dir = _fresh_output_dir(out_dir, "import-hf")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock.take()  # a directory made just now: locked before its first file
         save_model(out_dir, model, tokenizer, extra=provenance)
     return out_dir
 

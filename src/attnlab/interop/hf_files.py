@@ -17,13 +17,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab.checkpoint import (
-    PICKLE_SUFFIXES,
-    RunError,
-    assign_weights,
-    load_tensors,
-    read_json_object,
-)
+from attnlab.checkpoint import assign_weights, read_json_object
+from attnlab.files import RunError
+from attnlab.safetensors_io import PICKLE_SUFFIXES, load_tensors
 
 KeyMap = list[tuple[str, str, str]]  # (attnlab name, HF name, how)
 

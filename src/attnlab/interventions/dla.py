@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from attnlab import hooks
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Subject
+from attnlab.norms import RMSNorm
 from attnlab.render.display import Result, show_token
 
 TOL = 1e-7  # the running sum must match each recorded residual point (float64)
@@ -134,6 +135,9 @@ class _Parts:
 
     def layer_norm(self, ln: nn.Module, u: Tensor, bias_name: str) -> bool:
         """Apply ``ln`` to the parts with its scale frozen at ``u``'s (the pre-norm sum)."""
+        if isinstance(ln, RMSNorm):
+            self.map(lambda x: x * _rms_gain(ln, u))
+            return True
         if not isinstance(ln, nn.LayerNorm):
             return False
         sigma = torch.sqrt(u.double().var(unbiased=False) + ln.eps)
@@ -142,6 +146,12 @@ class _Parts:
         if ln.bias is not None:
             self.add(bias_name, ln.bias)
         return True
+
+
+def _rms_gain(ln: RMSNorm, u: Tensor) -> Tensor:
+    """(C,) what an RMSNorm multiplies its input by, frozen at input ``u``: (offset + w) / rms."""
+    u = u.double()
+    return (ln.offset + ln.weight.double()) / torch.sqrt(u.pow(2).mean() + ln.eps)
 
 
 def _gate(act, z: Tensor) -> Tensor:
@@ -183,7 +193,7 @@ def direct_logit_attribution(
     stream_pos = 0 if subject.kind == "vit" else pos
     _embeddings(parts, model, subject.kind, c, stream_pos)
     root, blocks = _blocks(model, subject)
-    post_norm = False
+    post_norm = post_norm_out = False
     heads: dict[str, list] = {}
     at = lambda name: c[name][0, stream_pos]  # noqa: E731
     for i, block in enumerate(blocks):
@@ -198,10 +208,13 @@ def direct_logit_attribution(
             z = c[f"{P}{kind}.z"][0, :, stream_pos]  # (H, d_v)
             H, dv = z.shape
             W = attn.out_proj.weight.double().view(-1, H, dv)  # (C, H, d_v): W_O^h per head
+            # four-norm blocks (Gemma 2/3) norm the attention's output before adding it: its
+            # RMSNorm, frozen at the whole output, scales each head's part
+            gain = _rms_gain(block.ln1_post, at(f"{P}{kind}.out")) if block.post_norms else 1.0
             for h in range(H):
-                parts.add(f"{P}{kind}.head{h}", W[:, h] @ z[h])
+                parts.add(f"{P}{kind}.head{h}", gain * (W[:, h] @ z[h]))
             if attn.out_proj.bias is not None:
-                parts.add(f"{P}{kind}.bias", attn.out_proj.bias)
+                parts.add(f"{P}{kind}.bias", gain * attn.out_proj.bias.double())
             group = kind if subject.kind != "seq2seq" else ("decoder self" if kind == "attn"
                                                             else "cross")  # fmt: skip
             heads.setdefault(group, []).append((i, kind, H))
@@ -214,7 +227,9 @@ def direct_logit_attribution(
                 )
             parts.check(P + point, at(P + point))
             u = at(P + point)
-        parts.add(P + "mlp_out", at(P + "mlp_out"))
+        if block.post_norms:
+            post_norm_out = True
+        parts.add(P + "mlp_out", at(P + ("mlp_post" if block.post_norms else "mlp_out")))
         if not block.norm_first:
             parts.layer_norm(block.ln2, u + at(P + "mlp_out"), P + "ln2.bias")
         parts.check(P + "resid_post", at(P + "resid_post"))
@@ -222,7 +237,10 @@ def direct_logit_attribution(
     stack = model.decoder if subject.kind == "seq2seq" else model
     prefix = "decoder." if subject.kind == "seq2seq" else ""
     if parts.layer_norm(stack.ln_f, last, prefix + "ln_f.bias"):
-        frozen.append(f"the final LayerNorm's scale ({prefix}ln_f)")
+        frozen.append(f"the final norm's scale ({prefix}ln_f)")
+    if post_norm_out:
+        frozen.append("each block's norms on the attention's and MLP's outputs (ln1_post, "
+                      "ln2_post) at their scales, the heads sharing the attention's")  # fmt: skip
     if post_norm:
         frozen.append("every post-norm LayerNorm's scale on the residual stream (each block's "
                       "ln1, ln2" + (", ln_cross" if subject.kind == "seq2seq" else "") + ")")  # fmt: skip
@@ -273,6 +291,11 @@ def _readout(parts: _Parts, model, kind: str, t: int, f: int | None, frozen: lis
         return W[t] - (W[f] if f is not None else 0.0)
 
     extra = []
+    if kind == "gpt" and model.config.final_softcap is not None:  # Gemma 2: a capped readout
+        cap, W = model.config.final_softcap, model.lm_head.weight.double()
+        gate = _gate(lambda z: cap * torch.tanh(z / cap), W @ parts.total())  # (V,)
+        frozen.append(f"the final logit softcap as its gate softcap(z)/z (cap {cap:g})")
+        return diff(gate[:, None] * W), extra
     if kind == "gpt":
         return diff(model.lm_head.weight), extra
     if kind == "seq2seq":

@@ -111,12 +111,13 @@ class TunedLens:
     def save(self, run_dir: str | Path) -> tuple[Path, Path]:
         """Write the probes and their description into ``run_dir`` (each file atomically),
         holding its writer lock: refused while a train writes the run (its weights change)."""
-        from attnlab.checkpoint import atomic_write_json, save_tensors, writer_lock
+        from attnlab.files import FileLock, atomic_write_json
+        from attnlab.safetensors_io import save_tensors
 
         run_dir = Path(run_dir)
         tensors = {f"{n}.weight": w for n, w in self.weight.items()}
         tensors |= {f"{n}.bias": b for n, b in self.bias.items()}
-        with writer_lock(run_dir):
+        with FileLock(run_dir):
             meta = {**self.meta, "model_sha256": model_digest(run_dir)}
             save_tensors(run_dir / LENS_FILE, {k: v.float() for k, v in tensors.items()})
             atomic_write_json(run_dir / LENS_META, meta)

@@ -401,7 +401,7 @@ class Subject:
         Applied to the last block's output it is the model's own logits."""
         m = self.model
         if self.kind == "gpt":
-            return m.lm_head(m.ln_f(h))
+            return m.readout(h)
         if self.kind == "mlm":
             return m.mlm(m.ln_f(h))
         if self.kind == "encoder":

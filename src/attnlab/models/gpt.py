@@ -284,6 +284,13 @@ class GPT(nn.Module):
             logits = softcap(logits, self.config.final_softcap)
         return self.hook_logits(logits)
 
+    def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        """A residual stream h (B, T, C) -> logits (B, T, vocab): the final norm, the LM head
+        and the final softcap (the logit lens; on the last block's output, the model's logits)."""
+        logits = self.lm_head(self.ln_f(h))
+        cap = self.config.final_softcap
+        return logits if cap is None else softcap(logits, cap)
+
     kind = "gpt"  # what predict, eval and the look-inside verbs call this model
 
     def describe(self) -> str:

@@ -188,7 +188,7 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
     """Write ``fig`` as a PNG atomically (never a half-written file) and close it."""
     import matplotlib.pyplot as plt
 
-    from attnlab.checkpoint import atomic_write
+    from attnlab.files import atomic_write
 
     path = Path(path)
     try:

@@ -24,19 +24,28 @@ where a non-finite value stops training naming its step. (Several processes agre
 and on a signal at every step, so they read it back every step.) Every ``eval_interval``
 steps (and at step 0 and the last step): an evaluation, best/ if it is the best so far, and a
 checkpoint; also a checkpoint whenever ``checkpoint_seconds`` have passed since the last, so a
-run killed early still leaves one. A checkpoint is written whole or not at all
-(``attnlab.checkpoint.write_checkpoint``); rank 0 alone writes.
+run killed early still leaves one. The run directory is one object, ``out_dir``'s
+``attnlab.training.rundir.RunDir``, that the Trainer calls a handful of times: ``start``,
+``append_metrics``, ``save_best``, ``save_checkpoint`` (whole or not at all), and
+``read_checkpoint`` to resume; rank 0 alone writes.
 
 Callbacks (``callbacks=``) see the run without the loop knowing what they do: each may define
     on_open(trainer, resumed)   once the run directory is open (resumed: continuing a checkpoint)
     on_step(trainer)            at every step, before its update (``trainer.step`` updates done,
                                 ``trainer.raw_model`` the model); also at the last step
+    on_loss(trainer, loss)      each micro-batch's loss before its backward pass; returns the
+                                loss to use (a test's fault injection makes it NaN)
+    on_step_end(trainer)        once a step's update is done (``trainer.step`` counts it)
+    on_save(trainer, point, staging)  while a checkpoint is written: at "start", "optimizer"
+                                (the model staged) and "installed-model" (committed, the model
+                                in place); where a test injects a full disk or a crash
     on_metrics(trainer, row)    each row as it is added to metrics.jsonl (a log line or an
                                 evaluation; every process, written or not)
     on_close(trainer)           once the loop has ended, however it ended
-Training snapshots (``attnlab.inspect.snapshots``) and the TensorBoard log
-(``attnlab.training.tracking``) are two. A callback must not draw from the
-global RNGs, so that a run with callbacks trains exactly as one without.
+Training snapshots (``attnlab.inspect.snapshots``), the TensorBoard log
+(``attnlab.training.tracking``) and the tests' fault injection (``attnlab.training.faults``)
+are three. A callback must not draw from the global RNGs, so that a run with callbacks trains
+exactly as one without.
 
 SIGINT (Ctrl-C) and SIGTERM finish the step in progress, save it, and return with
 ``interrupted`` set to the signal's name; the same signal again stops at once. A NaN loss or
@@ -63,7 +72,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab import checkpoint as ckpt
+from attnlab.checkpoint import check_state_dict, state_dict_for_saving
+from attnlab.files import RunError
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric, val_loss_metric
 from attnlab.modes import evaluating
@@ -80,7 +90,6 @@ from attnlab.training.distributed import (
     shard,
     unsharded,
 )
-from attnlab.training.faults import Faults
 from attnlab.training.optim import (
     check_optimizer_tensors,
     load_optimizer,
@@ -91,6 +100,7 @@ from attnlab.training.optim import (
 )
 from attnlab.training.plots import plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
+from attnlab.training.rundir import RunDir
 from attnlab.training.state import check_rng_state, rng_state, set_rng_state
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -127,15 +137,15 @@ class TrainResult:
 
 
 class Trainer:
-    """Train ``model`` on ``task`` with ``config``; ``out_dir=None`` writes nothing (notebooks,
-    tests)."""
+    """Train ``model`` on ``task`` with ``config`` into ``out_dir`` (a path, or a ``RunDir``
+    whose lock the caller holds); ``out_dir=None`` writes nothing (notebooks, tests)."""
 
     def __init__(
         self,
         model: nn.Module,
         task,
         config: TrainConfig,
-        out_dir: str | Path | None = None,
+        out_dir: str | Path | RunDir | None = None,
         *,
         dist_info: DistInfo | None = None,
         quiet: bool = False,
@@ -150,7 +160,12 @@ class Trainer:
         self.threads = thread_choice()  # made by the caller (training.run.train, a CLI verb)
         self.dist = dist_info or DistInfo()
         self.raw_model = model.to(self.device)
-        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self._owns_run = out_dir is not None and not isinstance(out_dir, RunDir)
+        if self._owns_run:  # a RunDir given is its caller's to lock (training.run.train's)
+            out_dir = RunDir(out_dir, writer=self.dist.is_main)
+        self.run: RunDir | None = out_dir
+        self.out_dir = out_dir.path if out_dir is not None else None
+        self._loss_hooks = [cb.on_loss for cb in self.callbacks if hasattr(cb, "on_loss")]
         self.quiet = quiet
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.train_batches = task.train_batches(c.batch_size, c.seed, self.dist.rank,
@@ -179,8 +194,6 @@ class Trainer:
         self.best: dict | None = None
         self.last_saved_step: int | None = None
         self.history: list[dict] = []
-        self._faults = Faults()
-        self._n_saves = 0
         self._last_save_at, self._last_save_cost = time.monotonic(), 0.0
         self._stop: str | None = None  # the signal that asked to stop (this process)
         self._stop_all: str | None = None  # ... as agreed by every process
@@ -248,23 +261,12 @@ class Trainer:
     def _open_run(self, resume: bool) -> bool:
         """Load the checkpoint (resume) or refuse to replace one; write config.json and the
         tokenizer, in the run directory and best/. True if training continues a checkpoint."""
-        if self.out_dir is None:
+        if self.run is None:
             return False
         resumed = self.load_checkpoint() if resume else False
-        if not resume and ckpt.read_trainer_state(self.out_dir) is not None:
-            raise ckpt.RunError(
-                f"{self.out_dir} already holds a training run; continue it with resume "
-                "(--resume), or choose another directory"
-            )
-        if self.dist.is_main:
-            ckpt.check_writable(self.out_dir)
-            extra = self.run_record()
-            tokenizer = getattr(self.task, "tokenizer", None)
-            ckpt.write_run_files(self.out_dir, self.raw_model, tokenizer, extra)
-            if resumed:
-                self.history = ckpt.truncate_metrics(self.out_dir, self.step)
-            else:
-                ckpt.clear_metrics(self.out_dir)
+        tokenizer = getattr(self.task, "tokenizer", None)
+        self.history = self.run.start(self.raw_model, tokenizer, self.run_record(),
+                                      resumed=resumed, step=self.step)  # fmt: skip
         return resumed
 
     def run_record(self) -> dict:
@@ -279,21 +281,20 @@ class Trainer:
         """The whole model state dict (tied copies dropped) and optimizer state dict of this
         process, or gathered from every process's shards (FSDP: all of them call this)."""
         if not self.sharded:
-            return ckpt.state_dict_for_saving(self.raw_model), None
+            return state_dict_for_saving(self.raw_model), None
         model_sd = full_state_dict(self.raw_model)
         opt_sd = full_optimizer_state_dict(self.raw_model, self.optimizer)
-        return ckpt.state_dict_for_saving(self.raw_model, model_sd), opt_sd
+        return state_dict_for_saving(self.raw_model, model_sd), opt_sd
 
     def save_checkpoint(self) -> None:
         """Write model, optimizer and trainer state of this step as one checkpoint."""
-        if self.out_dir is None or not (self.writes or self.sharded):
+        if self.run is None or not (self.writes or self.sharded):
             return
         self._flush()  # a step that was not finite is never saved
         t0 = time.monotonic()
         model_tensors, opt_sd = self._gathered()
         if not self.writes:
             return
-        self._n_saves += 1
         opt_tensors, opt_meta = optimizer_tensors(self.optimizer, opt_sd)
         data = self.train_batches
         state = {
@@ -307,8 +308,7 @@ class Trainer:
             "world_size": self.dist.world_size,
         }
         try:
-            ckpt.write_checkpoint(self.out_dir, model_tensors, opt_tensors, state,
-                                  fault=self._faults.checkpoint_hook(self._n_saves))  # fmt: skip
+            self.run.save_checkpoint(model_tensors, opt_tensors, state, fault=self._on_save)
         except OSError as e:
             raise TrainingError(
                 f"could not write the checkpoint of step {self.step} in {self.out_dir}: "
@@ -317,6 +317,9 @@ class Trainer:
         self.last_saved_step = self.step
         self._last_save_at = time.monotonic()
         self._last_save_cost = self._last_save_at - t0
+
+    def _on_save(self, point: str, staging: Path) -> None:
+        self._notify("on_save", point, staging)
 
     def _kept(self) -> str:
         if self.last_saved_step is not None and self.writes:
@@ -337,15 +340,15 @@ class Trainer:
         return every > 0 and since >= max(every, 10 * self._last_save_cost)
 
     def save_best(self) -> None:
-        if self.out_dir is None or not (self.writes or self.sharded):
+        if self.run is None or not (self.writes or self.sharded):
             return
         model_tensors = self._gathered()[0] if self.sharded else None
         if not self.writes:
             return
         if model_tensors is None:
-            model_tensors = ckpt.state_dict_for_saving(self.raw_model)
+            model_tensors = state_dict_for_saving(self.raw_model)
         try:
-            ckpt.write_best(self.out_dir, model_tensors, self.best)
+            self.run.save_best(model_tensors, self.best)
         except OSError as e:
             raise TrainingError(
                 f"could not write the best model of step {self.step}: {e.strerror or e}"
@@ -361,23 +364,22 @@ class Trainer:
         """
         if self._resumed is not None:
             return self._resumed
-        d = self.out_dir
-        if self.dist.is_main:
-            ckpt.recover_checkpoint(d)
-        if self.dist.enabled:
+        run = self.run
+        sync = None
+        if self.dist.enabled:  # the others read once rank 0 has recovered the checkpoint
             import torch.distributed as dist
 
-            dist.barrier()
-        found = ckpt.read_checkpoint(d)
+            sync = dist.barrier
+        found = run.read_checkpoint(sync)
         if found is None:
             self._resumed = False
             return False
         state, tensors, opt_tensors = found
-        ckpt.check_state_dict(self.raw_model, tensors, str(d / ckpt.MODEL_FILE))
-        check_optimizer_tensors(self.optimizer, opt_tensors, str(d / ckpt.OPTIMIZER_FILE))
+        check_state_dict(self.raw_model, tensors, str(run.model_file))
+        check_optimizer_tensors(self.optimizer, opt_tensors, str(run.optimizer_file))
         if not self.sharded:
             self.raw_model.load_state_dict(tensors, strict=False)
-        state_path = d / ckpt.STATE_FILE
+        state_path = run.state_file
         try:  # the model and optimizer are fresh: a failure here loses nothing
             opt_tensors = {k: v.to(self.device) for k, v in opt_tensors.items()}
             if self.sharded:  # each process keeps its shard of the whole checkpoint
@@ -395,13 +397,11 @@ class Trainer:
             set_rng_state(state["rng"])
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as e:
             what = f"missing {e}" if isinstance(e, KeyError) else " ".join(str(e).split())[:200]
-            raise ckpt.RunError(
-                f"{state_path}: cannot continue from this checkpoint ({what})"
-            ) from None
+            raise RunError(f"{state_path}: cannot continue from this checkpoint ({what})") from None
         self.step = self.last_saved_step = state["step"]
         self.best = best
         if self.dist.is_main:  # said even with quiet: which step a run continues from matters
-            self._log(f"resumed from the checkpoint of step {self.step} in {d}")
+            self._log(f"resumed from the checkpoint of step {self.step} in {run.path}")
         self._resumed = True
         return True
 
@@ -479,8 +479,8 @@ class Trainer:
             with sync:
                 with self._autocast():
                     loss = self.task.loss(self.model, batch) / c.grad_accum
-                if self._faults.at("nan-at", self.step):
-                    loss = loss * float("nan")
+                for hook in self._loss_hooks:  # none unless a callback asks (tests' faults)
+                    loss = hook(self, loss)
                 (self.scaler.scale(loss) if self.scaler else loss).backward()
             total += loss.detach()
             self._counted += self.task.count(batch) * self.dist.world_size
@@ -579,7 +579,7 @@ class Trainer:
     def _write_metrics(self, row: dict) -> None:
         self.history.append(row)
         if self.writes:
-            ckpt.append_metrics(self.out_dir, row)
+            self.run.append_metrics(row)
         self._notify("on_metrics", row)  # e.g. attnlab.training.tracking.TensorBoardLog
 
     def _log_row(self, seconds: float, progress: Progress) -> None:
@@ -599,11 +599,11 @@ class Trainer:
 
     def fit(self, resume: bool = False) -> TrainResult:
         """Train to ``max_iters``: evaluate, keep the best, checkpoint; stop on a signal. The
-        run directory's writer lock is held throughout (``checkpoint.writer_lock``: a no-op
-        under ``training.run.train``, which already holds it)."""
-        if self.out_dir is None:
+        run directory's writer lock is held throughout (by the caller when it gave a ``RunDir``,
+        as ``training.run.train`` does)."""
+        if not self._owns_run:
             return self._fit(resume)
-        with ckpt.writer_lock(self.out_dir):
+        with self.run:
             return self._fit(resume)
 
     def _fit(self, resume: bool) -> TrainResult:
@@ -635,7 +635,7 @@ class Trainer:
                     self.train_step()
                     self.step += 1
                     progress.advance(self.step)
-                    self._faults.after_step(self.step)
+                    self._notify("on_step_end")
                     if self.step % c.log_interval == 0 or self.step == c.max_iters:
                         self._log_row(time.perf_counter() - t_window, progress)
                         t_window = time.perf_counter()
@@ -662,7 +662,7 @@ class Trainer:
             return
         headline = None if self.best_metric.name == "val_loss" else self.best_metric
         with contextlib.suppress(Exception):  # a plot must never hide the real outcome
-            plot_metrics(self.out_dir / ckpt.METRICS_FILE, self.out_dir / ckpt.CURVE_FILE,
+            plot_metrics(self.run.metrics_file, self.run.curve_file,
                          self.task.loss_unit, headline, getattr(self.task, "title", ""))  # fmt: skip
 
     @contextlib.contextmanager

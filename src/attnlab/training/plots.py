@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnlab import checkpoint as ckpt
+from attnlab.files import atomic_write
 from attnlab.metrics import Metric
+from attnlab.training.rundir import read_metrics
 
 
 def loss_figure(rows: list[dict], loss_unit: str, headline: Metric | None = None, title: str = ""):
@@ -65,8 +66,8 @@ def plot_metrics(
     """Draw metrics.jsonl into ``png_path`` (written atomically)."""
     import matplotlib.pyplot as plt
 
-    fig = loss_figure(ckpt.read_metrics(metrics_path), loss_unit, headline, title)
+    fig = loss_figure(read_metrics(metrics_path), loss_unit, headline, title)
     png_path = Path(png_path)
-    ckpt.atomic_write(png_path, lambda tmp: fig.savefig(tmp, format="png"))
+    atomic_write(png_path, lambda tmp: fig.savefig(tmp, format="png"))
     plt.close(fig)
     return png_path

@@ -9,7 +9,7 @@ the task's default (``Task.option_defaults``). An option the task has no use for
 
 ``train`` chooses the CPU threads as every verb does (``runtime.using_threads``: ``threads``, else
 OMP_NUM_THREADS, else one per core less those other processes keep busy), then holds the run
-directory's writer lock (``checkpoint.writer_lock``) while it:
+directory's writer lock (its ``RunDir``) while it:
   - a new run: refuses a directory that already holds a run; prepares the data and the
     tokenizer (bad data leaves nothing behind); builds the model from the seed;
   - ``resume``: rebuilds the task from the run's config.json (its options, its tokenizer, its
@@ -25,7 +25,7 @@ import dataclasses
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -39,6 +39,7 @@ from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 from attnlab.training.memory import size_warnings
+from attnlab.training.rundir import RunDir
 
 RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads"}
 # Options that may change when a run is resumed; every other one comes from the run.
@@ -158,23 +159,26 @@ def check_fsdp(config: TrainConfig) -> None:
         )
 
 
-def train(p: TrainPlan, log: Callable[[str], None] | None = None) -> TrainOutcome:
+def train(p: TrainPlan, log: Callable[[str], None] | None = None,
+          callbacks: Sequence = ()) -> TrainOutcome:  # fmt: skip
     """Prepare (or reopen), train and record the run ``p`` describes, on the CPU threads
-    ``p.threads`` or the busy-machine rule gives (torch's count as it was afterwards)."""
+    ``p.threads`` or the busy-machine rule gives (torch's count as it was afterwards).
+    ``callbacks`` are the Trainer's, after those ``p`` asks for (a test's fault injection)."""
     log = stamped(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
     with using_threads(p.threads):  # the Trainer says the choice (first line, config.json)
-        return _locked(p, log)
+        return _locked(p, log, callbacks)
 
 
-def _locked(p: TrainPlan, log: Callable[[str], None]) -> TrainOutcome:
+def _locked(p: TrainPlan, log: Callable[[str], None], callbacks: Sequence = ()) -> TrainOutcome:
     """``train`` in the run directory's writer lock, in the process group."""
     device = resolve_device(p.config.device)
     # One writer per run directory, whatever the task: a second train into p.out is refused
-    # here, naming this process, until it ends (kill -9 too). Rank 0 alone takes it.
-    with ckpt.writer_lock(p.out):
+    # here, naming this process, until it ends (kill -9 too). Rank 0 alone takes it (a new
+    # run's directory, once RunDir.create has made it).
+    with RunDir(p.out, writer=os.environ.get("RANK", "0") == "0") as run_dir:
         dist = init_distributed(device)
         try:
-            outcome = _train(p, dist, device, log)
+            outcome = _train(p, run_dir, dist, device, log, callbacks)
             # every process leaves together: one that closes its gloo connections while rank 0
             # still writes the run's last files could cut a peer off mid-read (gloo aborts)
             barrier(dist)
@@ -185,16 +189,16 @@ def _locked(p: TrainPlan, log: Callable[[str], None]) -> TrainOutcome:
             shutdown(dist)
 
 
-def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
+def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> TrainOutcome:
     """The body of ``train``, in the process group ``dist``."""
     if p.resume:
-        task, config, model = _reopen(p, log)
+        task, config, model = _reopen(p, run_dir, log)
     else:
         task, config = p.task(p.options, seed=p.config.seed), p.config
         if not p.quiet and dist.is_main:
             task.log = log
         beat = _heartbeat(log, p.quiet or not dist.is_main)
-        model = _prepare(task, p.out, beat) if dist.is_main else None
+        model = _prepare(task, run_dir, beat) if dist.is_main else None
         barrier(dist)
         if model is None:  # the other processes read what rank 0 prepared
             task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
@@ -203,8 +207,8 @@ def _train(p: TrainPlan, dist, device, log) -> TrainOutcome:
         for line in size_warnings(model, config, task, device):
             log(f"attnlab: warning: {line}")
     with _heartbeat(log, p.quiet or not dist.is_main)("setting up the optimizer"):
-        trainer = Trainer(model, task, config, p.out, dist_info=dist, quiet=p.quiet, log=log,
-                          callbacks=_callbacks(task, config, p.log))  # fmt: skip
+        trainer = Trainer(model, task, config, run_dir, dist_info=dist, quiet=p.quiet, log=log,
+                          callbacks=[*_callbacks(task, config, p.log), *callbacks])  # fmt: skip
     if p.resume:  # a checkpoint that cannot be continued: one line, before anything else
         trainer.load_checkpoint()
         if task.model_config().to_dict() != model.config.to_dict():
@@ -254,24 +258,23 @@ def _heartbeat(log, quiet: bool):
     return (lambda what: contextlib.nullcontext()) if quiet else (lambda what: Heartbeat(what, log))
 
 
-def _prepare(task: Task, out: Path, beat):
+def _prepare(task: Task, run_dir: RunDir, beat):
     """A new run's directory, data, tokenizer and model; bad input leaves nothing behind.
     ``beat(what)`` keeps building a large model from being silent (the data's own steps say
     themselves once the data is checked: no line may come before a data error's)."""
-    ckpt.check_new_run(out)
-    created = ckpt.create_run_dir(out)
+    run_dir.create()
     try:
-        task.prepare(out)
-        ckpt.write_tokenizer(out, task.tokenizer)
+        task.prepare(run_dir.path)
+        ckpt.write_tokenizer(run_dir.path, task.tokenizer)
         torch.manual_seed(task.seed)
         with beat("building the model"):
             return task.build_model()
     except BaseException:
-        ckpt.remove_partial_run(out, created, task.data_files)
+        run_dir.discard(task.data_files)
         raise
 
 
-def _reopen(p: TrainPlan, log) -> tuple[Task, TrainConfig, torch.nn.Module]:
+def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torch.nn.Module]:
     """The task and train config of the run in ``p.out`` (with the changes --resume allows),
     and the model its config.json describes (whose checkpoint is then checked against it)."""
     out = p.out
@@ -290,7 +293,7 @@ def _reopen(p: TrainPlan, log) -> tuple[Task, TrainConfig, torch.nn.Module]:
             f"{out}: config.json does not record the task's options (an older attnlab wrote "
             "it), so it cannot be resumed; start a new run"
         )
-    state = ckpt.read_trainer_state(out)
+    state = run_dir.trainer_state()
     saved_train = (state or {}).get("train_config") or cfg.get("train_config") or {}
     model_cfg = cfg.get("config") or {}
     for name in sorted(set(p.given) - RUN_OPTIONS - RESUMABLE - IGNORED_ON_RESUME):
