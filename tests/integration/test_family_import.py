@@ -190,3 +190,13 @@ def test_the_conformance_identities_hold_on_an_imported_decoder(capsys, imported
     code, out, err = attnlab(capsys, "lens", imported, text, "--json")
     assert code == 0, err
     assert max(json.loads(out)["kl"][-1]) < 1e-4  # the last layer's lens is the model itself
+
+
+def test_attention_says_which_kv_head_a_query_head_shares(capsys, imported):
+    code, out, err = attnlab(capsys, "attention", imported, "the cat sat", "--layer", "1",
+                             "--head", "3")  # fmt: skip
+    assert code == 0, err
+    assert "reads K/V head 1 of 2, shared by query heads 2..3" in " ".join(out.split())
+    code, out, err = attnlab(capsys, "attention", imported, "the cat sat", "--head", "1", "--json")
+    got = json.loads(out)
+    assert (got["kv_head"], got["n_kv_heads"]) == (0, 2)

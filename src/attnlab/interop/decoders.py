@@ -63,7 +63,10 @@ def _need(hf: dict, key: str):
 
 
 def _activation(hf: dict, *keys: str) -> str:
-    act = next((hf[k] for k in keys if hf.get(k)), "silu")
+    """The first of ``keys`` config.json sets, else the family's default (transformers')."""
+    default = {"gpt_neox": "gelu"}.get(hf["model_type"], "silu")
+    default = "gelu_pytorch_tanh" if hf["model_type"] in GEMMAS else default
+    act = next((hf[k] for k in keys if hf.get(k)), default)
     if act not in ACTIVATIONS:
         _refuse(f"activation {act!r}")
     return ACTIVATIONS[act]

@@ -296,9 +296,37 @@ class GPT(nn.Module):
     def describe(self) -> str:
         """What this model is, in one sentence (the look-inside verbs start with it)."""
         c = self.config
+        pieces = "".join(f", {p}" for p in self._pieces())
         return (f"GPT: a causal decoder-only language model ({c.n_layer} layers, {c.n_head} "
-                f"heads, width {c.d_model}, {c.pos} positions); each token attends only to itself "
-                "and the tokens before it, and the model predicts the next token")  # fmt: skip
+                f"heads, width {c.d_model}, {c.pos} positions{pieces}); each token attends only "
+                "to itself and the tokens before it, and the model predicts the next token")  # fmt: skip
+
+    def _pieces(self) -> list[str]:
+        """The modern-decoder options this GPT is built with, in words (none for a GPT-2)."""
+        c, out = self.config, []
+        if c.pos == "rotary" and c.rotary == "half":
+            out.append("rotate-half rotary" + (f" on {c.rot_dim} channels" if c.rot_dim else ""))
+        if c.norm != "layer":
+            out.append({"rms": "RMSNorm", "rms-gemma": "RMSNorm times (1 + w)"}[c.norm])
+        if c.ffn == "gated":
+            out.append(f"gated feed-forward ({c.activation})")
+        if c.n_kv_heads and c.n_kv_heads < c.n_head:
+            out.append(
+                f"{c.n_kv_heads} K/V heads shared by {c.n_head // c.n_kv_heads} query heads each"
+            )
+        if c.qk_norm:
+            out.append("QK-norm")
+        if c.sliding_window:
+            out.append(
+                f"sliding window {c.sliding_window}" + (" on some layers" if c.layer_types else "")
+            )
+        if c.attn_softcap or c.final_softcap:
+            out.append("softcapped " + " and ".join(
+                n for n, v in (("scores", c.attn_softcap), ("logits", c.final_softcap)) if v))  # fmt: skip
+        out += [n for n, on in (("parallel attention and MLP", c.parallel),
+                                ("norms after each sublayer", c.post_norms),
+                                ("embeddings times sqrt(width)", c.embed_scale)) if on]  # fmt: skip
+        return out
 
     def record_text(self, tokenizer, text: str):
         """Record one forward pass over ``text``: an ``attnlab.inspect.Recording`` whose cache
