@@ -307,3 +307,90 @@ def load_decoder(hf_dir: str | Path, hf: dict | None = None) -> GPT:
 
 
 LOADERS = {kind: load_decoder for kind in FAMILIES}
+
+
+# ---------------------------------------------------------------------------------------------
+# Export: a Llama-shaped GPT as LlamaForCausalLM (Qwen2 / Qwen3 where its biases or QK-norm ask)
+# ---------------------------------------------------------------------------------------------
+
+HF_NAMES = {ours: theirs for theirs, ours in ACTIVATIONS.items() if theirs != "swish"}
+
+
+def is_llama_shaped(c: GPTConfig) -> bool:
+    """A GPT the Llama family can hold: RMSNorm and rotate-half rotary (the rest is checked by
+    ``llama_hf_config``, which names what it cannot write)."""
+    return c.norm == "rms" and c.pos == "rotary" and c.rotary == "half"
+
+
+def llama_hf_config(c: GPTConfig, tokenizer=None) -> dict:
+    """The config.json of the closest Llama-family architecture for a GPTConfig: llama, or
+    qwen2 (q/k/v biases without an output bias), or qwen3 (QK-norm); a RunError names what none
+    of them has."""
+    problems = [
+        what
+        for what, bad in (
+            ("a gated feed-forward (ffn=gated)", c.ffn != "gated" or not c.mlp),
+            ("pre-norm blocks", not c.norm_first),
+            (f"activation {c.activation!r}", c.activation not in HF_NAMES),
+            ("partial rotary (rot_dim)", c.rot_dim is not None),
+            ("sliding windows", c.sliding_window is not None),
+            ("softcaps", c.attn_softcap is not None or c.final_softcap is not None),
+            ("a scale other than 1/sqrt(head width)", c.attn_scale is not None),
+            ("parallel or four-norm blocks", c.parallel or c.post_norms),
+            ("scaled embeddings", c.embed_scale),
+            ("a local rope base", c.local_rope_base is not None),
+        )
+        if bad
+    ]
+    qkv_bias = c.bias if c.qkv_bias is None else c.qkv_bias
+    out_bias = c.bias if c.out_bias is None else c.out_bias
+    kind = "qwen3" if c.qk_norm else ("qwen2" if qkv_bias and not out_bias else "llama")
+    if kind == "qwen2" and c.bias:
+        problems.append("MLP biases beside q/k/v biases")
+    if kind == "qwen3" and qkv_bias != out_bias:
+        problems.append("q/k/v biases without an output bias beside QK-norm")
+    if kind != "llama" and c.bias:
+        problems.append(f"MLP biases ({kind} has none)")
+    if problems:
+        raise RunError("cannot export as a Llama-family model: needs " + "; ".join(problems))
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+    rope = {"rope_type": "default", "rope_theta": c.rope_base}
+    if c.rope_scaling:
+        s = dict(c.rope_scaling)
+        rope = {"rope_type": s.pop("kind"), "rope_theta": c.rope_base, **s}
+        if "original_max_positions" in rope:
+            rope["original_max_position_embeddings"] = rope.pop("original_max_positions")
+    eos = None
+    if tokenizer is not None:
+        eos = next((tokenizer.special_tokens[t] for t in ("</s>", "<|endoftext|>", "<eos>")
+                    if t in getattr(tokenizer, "special_tokens", {})), None)  # fmt: skip
+    hf = {
+        "architectures": [arch[kind]],
+        "model_type": kind,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.d_ff or 4 * c.d_model,
+        "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head,
+        "num_key_value_heads": c.n_kv_heads or c.n_head,
+        "head_dim": c.head_width,
+        "hidden_act": HF_NAMES[c.activation],
+        "max_position_embeddings": c.block_size,
+        "rms_norm_eps": c.ln_eps,
+        "tie_word_embeddings": c.tie_weights,
+        "rope_parameters": rope,
+        "bos_token_id": eos,
+        "eos_token_id": eos,
+        "dtype": "float32",
+    }
+    if kind == "llama":
+        hf.update(attention_bias=qkv_bias, mlp_bias=c.bias)
+    if kind == "qwen3":
+        hf["attention_bias"] = qkv_bias
+    return hf
+
+
+def llama_state_dict(model: GPT, kind: str) -> dict[str, Tensor]:
+    """The inverse key map: every attnlab tensor under its Hugging Face name (all copies)."""
+    sd = model.state_dict()
+    return {h: sd[o].contiguous() for o, h, _ in llama_key_map(model.config, kind)}

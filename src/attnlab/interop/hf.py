@@ -188,6 +188,12 @@ def gpt2_state_dict(model: GPT) -> dict[str, Tensor]:
 def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
     """A GPT-2 config.json for an attnlab GPTConfig (or a RunError if GPT-2 cannot express it)."""
     problems = []
+    defaults = GPTConfig(vocab_size=config.vocab_size)
+    for name in ("norm", "ffn", "n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "out_bias",
+                 "attn_scale", "attn_softcap", "final_softcap", "sliding_window", "parallel",
+                 "post_norms", "embed_scale"):  # fmt: skip
+        if getattr(config, name) != getattr(defaults, name):
+            problems.append(f"{name}={getattr(config, name)!r} (GPT-2 has no such piece)")
     if config.pos != "learned":
         problems.append(f"pos={config.pos!r} (GPT-2 has learned positions)")
     if not config.norm_first:
@@ -684,7 +690,8 @@ def bert_state_dict(model: Encoder) -> dict[str, Tensor]:
 
 
 def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write a GPT run as GPT-2 (``GPT2LMHeadModel``) and an encoder run as BERT
+    """Write a GPT run as GPT-2 (``GPT2LMHeadModel``), or as Llama / Qwen2 / Qwen3 where it has
+    their pieces (RMSNorm, rotate-half rotary: ``decoders.llama_hf_config``), and an encoder run as BERT
     (``BertForMaskedLM``, ``BertForSequenceClassification`` or ``BertModel``), with a tokenizer
     ``AutoTokenizer.from_pretrained`` loads (``tokenizer_files``), in a directory transformers
     opens with ``from_pretrained``. A char or word tokenizer is also kept as attnlab's own
@@ -693,7 +700,11 @@ def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
     from attnlab.tokenizers import PairTokenizer
 
     model, tokenizer = load_run(run_dir)
-    if isinstance(model, GPT):
+    if isinstance(model, GPT) and decoders.is_llama_shaped(model.config):
+        hf = decoders.llama_hf_config(model.config, tokenizer)
+        tensors = decoders.llama_state_dict(model, hf["model_type"])
+        max_length = model.config.block_size
+    elif isinstance(model, GPT):
         hf, tensors = gpt2_hf_config(model.config, tokenizer), gpt2_state_dict(model)
         max_length = model.config.block_size
     elif isinstance(model, Encoder):

@@ -180,6 +180,33 @@ def _decoder_blocks(c: GPTConfig) -> nn.ModuleList:
     return nn.ModuleList(blocks)
 
 
+# Architectures a GPTConfig can take: the fields each sets over the size preset. ``llama``:
+# Llama's shape (RMSNorm, SwiGLU, rotate-half rotary, K/V heads shared by pairs of query heads,
+# no biases, an untied head, a feed-forward of ~8/3 the width instead of 4x).
+ARCHS: dict[str, dict] = {
+    "gpt": {},
+    "llama": dict(
+        norm="rms",
+        ffn="gated",
+        activation="silu",
+        pos="rotary",
+        rotary="half",
+        bias=False,
+        tie_weights=False,
+    ),  # fmt: skip
+}
+FFN_KINDS = {"mlp": ("mlp", None), "swiglu": ("gated", "silu"), "geglu": ("gated", "gelu_tanh")}
+
+
+def arch_fields(arch: str, d_model: int, n_head: int) -> dict:
+    """The GPTConfig fields ``arch`` sets for a model of this width and head count."""
+    fields = dict(ARCHS[arch])
+    if arch == "llama":
+        fields["d_ff"] = -(-8 * d_model // 3 // 32) * 32  # 8/3 C, rounded up to 32
+        fields["n_kv_heads"] = n_head // 2 if n_head % 2 == 0 else n_head
+    return fields
+
+
 class GPT(nn.Module):
     """Decoder-only transformer. ``forward(ids)`` returns logits (B, T, vocab)."""
 
