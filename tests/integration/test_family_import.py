@@ -150,9 +150,17 @@ def imported(request, tmp_path_factory):
     return run
 
 
-def test_the_look_inside_verbs_run_on_an_imported_decoder(capsys, imported):
+def test_the_look_inside_verbs_run_on_an_imported_decoder(capsys, imported, tmp_path):
     text = "the cat sat on the mat"
-    for args in (["trace", imported, text], ["attention", imported, text, "--layer", "1"],
+    (tmp_path / "eval.txt").write_text(TEXT)
+    for args in (["predict", imported, text], ["eval", imported, "--data", tmp_path / "eval.txt"],
+                 ["similarity", imported, text], ["influence", imported, text],
+                 ["explore", imported, text, "--html", tmp_path / "x.html"], ["check", imported],
+                 ["ablate", imported, text, "--head", "1.3"], ["heads", imported],
+                 ["heads", imported, "--importance", "--data", tmp_path / "eval.txt"],
+                 *(["attribute", imported, text, "--method", m] for m in ("rollout", "flow")),
+                 *(["attribute", imported, text, "--method", m, "--target", " mat"]
+                   for m in ("grad", "ig")),["trace", imported, text], ["attention", imported, text, "--layer", "1"],
                  ["lens", imported, text], ["attribute", imported, text, "--method", "dla", "--target", " mat"],
                  ["patch", imported, "--clean", "the cat sat", "--corrupt", "the dog sat",
                   "--target", " on"],
