@@ -4,7 +4,7 @@
         --text "saturday 21 nov 2026" --png docs/dates_cross_attention.png
 
 For each run: translate the text greedily, record a teacher-forced pass on (text, translation)
-(``model.record_text``), and draw the cross-attention map, rows = the output character each
+(``attnlab.inspect.record``), and draw the cross-attention map, rows = the output character each
 decoder step produced, columns = source characters. A Transformer map is the mean over heads
 of one decoder layer (``--layer``, default the last); an LSTM has one map. Prints, per run,
 the share of the month digits' attention that falls on the month word (or the character
@@ -21,9 +21,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from attnlab.checkpoint import load_run  # noqa: E402
 from attnlab.data.tasks import MONTH_ABBR, MONTHS  # noqa: E402
+from attnlab.inspect.recording import record  # noqa: E402
 from attnlab.render.plots import heatmap  # noqa: E402
+from attnlab.run import load_run  # noqa: E402
 
 
 def cross_map(rec: dict, layer: int | None):
@@ -59,7 +60,7 @@ def main() -> None:
     fig, axes = plt.subplots(1, len(args.runs), figsize=(5.2 * len(args.runs), 3.6), squeeze=False)
     for ax, run in zip(axes[0], args.runs):
         model, tok = load_run(run)
-        rec = model.record_text(tok, args.text)
+        rec = record(model, tok, args.text)
         w, name = cross_map(rec, args.layer)
         rows = rec.extra["predicted"]
         cols = rec.tokens["encoder"]

@@ -53,10 +53,10 @@ def train(out: Path, seed: int, extra: list[str]) -> tuple[float, float]:
 
 
 def measure(run: Path) -> dict:
-    from attnlab.checkpoint import load_run
     from attnlab.inspect.heads import heads_of_run
     from attnlab.inspect.timeline import timeline
     from attnlab.interventions import ablate
+    from attnlab.run import load_run
     from attnlab.tasks import open_task
 
     report = heads_of_run(run)

@@ -52,7 +52,7 @@ def corpus() -> str:
 
 def baby(run: str | None) -> Subject:
     from attnlab import GPT, CharTokenizer, GPTConfig
-    from attnlab.checkpoint import load_run
+    from attnlab.run import load_run
 
     if run:
         model, tok = load_run(run)

@@ -133,7 +133,7 @@ def minilm_check(png: str | None) -> None:
     path = minilm_dir()
     with tempfile.TemporaryDirectory() as tmp:
         hf.import_hf(path, Path(tmp) / "minilm")
-        from attnlab.checkpoint import load_run
+        from attnlab.run import load_run
 
         model, tok = load_run(Path(tmp) / "minilm")
     ref = transformers.AutoModel.from_pretrained(str(path)).eval()

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from attnlab.inspect.recording import record
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -32,8 +34,8 @@ def main() -> None:
 
     import torch
 
-    from attnlab.checkpoint import load_run
     from attnlab.cli import main as cli
+    from attnlab.run import load_run
 
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -46,7 +48,7 @@ def main() -> None:
         assert rc == 0, out.getvalue()
         cfg = json.loads((run / "config.json").read_text())
         model, tok = load_run(run)
-        recs = [model.record_text(tok, f"test:{i}") for i in range(args.examples)]
+        recs = [record(model, tok, f"test:{i}") for i in range(args.examples)]
         truths = [tok.read(f"test:{i}")[1] for i in range(args.examples)]
 
     c, t = model.config, cfg["train_config"]

@@ -13,6 +13,7 @@ import torch
 
 from attnlab import GPT, CharTokenizer, GPTConfig
 from attnlab.inspect import attention, attention_grid
+from attnlab.inspect.recording import record
 
 CORPUS = (
     "I like to eat apples. You like to eat pears. We like to eat apples and pears. "
@@ -43,7 +44,7 @@ def train(steps: int = 300) -> tuple[GPT, CharTokenizer]:
 
 def main(out: str = "docs/attention.png", grid: str | None = "docs/attention_grid.png") -> None:
     model, tok = train()
-    rec = model.record_text(tok, "I like to eat apples")
+    rec = record(model, tok, "I like to eat apples")
     attention(rec, layer=1, head=2).save_png(out)
     print(f"wrote {out}", file=sys.stderr)
     if grid:

@@ -8,6 +8,7 @@ from torch import nn
 from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import Block
 from attnlab.checkpoint import save_model
+from attnlab.models.declare import ModelKind
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import CharTokenizer
 
@@ -60,7 +61,9 @@ def make_run(path, steps: int = 40, **overrides):
 # ---------------------------------------------------------------------------------------------
 
 
-def broken_forward(self, x, kv=None, mask=None, causal=False, cache=None, return_weights=False):
+def broken_forward(
+    self, x, kv=None, mask=None, causal=False, cache=None, return_weights=False, position_bias=None
+):
     q = self._heads(self.q_proj(x), self.d_k)  # (B, H, T, d_k)
     k = self._heads(self.k_proj(x), self.d_k)
     v = self._heads(self.v_proj(x), self.d_v)
@@ -87,13 +90,16 @@ def break_attention(model: nn.Module, monkeypatch) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# A tiny encoder (bidirectional, masks pad keys): exercises the generic record_text and the
+# A tiny encoder (bidirectional, masks pad keys): exercises the default declaration and the
 # padding check without depending on the encoder being written elsewhere.
 # ---------------------------------------------------------------------------------------------
 
 
-class TinyEncoder(nn.Module):
-    """Embedding + positions + non-causal blocks; keys whose id is ``pad_id`` are masked out."""
+class TinyEncoder(ModelKind, nn.Module):
+    """Embedding + positions + non-causal blocks; keys whose id is ``pad_id`` are masked out.
+    It declares itself with ``ModelKind``'s defaults (not registered: no run holds it)."""
+
+    kind = "tiny-encoder"
 
     uses_padding = True
     causal = False

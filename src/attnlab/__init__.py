@@ -97,12 +97,12 @@ if TYPE_CHECKING:  # what editors and type checkers see
         padding_mask,
         scaled_dot_product_attention,
     )
-    from attnlab.checkpoint import load_run
     from attnlab.hooks import ActivationCache, record
     from attnlab.models.encoder import Encoder, EncoderConfig
     from attnlab.models.gpt import GPT, GPTConfig
     from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
     from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
     from attnlab.models.vit import ViT, ViTConfig
+    from attnlab.run import Run, load_run
     from attnlab.tokenizers import CharTokenizer, WordTokenizer, load_tokenizer
     from attnlab.training import TrainConfig, Trainer

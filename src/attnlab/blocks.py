@@ -209,6 +209,17 @@ class Block(nn.Module):
                 x = self.ln2(x + drop(mlp(x)))
         return self.hook_resid_post(x)
 
+    def sublayers(self) -> list[tuple[str, nn.Module, str, str]]:
+        """The residual sublayers in forward order, as (name, module, the name of its
+        LayerNorm, the point recorded after it): attn; cross when the block cross-attends; mlp
+        when it has one (its output is ``mlp_out``; the point after it is ``resid_post``)."""
+        out = [("attn", self.attn, "ln1", "resid_mid")]
+        if self.cross is not None:
+            out.append(("cross", self.cross, "ln_cross", "resid_cross"))
+        if self.mlp is not None:
+            out.append(("mlp", self.mlp, "ln2", "resid_post"))
+        return out
+
 
 def block_stack(c, causal: bool, rotary: nn.Module | None = None) -> nn.ModuleList:
     """``c.n_layer`` Blocks sized by a model config (d_model, n_head, d_ff, dropout, norm_first,

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,14 +56,6 @@ from attnlab.tokenizers import PairTokenizer, Tokenizer, TokenizerError, load_to
 
 FORMAT_VERSION = 1
 
-# model_type -> "module:Class"; the class has ``config_class`` and is built as Class(config).
-MODEL_TYPES: dict[str, str] = {
-    "gpt": "attnlab.models.gpt:GPT",
-    "encoder": "attnlab.models.encoder:Encoder",
-    "seq2seq": "attnlab.models.seq2seq:Seq2SeqTransformer",
-    "rnn": "attnlab.models.rnn:RNNSeq2Seq",
-    "vit": "attnlab.models.vit:ViT",
-}
 MODEL_FILE = "model.safetensors"
 
 # ---------------------------------------------------------------------------------------------
@@ -73,10 +64,13 @@ MODEL_FILE = "model.safetensors"
 
 
 def model_class(model_type: str) -> type[nn.Module]:
-    if model_type not in MODEL_TYPES:
-        raise RunError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}")
-    module, name = MODEL_TYPES[model_type].split(":")
-    return getattr(importlib.import_module(module), name)
+    """The class registered for config.json's ``model_type`` (``attnlab.models.declare``)."""
+    from attnlab.models.declare import registered
+
+    kinds = registered()
+    if model_type not in kinds:
+        raise RunError(f"unknown model_type {model_type!r}; known: {', '.join(kinds)}")
+    return kinds[model_type]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -264,26 +258,6 @@ def _no_init() -> Iterator[None]:
             setattr(nn.init, name, fn)
 
 
-# What a run's tokenizer must agree on with its config, per model type:
-# (config field, tokenizer attribute, the file holding that tokenizer).
-TOKENIZER_FIELDS: dict[str, tuple[tuple[str, str, str], ...]] = {
-    "gpt": (("vocab_size", "vocab_size", "tokenizer.json"),),
-    "encoder": (("vocab_size", "vocab_size", "tokenizer.json"),),
-    "seq2seq": (
-        ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
-        ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
-    ),
-    "rnn": (
-        ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
-        ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
-    ),
-    "vit": (  # a ViT's "tokenizer" reads images and names the classes (data.images)
-        ("n_classes", "vocab_size", "tokenizer.json"),
-        ("image_size", "image_size", "tokenizer.json"),
-        ("channels", "channels", "tokenizer.json"),
-    ),
-}
-
 # Tables a model computes instead of storing (position tables) may take at most the size of
 # its weights plus this: a config cannot make a loader allocate through them either.
 COMPUTED_ALLOWANCE = 64 << 20
@@ -300,12 +274,13 @@ class CheckedRun:
     tokenizer: Any  # Tokenizer, PairTokenizer (encoder-decoder), ImageTokenizer (ViT) or None
 
 
-def check_run(run_dir: str | Path) -> CheckedRun:
-    """Check that a run directory's config.json, weights and tokenizer agree, allocating
-    nothing; the first difference is a RunError naming the file. The steps are listed at the
-    top of this module; ``load_run`` then only has to read the weights."""
+def check_run(run_dir: str | Path, cfg: dict | None = None) -> CheckedRun:
+    """Check that a run directory's config.json (``cfg`` if it was read already), weights and
+    tokenizer agree, allocating nothing; the first difference is a RunError naming the file.
+    The steps are listed at the top of this module; ``open_model`` then only has to read the
+    weights."""
     run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)
+    cfg = read_run_config(run_dir) if cfg is None else cfg
     config_path, weights = run_dir / "config.json", run_dir / "model.safetensors"
     header = read_header(weights)
     _check_layer_counts(cfg, header, config_path)
@@ -369,16 +344,16 @@ def check_tokenizer(
 ) -> None:
     """The tokenizer must speak the model's ids: the same vocabulary size (each side of an
     encoder-decoder, counting its <pad>, <bos>, <eos>), and for a ViT the same classes, image
-    size and channels (``TOKENIZER_FIELDS``). A run imported from Hugging Face (``imported``)
+    size and channels (the model's ``tokenizer_fields``). A run imported from Hugging Face (``imported``)
     may have a larger vocabulary than its tokenizer, as ``import-hf`` accepts (some models pad
     it), but never a smaller one. A run saved without a tokenizer passes."""
     if tokenizer is None:
         return
-    run_dir, kind = Path(run_dir), model.model_type
-    for name in dict.fromkeys(name for *_, name in TOKENIZER_FIELDS[kind]):
+    run_dir, kind, fields = Path(run_dir), model.model_type, model.tokenizer_fields
+    for name in dict.fromkeys(name for *_, name in fields):
         if not (run_dir / name).is_file():
             raise RunError(f"{run_dir}: has tokenizer.json but no {name}, which a {kind} run needs")
-    for field, attr, name in TOKENIZER_FIELDS[kind]:
+    for field, attr, name in fields:
         got, want = getattr(tokenizer, attr, None), getattr(model.config, field)
         if got is None:
             what = getattr(tokenizer, "kind", type(tokenizer).__name__)
@@ -423,14 +398,15 @@ def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Mod
 
 
 def load_model(run_dir: str | Path, device: str | torch.device = "cpu") -> nn.Module:
-    """The run's model in eval mode (see ``load_run``)."""
-    return load_run(run_dir, device)[0]
+    """The run's model in eval mode (see ``open_model``)."""
+    return open_model(run_dir, device)[0]
 
 
-def load_run(
-    run_dir: str | Path, device: str | torch.device = "cpu"
+def open_model(
+    run_dir: str | Path, device: str | torch.device = "cpu", cfg: dict | None = None
 ) -> tuple[nn.Module, Tokenizer | None]:
-    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode.
+    """``(model, tokenizer)`` for any run directory, trained or imported, in eval mode; the
+    loader under ``attnlab.load_run`` (the one door to a run), given its config.json once read.
 
     Everything is checked before the weights are read (``check_run``); then the weights are
     memory-mapped and assigned to the model built on the meta device (``assign_weights``), so
@@ -438,7 +414,7 @@ def load_run(
     gives a ``PairTokenizer``, a ViT run an ``ImageTokenizer``.
     """
     for attempt in range(3):  # a training run may replace model.safetensors as we read it
-        run = check_run(run_dir)
+        run = check_run(run_dir, cfg if attempt == 0 else None)
         try:
             tensors = load_tensors(run.header.path, mmap=True, header=run.header)
             break

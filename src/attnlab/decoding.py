@@ -134,7 +134,7 @@ def decoder_for(model: nn.Module):
     name = getattr(model, "decoded_by", None)
     if name is not None:
         return DECODERS[name](model)
-    if hasattr(model, "start"):
+    if getattr(model, "decodes", False):  # declared: it implements start / step / reorder
         return model
     raise ValueError(f"a {type(model).__name__} does not generate: decoding needs a GPT or "
                      "an encoder-decoder (Transformer or LSTM)")  # fmt: skip

@@ -51,8 +51,9 @@ class Run:
 
     @property
     def kind(self) -> str:
-        """gpt, mlm, text-classifier, encoder, seq2seq-transformer, lstm-attention, lstm, vit."""
-        return getattr(self.model, "kind", "") or self.config.get("model_type", "")
+        """gpt, mlm, text-classifier, encoder, seq2seq-transformer, lstm-attention, lstm, vit:
+        the model's declared kind (``attnlab.models.declare``)."""
+        return self.model.kind
 
     @property
     def imported(self) -> str | None:
@@ -64,7 +65,7 @@ class Run:
 
     def describe(self) -> str:
         """What the model is, in one sentence (and where imported weights came from)."""
-        text = self.model.describe() if hasattr(self.model, "describe") else self.kind
+        text = self.model.describe()
         return text + (f" (imported from {self.imported})" if self.imported else "")
 
     @property
@@ -79,7 +80,7 @@ class Run:
         model that predicts nothing (an encoder with no head)."""
         if self._task is None:
             try:
-                self._task = open_task(self.path)
+                self._task = open_task(self.path, cfg=self.config, tokenizer=self.tokenizer)
             except ckpt.RunError as e:
                 raise ckpt.RunError(f"{self.path}: {e}") from None
         return self._task
@@ -129,9 +130,10 @@ class Run:
                 raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
                                     "--data FILE (Python: evaluate(data=...))")  # fmt: skip
             try:
-                task = open_task(self.path, with_data=True)
+                task = open_task(self.path, True, self.config, self.tokenizer)
             except DataError as e:  # its data moved, changed or was never kept
-                what = "a text" if self.kind == "gpt" else "a file in its task's format"
+                what = ("a text" if self.model.predicts == "next-token"
+                        else "a file in its task's format")  # fmt: skip
                 raise type(e)(f"{e}; score {what} with --data") from None
         else:
             task = self.task
@@ -149,7 +151,7 @@ class Run:
         from attnlab.generation import SamplingConfig, beam_generate
         from attnlab.generation import generate as sample
 
-        if self.config.get("model_type") not in ("gpt", "seq2seq", "rnn"):
+        if not self.model.decodes:
             raise ckpt.RunError(
                 f"{self.path}: generate samples text from a GPT (or an encoder-decoder); this "
                 f"run is a {self.kind} ({self.describe()}): use predict"
@@ -178,8 +180,19 @@ class Run:
             rec.extra["classes"] = list(self.config["labels"])
         return rec
 
+    @property
+    def subject(self):
+        """The model, its tokenizer and its class names as every intervention reads them (an
+        ``attnlab.interventions.Subject``)."""
+        from attnlab.interventions.subjects import Subject
+
+        return Subject(self.model, self.tokenizer, self.config.get("labels"))
+
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> Run:
-    """The run directory at ``path`` (trained or imported, any kind), loaded on ``device``."""
-    model, tokenizer = ckpt.load_run(path, device=device)
-    return Run(path, model, tokenizer, ckpt.read_run_config(path))
+    """The run directory at ``path`` (trained or imported, any kind), loaded on ``device``:
+    the one door to a run (config.json is read once, then checked against the weights and
+    the tokenizer before any weight is read)."""
+    config = ckpt.read_run_config(path)
+    model, tokenizer = ckpt.open_model(path, device=device, cfg=config)
+    return Run(path, model, tokenizer, config)

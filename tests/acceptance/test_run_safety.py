@@ -34,9 +34,10 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from attnlab import checkpoint as ckpt
-from attnlab.checkpoint import RunError, load_run, read_header, save_model
+from attnlab.checkpoint import RunError, read_header, save_model
 from attnlab.data.images import ImageTokenizer
 from attnlab.files import FileLock, atomic_write_text
+from attnlab.run import load_run
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from attnlab.training import run as training
 from attnlab.training.rundir import RunDir
@@ -131,8 +132,10 @@ def tied_groups(model) -> set[frozenset[str]]:
 
 
 def test_every_model_type_has_variants_and_tokenizer_rules():
-    assert {t for t, _ in VARIANTS.values()} == set(ckpt.MODEL_TYPES)
-    assert set(ckpt.TOKENIZER_FIELDS) == set(ckpt.MODEL_TYPES)
+    from attnlab.models.declare import registered
+
+    assert {t for t, _ in VARIANTS.values()} == set(registered())
+    assert all(cls.tokenizer_fields for cls in registered().values())
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -651,7 +654,7 @@ def test_every_kind_of_intact_run_loads_through_the_same_verbs(cli, kinds, tmp_p
 
 LOAD_AND_MEASURE = textwrap.dedent("""
     import json, re, sys, torch
-    from attnlab.checkpoint import load_run
+    from attnlab.run import load_run
     def status(key):  # kB
         return int(re.search(key + r":\\s+(\\d+)", open("/proc/self/status").read())[1])
     from attnlab.models.gpt import GPT, GPTConfig

@@ -14,8 +14,8 @@ import signal
 import pytest
 import torch
 
-from attnlab.checkpoint import load_run
 from attnlab.cli import main
+from attnlab.run import load_run
 from attnlab.training import run as training
 from attnlab.training.rundir import read_trainer_state
 from fault_cli import inject, run_faulty

@@ -402,7 +402,7 @@ RUN_CASES = {
 
 # The run-directory inputs issue 7 names go through every verb that reads a run (each verb
 # must refuse before it writes anything); the other variants go through the two ways a run is
-# loaded: checkpoint.load_run (every verb but one) and the trainer's --resume.
+# loaded: attnlab.load_run (every verb but one) and the trainer's --resume.
 EVERY_VERB = {
     "missing format version",
     "unknown format version",

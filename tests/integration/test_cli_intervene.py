@@ -196,10 +196,11 @@ def test_intervention_tabs_switch_in_chromium(run, tmp_path):
     if not os.path.exists("/usr/bin/chromium"):
         pytest.skip("no /usr/bin/chromium: the tabs were not tried in a browser")
     from attnlab.inspect import explore, record
-    from attnlab.interventions import explorer_tabs, load_subject
+    from attnlab.interventions import explorer_tabs
+    from attnlab.run import load_run
     from cdp import Browser
 
-    s = load_subject(run)
+    s = load_run(run).subject
     page = explore(record(s.model, s.tokenizer, CLEAN), s.model,
                    tabs=explorer_tabs(s, CLEAN)).save(tmp_path / "t.html")  # fmt: skip
     browser = Browser()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from attnlab.checkpoint import load_run
+from attnlab.run import load_run
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "phrases_en_es.tsv"
 TINY = ["--max-iters", "16", "--batch-size", "16", "--d-model", "32", "--eval-interval", "8",

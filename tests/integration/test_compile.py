@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from attnlab.checkpoint import load_run
 from attnlab.cli import main
+from attnlab.run import load_run
 from lm_helpers import train_losses
 from task_helpers import train_args, write_task_data
 

@@ -91,7 +91,7 @@ def test_torchrun_trains_a_run_that_rank_0_alone_writes(task_id, tmp_path):
     import subprocess
     import sys
 
-    from attnlab.checkpoint import load_run
+    from attnlab.run import load_run
     from attnlab.training.rundir import read_trainer_state
     from conftest import SRC
     from task_helpers import train_args

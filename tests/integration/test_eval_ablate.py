@@ -11,6 +11,7 @@ import torch
 
 from attnlab.cli import main
 from attnlab.interventions import Subject, held_out, task_figures
+from attnlab.run import load_run
 from intervene_helpers import bert_mlm_run, rnn_run
 from look_helpers import run_main
 from task_helpers import train_args, write_task_data
@@ -75,7 +76,7 @@ def test_ablated_eval_of_every_task_equals_the_head_removed_from_the_weights(
     recorded = json.loads((run / "config.json").read_text())["metrics"]
     for k, v in d["intact"].items():  # intact: what training logged for this model
         assert v == pytest.approx(recorded[k], abs=1e-5), k
-    h = held_out(run)
+    h = held_out(load_run(run))
     zero_head_weights(h.model, HEADS[task_id])
     by_weights = task_figures(h.task, h.model, h.batch_size, h.eval_iters)
     assert by_weights.keys() == d["ablated"].keys()
@@ -135,7 +136,7 @@ def test_head_importance_without_an_input_uses_the_held_out_split(capsys, traine
     recorded = json.loads((run / "config.json").read_text())["metrics"]["val_loss"]
     assert d["baseline"] == pytest.approx(recorded, abs=1e-5)
     assert "held-out split" in d["source"] and len(d["heads"]) == 2
-    h = held_out(run)
+    h = held_out(load_run(run))
     zero_head_weights(h.model, "0.1")
     lost = h.loss()() - recorded
     assert [x["loss_change"] for x in d["heads"] if x["head"] == "0.1"][0] == pytest.approx(lost)

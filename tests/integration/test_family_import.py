@@ -15,9 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers  # noqa: E402
 
-from attnlab.checkpoint import load_run  # noqa: E402
 from attnlab.cli import main  # noqa: E402
 from attnlab.interop.hf import load_hf, load_hf_tokenizer  # noqa: E402
+from attnlab.run import load_run  # noqa: E402
 
 TEXT = "the cat sat on the mat. the dog ate the cake; a cat and a dog. " * 4
 SIZE = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=2,

@@ -149,7 +149,7 @@ def _failure(r: subprocess.CompletedProcess) -> str:
 def test_torchrun_fsdp_writes_an_ordinary_run_that_resumes_exactly(tmp_path):
     """2 FSDP steps, then --resume to 4: the losses of one process training the same global
     batch (twice the per-process batch) for 4 steps; the run loads in a single process."""
-    from attnlab.checkpoint import load_run
+    from attnlab.run import load_run
     from attnlab.training.rundir import read_trainer_state
 
     d = write_task_data(tmp_path)

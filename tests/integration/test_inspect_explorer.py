@@ -81,7 +81,7 @@ def test_page_is_self_contained_and_carries_what_the_matrix_needs(run):
     """The page holds q and k exactly (float32) and which keys each query sees; from them it
     computes the model's scores and weights, so it carries no weights of its own here."""
     _, model, tok = run
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     page = explore(rec, model)
     html = page.html
     assert not re.search(r"https?://", html), "the page must not reference the network"
@@ -134,7 +134,7 @@ def test_the_page_has_a_colour_legend_matching_the_matrix_colours(run):
     """A gradient bar from the colour of 0 to the colour of the largest weight, between its
     values: 0 and (filled in by the page for the selected head) that largest weight."""
     _, model, tok = run
-    html = explore(model.record_text(tok, SENTENCE), model).html
+    html = explore(record(model, tok, SENTENCE), model).html
     legend = re.search(r'<div id="legend".*?</div>', html, re.S).group(0)
     assert re.search(r'<span id="legend-min">0</span><span class="bar"></span>'
                      r'<span id="legend-max"></span>', legend)  # fmt: skip
@@ -260,7 +260,7 @@ def _choose(b, sid: str, value) -> None:
 @pytest.mark.slow
 def test_explorer_in_chromium_loads_draws_and_reacts(browser, run, tmp_path):
     _, model, tok = run
-    out = explore(model.record_text(tok, SENTENCE), model).save(tmp_path / "e.html")
+    out = explore(record(model, tok, SENTENCE), model).save(tmp_path / "e.html")
     browser.events.clear()
     browser.open(out.as_uri())
     state = browser.eval("JSON.stringify(window.attnlabExplorer.state)")
@@ -273,7 +273,7 @@ def test_explorer_in_chromium_loads_draws_and_reacts(browser, run, tmp_path):
     assert json.loads(browser.eval("JSON.stringify(window.attnlabExplorer.state)"))["head"] == 1
     heads1, matrix1 = _canvas(browser, "heads"), _canvas(browser, "matrix")
     data = json.loads(browser.eval("JSON.stringify(window.attnlabExplorer.data)"))
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     for h in (0, 1):  # the legend names the largest weight of the head shown
         _choose(browser, "head", h)
         top = float(page_weights(data["maps"][0])[h].max())

@@ -10,8 +10,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from attnlab.checkpoint import load_run  # noqa: E402
 from attnlab.cli import main  # noqa: E402
+from attnlab.run import load_run  # noqa: E402
 
 TINY = ["--n-layer", "2", "--n-head", "4", "--d-model", "32", "--block-size", "32", "--quiet",
         "--max-iters", "20", "--warmup-iters", "2", "--log-interval", "1000"]  # fmt: skip

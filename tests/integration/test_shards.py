@@ -516,8 +516,8 @@ def test_bad_data_in_an_existing_directory_leaves_only_what_was_there(capsys, tm
 def test_eval_without_data_streams_the_runs_held_out_split(capsys, tmp_path):
     """``attnlab eval RUN`` on a streamed run scores its held-out split from the shards (never
     loaded whole), with the figures the same tokens give in memory."""
-    from attnlab.checkpoint import load_run
     from attnlab.cli import main
+    from attnlab.run import load_run
     from attnlab.tasks import open_task
     from attnlab.tasks.lm import score_tokens
     from lm_helpers import TINY_TRAIN

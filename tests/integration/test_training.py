@@ -11,8 +11,9 @@ import time
 import pytest
 import torch
 
-from attnlab.checkpoint import RunError, load_run
+from attnlab.checkpoint import RunError
 from attnlab.data import RandomWindows
+from attnlab.run import load_run
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tokenizers import CharTokenizer
 from attnlab.training import TrainConfig, Trainer, TrainingError, lr_at

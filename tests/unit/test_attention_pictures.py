@@ -13,6 +13,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from attnlab.inspect import attention, attention_grid  # noqa: E402
+from attnlab.inspect.recording import record
 from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -55,7 +56,7 @@ def test_the_grid_has_a_title_layer_and_head_labels_and_one_colourbar(run):
     import matplotlib.pyplot as plt
 
     _, model, tok = run
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     fig = _drawn(attention_grid(rec, title=f"runs/mine: {SENTENCE!r}").figure())
     assert fig._suptitle.get_text().splitlines()[0] == "runs/mine: 'I like to eat apples'"
     bars = {im.colorbar.ax for ax in fig.axes for im in ax.images if im.colorbar is not None}
@@ -83,7 +84,7 @@ def test_a_long_input_grid_shows_positions_not_tokens():
 
     tok = char_tokenizer()
     model = tiny_gpt(tok, block_size=80).eval()
-    fig = _drawn(attention_grid(model.record_text(tok, (SENTENCE + " ") * 3)).figure())
+    fig = _drawn(attention_grid(record(model, tok, (SENTENCE + " ") * 3)).figure())
     assert all(not ax.get_xticklabels() for ax in fig.axes[:4])
     plt.close(fig)
 
@@ -107,7 +108,7 @@ def test_each_heatmap_has_one_colourbar_exactly_as_tall_as_its_matrix(run, which
 
     if which == "gpt":
         _, model, tok = run
-        m = attention(model.record_text(tok, SENTENCE), layer=1, head=1)
+        m = attention(record(model, tok, SENTENCE), layer=1, head=1)
     else:
         m = attention(_seq2seq_rec(lstm=which == "lstm-cross"), name="cross", mean=True)
         assert m.kind == "cross" and len(m.queries) != len(m.keys)

@@ -8,8 +8,9 @@ import pickle
 import pytest
 import torch
 
-from attnlab.checkpoint import RunError, load_run, save_model, save_tensors
+from attnlab.checkpoint import RunError, save_model, save_tensors
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.run import load_run
 from attnlab.tokenizers import CharTokenizer
 
 
@@ -158,13 +159,9 @@ TINY_CONFIGS = {
 
 
 def _model_type_or_skip(model_type: str):
-    from attnlab.checkpoint import MODEL_TYPES, model_class
+    from attnlab.checkpoint import model_class
 
-    module = MODEL_TYPES[model_type].split(":")[0]
-    try:
-        cls = model_class(model_type)
-    except ImportError:
-        pytest.skip(f"{module} is not in this checkout yet")
+    cls = model_class(model_type)
     assert model_type in TINY_CONFIGS, f"add a tiny {model_type} config to TINY_CONFIGS"
     return cls
 

@@ -10,6 +10,7 @@ import torch
 
 from attnlab.errors import AttnlabError
 from attnlab.inspect import InspectError, attention, attention_grid
+from attnlab.inspect.recording import record
 from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -22,7 +23,7 @@ def run(tmp_path_factory):
 
 def test_attention_rows_sum_to_one_and_ignore_the_future(run):
     _, model, tok = run
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     N = len(SENTENCE)
     for layer in (0, 1):
         for head in (0, 1):
@@ -45,7 +46,7 @@ def test_zero_query_weights_give_uniform_causal_attention_by_hand():
     with torch.no_grad():
         model.blocks[0].attn.q_proj.weight.zero_()
         model.blocks[0].attn.q_proj.bias.zero_()
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     N = len(SENTENCE)
     expected = np.tril(np.ones((N, N))) / np.arange(1, N + 1)[:, None]
     for h in (0, 1):
@@ -54,7 +55,7 @@ def test_zero_query_weights_give_uniform_causal_attention_by_hand():
 
 def test_attention_renders_for_terminal_json_and_notebook(run):
     _, model, tok = run
-    m = attention(model.record_text(tok, SENTENCE), layer=1, head=1)
+    m = attention(record(model, tok, SENTENCE), layer=1, head=1)
     text = str(m)
     assert "layer 1 self-attention, head 1" in text
     assert "apples"[0] in text and "␣" in text  # spaces made visible
@@ -69,16 +70,16 @@ def test_long_input_table_is_cut_with_a_message():
     tok = char_tokenizer()
     model = tiny_gpt(tok, block_size=80).eval()
     text = (SENTENCE + " ") * 3
-    m = attention(model.record_text(tok, text))
+    m = attention(record(model, tok, text))
     assert f"showing tokens 0..31 of {len(text)}" in str(m)
     assert f"showing tokens 10..41 of {len(text)}" in str(
-        attention(model.record_text(tok, text), start=10)
+        attention(record(model, tok, text), start=10)
     )
 
 
 def test_heatmap_and_grid_pngs(run, tmp_path):
     _, model, tok = run
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     one = attention(rec, layer=0, head=1).save_png(tmp_path / "one.png")
     grid = attention_grid(rec)
     assert [m.name for m in grid.maps] == ["blocks.0.attn.weights", "blocks.1.attn.weights"]

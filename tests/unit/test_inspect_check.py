@@ -54,8 +54,8 @@ def test_check_fails_on_lower_triangle_mask_and_softmax_over_queries(monkeypatch
 def test_check_catches_a_reference_path_that_disagrees_with_the_fused_one(monkeypatch):
     real = attention_module.reference_attention
 
-    def off_scale(q, k, v, mask=None, scale=None, dropout_p=0.0):  # forgets the 1/sqrt(d_k)
-        return real(q, k, v, mask, 1.0, dropout_p)
+    def off_scale(q, k, v, mask=None, scale=None, dropout_p=0.0, *rest):  # forgets 1/sqrt(d_k)
+        return real(q, k, v, mask, 1.0, dropout_p, *rest)
 
     monkeypatch.setattr(attention_module, "reference_attention", off_scale)
     report = check(tiny_gpt(char_tokenizer(), d_model=32, n_head=1))

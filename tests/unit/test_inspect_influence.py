@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attnlab.inspect import influence, similarity
+from attnlab.inspect.recording import record
 from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
 
@@ -21,7 +22,7 @@ def run(tmp_path_factory):
 
 def test_similarity_is_the_cosine_of_the_residual_stream(run):
     _, model, tok = run
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     sim = similarity(rec)
     assert [ly.label for ly in sim.layers] == ["layer 0", "layer 1", "layer 2"]
     N = len(SENTENCE)
@@ -45,7 +46,7 @@ def test_similarity_is_the_cosine_of_the_residual_stream(run):
 
 def test_influence_matches_its_definition(run):
     _, model, tok = run
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     inf = influence(model, rec)
     N = len(SENTENCE)
     assert len(inf.rows) == 3 * N
@@ -79,7 +80,7 @@ def test_sources_weigh_attention_by_what_each_value_sends():
     with torch.no_grad():
         attn.q_proj.weight.zero_()
         attn.q_proj.bias.zero_()
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     inf = influence(model, rec, n_sources=30)
     v = rec.cache["blocks.0.attn.v"][0].double()  # (H, N, d_v)
     WO = attn.out_proj.weight.detach().double()  # (C, H * d_v)
@@ -99,7 +100,7 @@ def test_a_silenced_attention_layer_has_no_attention_share():
     with torch.no_grad():
         model.blocks[0].attn.out_proj.weight.zero_()
         model.blocks[0].attn.out_proj.bias.zero_()
-    inf = influence(model, model.record_text(tok, "I like"))
+    inf = influence(model, record(model, tok, "I like"))
     assert all(r.attn_share == 0.0 and r.ffn_share == pytest.approx(1.0) for r in inf.rows)
 
 
@@ -133,7 +134,7 @@ def test_the_csv_shows_spaces_quotes_commas_and_never_starts_a_formula(tmp_path)
     torch.manual_seed(0)
     tok = CharTokenizer.from_text(text + "abc")
     model = tiny_gpt(tok, n_layer=2).eval()
-    inf = influence(model, model.record_text(tok, text))
+    inf = influence(model, record(model, tok, text))
     path = inf.to_csv(tmp_path / "inf.csv")
     raw = path.read_bytes()
     assert raw.startswith(b"\xef\xbb\xbf") and b"\r\n" in raw  # UTF-8 BOM, RFC 4180 rows

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnlab.hooks import ActivationCache
-from attnlab.inspect import InspectError, Recording, record, record_text
+from attnlab.inspect import InspectError, Recording, record
 from look_helpers import SENTENCE, TinyEncoder, char_tokenizer, tiny_gpt
 
 
@@ -36,7 +36,7 @@ def test_recording_on_equals_recording_off(pos, norm_first, n_head, seed):
 def test_gpt_record_text_labels_every_map_with_its_tokens():
     tok = char_tokenizer()
     model = tiny_gpt(tok, n_layer=3).eval()
-    rec = model.record_text(tok, SENTENCE)
+    rec = record(model, tok, SENTENCE)
     assert isinstance(rec, Recording)
     assert rec.tokens == {"": list(SENTENCE)}
     assert rec.ids[""] == tok.encode(SENTENCE)
@@ -90,15 +90,15 @@ def test_cross_attention_maps_take_queries_and_keys_from_different_stacks():
 def test_select_and_encode_report_bad_input_clearly():
     tok = char_tokenizer()
     model = tiny_gpt(tok, block_size=8).eval()
-    rec = model.record_text(tok, "I like")
+    rec = record(model, tok, "I like")
     with pytest.raises(InspectError, match="no layer 5; this model has layers 0..1"):
         rec.select(layer=5)
     with pytest.raises(InspectError, match="no attention map matches 'cross'"):
         rec.select(name="cross")
     with pytest.raises(InspectError, match="reads at most 8"):
-        record_text(model, tok, "I like to eat apples")
+        record(model, tok, "I like to eat apples")
     with pytest.raises(InspectError, match="no tokens"):
-        record_text(model, tok, "")
+        record(model, tok, "")
 
 
 def test_maps_without_blocks_get_a_readable_label():

@@ -27,13 +27,13 @@ from attnlab.interventions import (
     flow,
     head_importance,
     input_attribution,
-    load_subject,
     logit_lens,
     patch,
     rollout,
     text_loss,
 )
 from attnlab.models.gpt import PRESETS
+from attnlab.run import load_run
 from intervene_helpers import bert_mlm_run, perturb, rnn_run, seq2seq_run, vit_run
 from look_helpers import CORPUS, SENTENCE, char_tokenizer, make_run, tiny_gpt, train_briefly
 
@@ -49,7 +49,7 @@ def gpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     pytest.importorskip("transformers")
-    return load_subject(bert_mlm_run(tmp_path_factory.mktemp("bert")))
+    return load_run(bert_mlm_run(tmp_path_factory.mktemp("bert"))).subject
 
 
 @pytest.fixture(scope="module")
@@ -407,7 +407,7 @@ def test_dla_parts_sum_to_the_imported_bert_mlm_logit(bert):
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_dla_parts_sum_to_the_encoder_decoder_decoder_logit(tmp_path, norm_first):
-    s = load_subject(seq2seq_run(tmp_path, norm_first))
+    s = load_run(seq2seq_run(tmp_path, norm_first)).subject
     for target in ("a", "m", "7"):
         r = _dla_sums(s, "abc def", target, position=3)
         names = [n for n, _ in r.components]
@@ -524,7 +524,7 @@ def test_head_importance_ranks_every_head_and_prunes_them_all(gpt):
 
 
 def test_an_lstm_ablates_and_patches_its_context_vector_and_refuses_the_rest(tmp_path):
-    s = load_subject(rnn_run(tmp_path))
+    s = load_run(rnn_run(tmp_path)).subject
     r = ablation(s, "abc def", heads="context")
     assert r.log.changed > 0 and "decoder.attn.z" in r.log.calls
     p = s.prepare("abc def")
@@ -540,7 +540,7 @@ def test_an_lstm_ablates_and_patches_its_context_vector_and_refuses_the_rest(tmp
 
 
 def test_an_encoder_decoder_names_its_three_kinds_of_heads(tmp_path):
-    s = load_subject(seq2seq_run(tmp_path))
+    s = load_run(seq2seq_run(tmp_path)).subject
     assert {g.kind for g in s.head_groups()} == {"encoder", "decoder", "cross"}
     with pytest.raises(InterventionError, match="write"):
         s.parse_heads("0.1")
@@ -552,7 +552,7 @@ def test_an_encoder_decoder_names_its_three_kinds_of_heads(tmp_path):
 
 def test_a_vit_draws_cls_rollout_over_the_image(tmp_path):
     pytest.importorskip("sklearn")
-    s = load_subject(vit_run(tmp_path / "vit"))
+    s = load_run(vit_run(tmp_path / "vit")).subject
     r = attention_paths(s, "test:0", "rollout")
     assert r.position == 0 and len(r.row) == 1 + 16 and np.isclose(r.row.sum(), 1)
     r.save_png(tmp_path / "cls.png")

@@ -100,14 +100,7 @@ LAYERS: list[tuple[str, list[str]]] = [
 COMING: set[str] = set()
 
 # Violations that branches in flight remove, as (importer, imported) file paths under attnlab/.
-KNOWN: dict[tuple[str, str], str] = {
-    # The models declare themselves (kinds branch): no model imports inspect/ after it.
-    ("models/encoder.py", "inspect/recording.py"): "model declarations (kinds branch)",
-    ("models/gpt.py", "inspect/recording.py"): "model declarations (kinds branch)",
-    ("models/rnn.py", "inspect/recording.py"): "model declarations (kinds branch)",
-    ("models/seq2seq.py", "inspect/recording.py"): "model declarations (kinds branch)",
-    ("models/vit.py", "inspect/recording.py"): "model declarations (kinds branch)",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _private(name: str) -> bool:

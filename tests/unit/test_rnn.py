@@ -9,6 +9,7 @@ from attnlab.config import ConfigError
 from attnlab.data.tasks import collate, encode_pairs, generate
 from attnlab.generation import BOS, PAD
 from attnlab.hooks import record
+from attnlab.inspect.recording import record as inspect_record
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 
@@ -109,7 +110,7 @@ def test_attention_lstm_learns_to_copy_a_few_sequences():
 def test_record_text_exposes_the_alignment_under_the_shared_name():
     tok = PairTokenizer(CharTokenizer("abcdefgh "), CharTokenizer("0123"))
     model = make("dot", src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
-    rec = model.record_text(tok, "bad cafe")
+    rec = inspect_record(model, tok, "bad cafe")
     w = rec.cache["decoder.attn.weights"]  # (1, 1, T, S)
     assert w.shape == (1, 1, len(rec.tokens["decoder"]), len("bad cafe") + 1)
     assert rec.tokens["encoder"] == [*"bad cafe", "<eos>"]

@@ -7,9 +7,10 @@ import json
 import pytest
 import torch
 
-from attnlab.checkpoint import load_run, save_model
+from attnlab.checkpoint import save_model
 from attnlab.files import RunError
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.run import load_run
 from attnlab.tokenizers import CharTokenizer
 from attnlab.training.rundir import RunDir, read_metrics
 

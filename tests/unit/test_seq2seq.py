@@ -9,13 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.checkpoint import load_run, save_model
+from attnlab.checkpoint import save_model
 from attnlab.checks import find_future_leak
 from attnlab.config import ConfigError
 from attnlab.generation import BOS, EOS, PAD, beam_search, greedy, pad_ids
 from attnlab.hooks import record
+from attnlab.inspect.recording import record as inspect_record
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer, noam_lr
+from attnlab.run import load_run
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 
 
@@ -215,7 +217,7 @@ def test_config_validates_itself():
 def test_record_text_gives_tokens_matching_the_maps():
     tok = PairTokenizer(CharTokenizer("abcdefghijklmnop"), CharTokenizer("0123456789"))
     model = make(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size)
-    rec = model.record_text(tok, "hello")
+    rec = inspect_record(model, tok, "hello")
     w = rec.cache["decoder.blocks.0.cross.weights"]  # (1, H, T, S)
     assert rec.tokens["encoder"] == [*"hello", "<eos>"]
     assert rec.tokens["decoder"][0] == "<bos>"
@@ -270,6 +272,6 @@ def test_attention_of_an_lstm_run_needs_no_layer():
         RNNConfig(src_vocab_size=tok.src_vocab_size, tgt_vocab_size=tok.tgt_vocab_size,
                   attention="additive")
     ).eval()  # fmt: skip
-    m = attention(model.record_text(tok, "bad cafe"))
+    m = attention(inspect_record(model, tok, "bad cafe"))
     assert m.name == "decoder.attn.weights" and m.kind == "cross"
     assert abs(m.weights.sum(-1) - 1).max() < 1e-5

@@ -50,16 +50,16 @@ def export_hf(args: argparse.Namespace) -> int:
 
 
 def embed(args: argparse.Namespace) -> int:
-    from attnlab.checkpoint import load_run, read_run_config
     from attnlab.embeddings import sentence_embeddings
-    from attnlab.models.encoder import Encoder
+    from attnlab.run import load_run
 
-    model, tokenizer = load_run(args.run, args.device)
-    if not isinstance(model, Encoder):
+    run = load_run(args.run, args.device)
+    model, tokenizer = run
+    if not model.sentence_embedding:
         raise UsageError(f"{args.run}: embed needs an encoder run, not {model.model_type!r}")
     if tokenizer is None:
         raise UsageError(f"{args.run}: the run has no tokenizer.json")
-    default = read_run_config(args.run).get("sentence_embedding", {})
+    default = run.config.get("sentence_embedding", {})
     pool = args.pool or default.get("pool", "mean")
     emb = sentence_embeddings(model, tokenizer, args.text, pool=pool, normalize=args.normalize)
     rows = [[round(float(v), 7) for v in row] for row in emb]

@@ -23,9 +23,9 @@ def _ints(text: str | None, option: str) -> list[int] | None:
 
 
 def _subject(args):
-    from attnlab.interventions import load_subject
+    from attnlab.run import load_run
 
-    return load_subject(args.run, args.device)
+    return load_run(args.run, args.device).subject
 
 
 def _show(result, args) -> int:
@@ -57,11 +57,11 @@ def cmd_ablate(args) -> int:
     s = _subject(args)
     heads = args.head
     if args.context:
-        if s.kind != "rnn":
+        if s.model.residual:  # the context vector is the attention of an LSTM
             raise UsageError("--context ablates an LSTM decoder's context vector; this run is "
                              f"a {s.kind} model: use --head")  # fmt: skip
         heads = "context"
-    elif heads and s.kind == "rnn":
+    elif heads and not s.model.residual:
         raise UsageError("an LSTM has no heads: its attention is one context vector, ablate it "
                          "with --context")  # fmt: skip
     result = ablation(s, args.text, heads=heads, site=args.site, positions=positions,
@@ -162,8 +162,9 @@ def cmd_heads(args) -> int:
                          "on the run's held-out split: give one at most")  # fmt: skip
     if not given:  # a trained run: its task's held-out loss, as training measured it
         from attnlab.interventions import Subject, held_out
+        from attnlab.run import load_run
 
-        h = held_out(args.run, args.device)
+        h = held_out(load_run(args.run, args.device))
         s = Subject(h.model, h.task.tokenizer)
         result = head_importance(s, h.loss(), args.mode, h.source, prune=not args.no_prune,
                                  quiet=args.quiet)  # fmt: skip

@@ -25,7 +25,10 @@ def _load_gpt(run: str, device_name: str):
     from attnlab.cli.predict import open_run
 
     r = open_run(run, device_name)
-    if r.kind != "gpt":
+    if r.model.predicts == "decoder-step":
+        raise UsageError(f"{run} is an encoder-decoder run: use attnlab translate "
+                         f"{run} TEXT (--temperature 0.8 to sample)")  # fmt: skip
+    if r.model.predicts != "next-token" or not r.model.decodes:
         raise UsageError(f"{run}: generate samples from a GPT language model; this run is a "
                          f"{r.kind} ({type(r.model).__name__}): use `attnlab predict`")  # fmt: skip
     if r.tokenizer is None:
@@ -114,14 +117,10 @@ def decoding_settings(args: argparse.Namespace, max_new_tokens: int | None):
 def generate(args: argparse.Namespace) -> int:
     """``attnlab generate RUN TEXT`` (or ``--prompt TEXT``): sample a continuation (or beam-search one); text
     on stdout."""
-    from attnlab.checkpoint import read_run_config
     from attnlab.generation import beam_generate
     from attnlab.generation import generate as sample
 
     cfg = decoding_settings(args, args.max_new_tokens)
-    if read_run_config(args.run).get("model_type") in ("seq2seq", "rnn"):
-        raise UsageError(f"{args.run} is an encoder-decoder run: use attnlab translate "
-                         f"{args.run} TEXT (--temperature 0.8 to sample)")  # fmt: skip
     prompts = [*args.text, *(args.prompt or [])] or ["\n"]
     model, tokenizer = _load_gpt(args.run, args.device)
     try:

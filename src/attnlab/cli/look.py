@@ -132,8 +132,9 @@ def cmd_explore(args) -> int:
         return 0
     if args.text is None:
         raise UsageError("explore needs TEXT (or --steps for the run's snapshots over training)")
-    model, tokenizer, rec = _record(args)
-    tabs = _intervention_tabs(model, tokenizer, args) if args.interventions else None
+    run = _load(args)
+    model, rec = run.model, run.record(args.text)
+    tabs = _intervention_tabs(run, args) if args.interventions else None
     page = explore(
         rec,
         model,
@@ -141,7 +142,7 @@ def cmd_explore(args) -> int:
         max_tokens=args.max_tokens,
         start=args.start,
         tabs=tabs,
-        tokenizer=tokenizer,
+        tokenizer=run.tokenizer,
     )
     page.save(out)
     if page.data["note"]:
@@ -151,14 +152,12 @@ def cmd_explore(args) -> int:
     return 0
 
 
-def _intervention_tabs(model, tokenizer, args) -> dict[str, str]:
+def _intervention_tabs(run, args) -> dict[str, str]:
     """--interventions: the one-input interventions as extra tabs of the page."""
-    from attnlab.checkpoint import read_run_config
-    from attnlab.interventions import InterventionError, Subject, explorer_tabs
+    from attnlab.interventions import InterventionError, explorer_tabs
 
     try:
-        subject = Subject(model, tokenizer, read_run_config(args.run).get("labels"))
-        return explorer_tabs(subject, args.text)
+        return explorer_tabs(run.subject, args.text)
     except InterventionError as e:
         raise UsageError(str(e)) from None
 

@@ -112,7 +112,7 @@ def _eval_ablated(args: argparse.Namespace, options) -> int:
     given = [o for o in HELD_OUT_ONLY if any(a.split("=")[0] == o for a in args._argv)]
     if args.data is not None:
         run = open_run(args.run, args.device)
-        if run.kind != "gpt":
+        if run.model.predicts != "next-token":
             raise UsageError(f"--data with --ablate scores a GPT on a text; this is a {run.kind} "
                              "run: without --data it is scored on its own held-out split")  # fmt: skip
         if given:
@@ -128,7 +128,7 @@ def _eval_ablated(args: argparse.Namespace, options) -> int:
         if given:
             raise UsageError(f"{given[0]} does not apply to --ablate: the run is scored on the "
                              "held-out split it was trained with, as training scored it")  # fmt: skip
-        h = held_out(args.run, args.device)
+        h = held_out(open_run(args.run, args.device))
         model, score, source = h.model, h.figures, h.source
     result = ablated_eval(model, score, args.ablate, args.mode, source, quiet=False)
     if args.json:

@@ -15,7 +15,7 @@ def _load(run: str, device: str = "cpu"):
     from attnlab.cli.predict import open_run
 
     r = open_run(run, device)
-    if r.config.get("model_type") not in ("seq2seq", "rnn"):
+    if r.model.predicts != "decoder-step":
         raise RunError(f"{run}: not an encoder-decoder run (train one with --task seq2seq); "
                        "`attnlab predict` answers for any run")  # fmt: skip
     return r

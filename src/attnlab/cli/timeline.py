@@ -38,8 +38,9 @@ def cmd_timeline(args) -> int:
 def cmd_head_scores(args) -> int:
     """``attnlab heads RUN`` without --importance: every head's scores and kind."""
     from attnlab.inspect.heads import heads_of_run
+    from attnlab.run import load_run
 
-    report = heads_of_run(args.run, n=args.sequences, seed=args.seed, device=args.device)
+    report = heads_of_run(load_run(args.run, args.device), n=args.sequences, seed=args.seed)
     if args.json:  # the list of heads, as the issue specifies; everything else with --all
         out = report.to_dict() if args.all else report.rows
         sys.stdout.write(json.dumps(out, indent=2) + "\n")

@@ -23,7 +23,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
     from attnlab.cli.predict import open_run, print_predictions
 
     run = open_run(args.run, args.device)
-    if run.kind not in ("vit", "text-classifier"):
+    if run.model.predicts != "class":
         raise UsageError(f"{args.run}: not a classifier run (train one with --task classify); "
                          "`attnlab predict` answers for any run")  # fmt: skip
     print_predictions(run, run.predict(args.input, top_k=args.top), args.json)

@@ -57,6 +57,8 @@ def is_image_data(spec: str) -> bool:
     """True for ``digits`` and for a folder with a subfolder of images (``DIR/<label>/*.png``)."""
     if spec == DIGITS:
         return True
+    if not spec:  # no data named (an imported run): not the current directory's images
+        return False
     path = Path(spec)
     try:
         return path.is_dir() and any(

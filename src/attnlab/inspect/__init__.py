@@ -17,7 +17,6 @@ from attnlab.inspect.recording import (
     InspectError,
     Recording,
     record,
-    record_text,
 )
 from attnlab.inspect.similarity import Similarity, similarity
 from attnlab.inspect.trace import Step, Trace, trace
@@ -42,7 +41,6 @@ __all__ = [
     "explore",
     "influence",
     "record",
-    "record_text",
     "similarity",
     "trace",
     "write_figures",

@@ -148,7 +148,7 @@ def check_kv_cache(model, ids, tol: float = 1e-4) -> CheckResult:
     if custom is not None:
         diff = float(custom(ids))
         return CheckResult("KV cache == no cache", diff <= tol, diff, tol, "model's own probe")
-    if not hasattr(model, "new_cache"):
+    if not model.kv_cache:  # declared (attnlab.models.declare)
         return CheckResult("KV cache == no cache", None, None, None, "model has no KV cache")
     full = output_tensor(model(ids))  # (B, T, V)
     B, T = ids.shape
@@ -171,12 +171,11 @@ def check_kv_cache(model, ids, tol: float = 1e-4) -> CheckResult:
 @torch.no_grad()
 def check_decoding(model, ids, tol: float = 1e-4) -> CheckResult:
     name = "decoding == full pass"
-    try:
-        dec = decoder_for(model)
-    except ValueError:
+    if not model.decodes:
         return CheckResult(name, None, None, None, "model does not decode")
     if getattr(model, "is_encoder_decoder", False):
         return CheckResult(name, None, None, None, "an encoder-decoder: the KV cache check")
+    dec = decoder_for(model)
     B, T = ids.shape
     first = max(1, T // 2)
     full = torch.log_softmax(output_tensor(model(ids)).float(), dim=-1)[:, first - 1 :]

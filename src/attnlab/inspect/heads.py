@@ -128,9 +128,7 @@ def kind_of(scores: dict[str, float | None]) -> str | None:
 
 def vocab_size(model: nn.Module) -> int | None:
     """The number of token ids the model's probe forward reads (None: it reads no tokens)."""
-    if getattr(model, "conformance_inputs", None) is not None and not hasattr(
-        model, "conformance_forward"
-    ):
+    if model.reads == "image":
         return None  # it is probed with other inputs (a ViT: images)
     cfg = getattr(model, "config", None)
     for key in ("tgt_vocab_size", "vocab_size"):
@@ -159,8 +157,8 @@ def repeated_tokens(model: nn.Module, n: int = 16, seed: int = 0, half: int | No
         return None
     limit = max_positions(model) or 2 * PROBE_HALF
     cfg = getattr(model, "config", None)
-    if hasattr(model, "conformance_forward") and hasattr(cfg, "max_len"):
-        limit = cfg.max_len
+    if model.reads == "source":  # an encoder-decoder's probe is its decoder's input
+        limit = getattr(cfg, "max_len", limit)
     half = min(half or PROBE_HALF, limit // 2)
     if half < 2:
         return None
@@ -407,18 +405,17 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
     )  # fmt: skip
 
 
-def heads_of_run(run_dir, n: int = 16, seed: int = 0, device="cpu") -> HeadsReport:
-    """``score_heads`` on a run directory: its model, and for the sample probe a few held-out
-    inputs of the data it was trained on (when its task can rebuild them; an imported model
-    has none)."""
-    from attnlab import checkpoint as ckpt
+def heads_of_run(run, n: int = 16, seed: int = 0) -> HeadsReport:
+    """``score_heads`` on an opened run (``attnlab.load_run``): its model, and for the sample
+    probe a few held-out inputs of the data it was trained on (when its task can rebuild them;
+    an imported model has none)."""
     from attnlab.tasks import open_task
 
-    model, _ = ckpt.load_run(run_dir, device)
+    model, run_dir = run.model, run.path
     sample = None
     notes = []
     try:
-        sample = open_task(run_dir, with_data=True).sample_inputs(4, 64)
+        sample = open_task(run_dir, True, run.config, run.tokenizer).sample_inputs(4, 64)
     except Exception as e:  # no data to rebuild (imported weights, a moved corpus): no sample
         notes.append(f"no held-out sample ({' '.join(str(e).split())[:120]})")
     inputs, ids = sample if sample is not None else (None, True)

@@ -19,20 +19,19 @@ a ``Recording`` and never special-cases a model. A model plugs in by doing three
    ``resid_mid``, ``resid_cross``, ``resid_post``, ``ln1`` (for trace, similarity, influence).
    A tool skips what a model does not record rather than failing.
 
-2. Provide ``record_text(tokenizer, text) -> Recording``. GPT has one. ``record_text`` below is
-   the generic default for any single-stack model called as ``model(ids)`` with ids (1, T): an
-   encoder-only model gets it for free (call ``record_text(model, tokenizer, text)``). A
-   seq2seq model overrides it and fills ``tokens`` with one list per stack, e.g.
-   ``{"encoder": src_tokens, "decoder": tgt_tokens}``, and sets ``memory_stack="encoder"``
-   (the stack cross-attention reads its keys from).
+2. Declare itself (``attnlab.models.declare.ModelKind``): ``record`` below reads its
+   ``prepare`` (the input made ready, each stack's tokens), ``record_logits``, ``memory_stack``
+   (the stack cross-attention reads its keys from), ``kind`` and ``describe()``. A model never
+   builds a Recording itself.
 
 3. Declare capabilities as class attributes, read by ``attnlab.inspect.check``:
 
    ``causal``          True if output t may depend on inputs 0..t only (GPT). Default False.
    ``uses_padding``    True if the model masks padded keys. It then needs ``pad_id`` (int):
                        positions whose id equals ``pad_id`` must not change other outputs.
-   ``new_cache(batch, max_len)`` and ``forward(ids, cache=...)``: incremental decoding, checked
-                       against a full forward pass.
+   ``kv_cache``        True with ``new_cache(batch, max_len)`` and ``forward(ids, cache=...)``:
+                       incremental decoding, checked against a full forward pass.
+   ``decodes``         True with ``start`` / ``step`` / ``reorder`` (generation's protocol).
    ``conformance_forward(ids) -> Tensor (B, T, ...)``: optional; what the checks call. Default:
                        ``model(ids)`` (the first element if it returns a tuple). A seq2seq model
                        defines it to run the decoder on ``ids`` with a fixed source.
@@ -56,10 +55,17 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.errors import AttnlabError
+from attnlab.generation import greedy
 from attnlab.hooks import ActivationCache
+from attnlab.models import declare
+from attnlab.models.declare import InputError, ModelKind, max_positions, token_strings
 
 MAP_SUFFIXES = ("attn.weights", "cross.weights")
 LAYER_RE = re.compile(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.")  # blocks.3.attn.weights -> 3
+
+
+__all__ = ["AttentionInfo", "InspectError", "Recording", "encode_text", "max_positions",
+           "output_tensor", "record", "token_strings"]  # fmt: skip
 
 
 class InspectError(AttnlabError):
@@ -257,42 +263,6 @@ def _ranges(xs: list[int]) -> str:
     return f"{xs[0]}..{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) else ", ".join(map(str, xs))
 
 
-def token_strings(tokenizer, text: str, ids: list[int]) -> list[str]:
-    """Labels for ``ids``: the tokenizer's own token strings when they line up, else decode."""
-    try:
-        toks = list(tokenizer.tokens(text))
-    except Exception:
-        toks = []
-    if len(toks) != len(ids):
-        toks = [tokenizer.decode([i]) for i in ids]
-    return toks
-
-
-def max_positions(model: nn.Module) -> int | None:
-    cfg = getattr(model, "config", None)
-    for key in ("block_size", "max_len", "max_positions", "n_positions"):
-        v = getattr(cfg, key, None)
-        if isinstance(v, int):
-            return v
-    return None
-
-
-def encode_text(model: nn.Module, tokenizer, text: str) -> list[int]:
-    """Token ids for ``text``; one clear error if it is empty or longer than the model reads."""
-    if tokenizer is None:
-        raise InspectError("this run has no tokenizer.json, so it cannot read text")
-    ids = tokenizer.encode(text)
-    if not ids:
-        raise InspectError("the text has no tokens")
-    limit = max_positions(model)
-    if limit is not None and len(ids) > limit:
-        raise InspectError(
-            f"the text is {len(ids)} tokens; this model reads at most {limit} "
-            "(its block_size): shorten it"
-        )
-    return ids
-
-
 def output_tensor(out) -> Tensor:
     """The main output of a model call: the tensor itself, or a tuple's first element."""
     if isinstance(out, (tuple, list)):
@@ -302,70 +272,40 @@ def output_tensor(out) -> Tensor:
     return out
 
 
-@torch.no_grad()
-def record_text(model: nn.Module, tokenizer, text: str) -> Recording:
-    """Generic recording for a single-stack model called as ``model(ids)`` with ids (1, T).
+def encode_text(model: nn.Module, tokenizer, text: str) -> list[int]:
+    """Token ids for ``text``; one clear error if it is empty or longer than the model reads."""
+    try:
+        return declare.encode_text(model, tokenizer, text)
+    except InputError as e:
+        raise InspectError(str(e)) from None
 
-    Every hook is recorded; attention therefore runs the reference path (same outputs).
-    """
-    ids = encode_text(model, tokenizer, text)
-    device = next(model.parameters()).device
-    x = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+
+@torch.no_grad()
+def record(model: nn.Module, tokenizer, text: str) -> Recording:
+    """One recorded forward pass over ``text`` (an image path or ``test:N`` for a ViT): the
+    model's declaration makes the input ready (``prepare``), ``hooks.record`` captures every
+    named activation (attention therefore runs the reference path: the same outputs), and
+    ``record_logits`` is kept as the Recording's ``logits``; tokens, ids, the memory stack,
+    what the model adds (a translation, an image), ``kind`` and ``description`` come from the
+    declaration too."""
+    if not isinstance(model, ModelKind):
+        raise InspectError(f"record reads a model's declaration (attnlab.models.declare); "
+                           f"{type(model).__name__} has none")  # fmt: skip
+    try:
+        p = model.prepare(tokenizer, text, decode=greedy)
+    except InputError as e:
+        raise InspectError(str(e)) from None
     with hooks.record(model) as cache:
-        logits = output_tensor(model(x))
+        logits = model.record_logits(p.args)
     return Recording(
         cache,
-        {"": token_strings(tokenizer, text, ids)},
-        {"": ids},
-        logits=logits.detach(),
-        model_type=getattr(model, "model_type", ""),
-    )
-
-
-@torch.no_grad()
-def record_translation(model: nn.Module, tokenizer, text: str, max_len: int | None = None):
-    """An encoder-decoder's recording: translate ``text`` greedily, then record one
-    teacher-forced pass on (source, output).
-
-    Attention maps by name, (1, H, T, S); tokens {"encoder": source tokens, "decoder": decoder
-    input tokens, <bos> first}; cross-attention reads the "encoder" stack; ``extra`` holds
-    ``predicted`` (the token each decoder position produced, <eos> last) and ``translation``.
-    """
-    from attnlab.generation import BOS, EOS, greedy, pad_ids
-
-    device = next(model.parameters()).device
-    src_ids = tokenizer.encode_source(text)
-    src = pad_ids([src_ids], device=device)
-    out = greedy(model, src, max_len)[0]
-    tgt_in = pad_ids([[BOS, *out]], device=device)
-    logits, acts = model(src, tgt_in, record=True)
-    return Recording(
-        acts,
-        {
-            "encoder": tokenizer.source_tokens(src_ids),
-            "decoder": tokenizer.target_tokens([BOS, *out]),
-        },
-        ids={"encoder": list(src_ids), "decoder": [BOS, *out]},
-        memory_stack="encoder",
-        logits=logits.detach(),
+        {s: list(t) for s, t in p.stack_tokens.items()},
+        {s: list(i) for s, i in p.stack_ids.items()},
+        memory_stack=model.memory_stack,
+        logits=None if logits is None else logits.detach(),
         model_type=model.model_type,
-        extra={
-            "predicted": tokenizer.target_tokens([*out, EOS]),
-            "translation": tokenizer.decode_target(out),
-        },
+        extra=dict(p.shown),
+        kind=model.kind,
+        description=model.describe(),
+        text=text if isinstance(text, str) else "",
     )
-
-
-def record(model: nn.Module, tokenizer, text: str) -> Recording:
-    """The model's own ``record_text`` if it has one, else the generic single-stack default;
-    ``kind`` and ``description`` are filled from the model when it declares them."""
-    rec = (
-        model.record_text(tokenizer, text)
-        if hasattr(model, "record_text")
-        else record_text(model, tokenizer, text)
-    )
-    rec.kind = rec.kind or getattr(model, "kind", "") or rec.model_type
-    rec.text = rec.text or (text if isinstance(text, str) else "")
-    if not rec.description and hasattr(model, "describe"):
-        rec.description = model.describe()
-    return rec

@@ -214,7 +214,7 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
     N = len(toks)
     root = stack + "." if stack else ""
     attn = model.get_submodule(info.module_path)
-    vit = rec.kind == "vit"
+    vit = model.reads == "image"  # patches of an image, not tokens of a text
     if vit:
         g = int(round(math.sqrt(N - 1)))
         p = rec.extra.get("patch_size", "P")
@@ -397,12 +397,12 @@ def _output_steps(steps, model, tokenizer, rec, stack, top_k) -> None:
     if root + "ln_f" in c:
         hf = _np(c[root + "ln_f"][0])
         add(Step("ln_f", "final layer norm", hf.shape, "the last residual stream, normalised.", hf))
-    kind = rec.kind
-    if kind == "mlm":
+    predicts = model.predicts  # what the model's head makes of its last hidden state
+    if predicts == "masked-token":
         _masked_lm_steps(steps, tokenizer, rec, top_k)
-    elif kind in ("text-classifier", "vit"):
+    elif predicts == "class":
         _class_steps(steps, rec, top_k)
-    elif kind == "encoder" or (rec.logits is None and not getattr(model, "causal", False)):
+    elif predicts == "nothing" or (rec.logits is None and not model.causal):
         h = _np(c[root + "ln_f"][0]) if root + "ln_f" in c else None
         add(Step("output", "contextual vectors (no prediction head)",
                  h.shape if h is not None else (len(toks),),
@@ -515,11 +515,13 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
         _stack_input(steps, rec, "decoder", dec)
         _attention_steps(steps, model, rec, dec, head, prefix_name="decoder.")
         _block_steps(steps, model, rec, dec, prefix_name="decoder.", cross_info=cross, head=head)
-        weights = rec.weights(cross.name)[head]  # (T, S)
-    else:
+        weights, alignment = rec.weights(cross.name)[head], False  # (T, S)
+    else:  # kind branch 1 of 3: an LSTM's recurrence, scores and context are no blocks; the
+        # walk-through names its formulas (rnn.SCORE_FORMULAS), prose no declaration holds yet
         _lstm_steps(steps, model, rec, src, tgt)
         weights = rec.weights(cross_maps[0].name)[0] if cross_maps else None
-    _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head)
+        alignment = True  # an LSTM's one attention: an alignment, not heads
+    _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head, alignment)
     layer_shown = layer if self_maps else 0
     return Trace(text, list(src), list(rec.ids.get("encoder", [])), layer_shown, head, steps,
                  rec.about)  # fmt: skip
@@ -584,7 +586,7 @@ def _lstm_steps(steps, model, rec, src, tgt) -> None:
                  "the next token.", h))  # fmt: skip
 
 
-def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head) -> None:
+def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head, alignment=False):
     """For each decoder step t: the token fed, the source tokens it attends to most, and the
     probabilities of the next output token (logits (T, V))."""
     add = steps.append
@@ -616,7 +618,7 @@ def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head) -> No
         lines.append(f"t={t} fed {show_token(tgt[t]):>6}"
                      + (f"  reads {seen}" if seen else "") + f"  -> {best}")  # fmt: skip
     what = ("the source tokens its cross-attention (head "
-            f"{head}) weighs most" if weights is not None and rec.kind != "lstm-attention"
+            f"{head}) weighs most" if weights is not None and not alignment
             else "the source tokens its alignment weighs most" if weights is not None
             else "(no attention: the source reaches it only through the context vector)")  # fmt: skip
     add(Step("decoder_steps", "each decoder step's prediction", (len(rows),),

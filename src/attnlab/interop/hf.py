@@ -22,7 +22,6 @@ from torch import Tensor
 from attnlab import __version__ as ATTNLAB_VERSION
 from attnlab.checkpoint import (
     RunError,
-    load_run,
     save_model,
     save_tensors,
 )
@@ -239,13 +238,7 @@ def _is_attnlab_run(d: Path) -> bool:
 def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
     """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads (see
     ``export_hf``, which also writes encoder runs)."""
-    model, tokenizer = load_run(run_dir)
-    if not isinstance(model, GPT):
-        raise RunError(
-            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
-            f"holds a model of type {model.model_type!r}"
-        )
-    return export_hf(run_dir, out_dir)
+    return export_hf(run_dir, out_dir, only="gpt")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -689,34 +682,52 @@ def bert_state_dict(model: Encoder) -> dict[str, Tensor]:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def export_hf(run_dir: str | Path, out_dir: str | Path) -> Path:
+def _export_gpt(run) -> tuple[dict, dict, int]:
+    """A GPT as Llama / Qwen2 / Qwen3 where it has their pieces (RMSNorm, rotate-half rotary:
+    ``decoders.llama_hf_config``), else as GPT-2."""
+    c = run.model.config
+    if decoders.is_llama_shaped(c):
+        hf = decoders.llama_hf_config(c, run.tokenizer)
+        return hf, decoders.llama_state_dict(run.model, hf["model_type"]), c.block_size
+    return gpt2_hf_config(c, run.tokenizer), gpt2_state_dict(run.model), c.block_size
+
+
+# How each attnlab model type is written as a Hugging Face architecture (the explicit key
+# maps above): run -> (HF config.json, tensors, the tokenizer's max length). A format of this
+# module, not a declaration of the models, which know nothing of Hugging Face.
+EXPORTS = {
+    "gpt": _export_gpt,
+    "encoder": lambda run: (bert_hf_config(run.model.config, run.config.get("labels")),
+                            bert_state_dict(run.model), run.model.config.block_size),
+}  # fmt: skip
+
+
+def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None) -> Path:
     """Write a GPT run as GPT-2 (``GPT2LMHeadModel``), or as Llama / Qwen2 / Qwen3 where it has
-    their pieces (RMSNorm, rotate-half rotary: ``decoders.llama_hf_config``), and an encoder run as BERT
+    their pieces, and an encoder run as BERT
     (``BertForMaskedLM``, ``BertForSequenceClassification`` or ``BertModel``), with a tokenizer
     ``AutoTokenizer.from_pretrained`` loads (``tokenizer_files``), in a directory transformers
     opens with ``from_pretrained``. A char or word tokenizer is also kept as attnlab's own
     (attnlab_tokenizer.json), so ``import-hf`` brings the run back exactly."""
-    from attnlab.checkpoint import read_run_config
+    from attnlab.run import load_run
     from attnlab.tokenizers import PairTokenizer
 
-    model, tokenizer = load_run(run_dir)
-    if isinstance(model, GPT) and decoders.is_llama_shaped(model.config):
-        hf = decoders.llama_hf_config(model.config, tokenizer)
-        tensors = decoders.llama_state_dict(model, hf["model_type"])
-        max_length = model.config.block_size
-    elif isinstance(model, GPT):
-        hf, tensors = gpt2_hf_config(model.config, tokenizer), gpt2_state_dict(model)
-        max_length = model.config.block_size
-    elif isinstance(model, Encoder):
-        labels = read_run_config(run_dir).get("labels")
-        hf, tensors = bert_hf_config(model.config, labels), bert_state_dict(model)
-        max_length = model.config.block_size
-    else:
+    run = load_run(run_dir)
+    model, tokenizer = run
+    # kind branch 2 of 3: a Hugging Face architecture is this module's format, chosen by the
+    # model_type config.json names (EXPORTS); the models declare nothing about Hugging Face
+    if only is not None and model.model_type != only:  # export_gpt2: GPT-2 directories only
+        raise RunError(
+            f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
+            f"holds a model of type {model.model_type!r}"
+        )
+    if model.model_type not in EXPORTS:
         raise RunError(
             f"{run_dir}: export-hf writes GPT runs (as GPT-2) and encoder runs (as BERT); this "
             f"run holds a model of type {model.model_type!r}, which attnlab cannot write as a "
             "Hugging Face architecture"
         )
+    hf, tensors, max_length = EXPORTS[model.model_type](run)
     if tokenizer is not None and (
         isinstance(tokenizer, PairTokenizer) or not hasattr(tokenizer, "encode")
     ):

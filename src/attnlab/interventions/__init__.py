@@ -11,7 +11,7 @@ an edit changed. Each function returns a result that prints in the terminal, con
     patch(s, clean="The bank of the river", corrupt="The bank of the money", target="river")
     with ablate(model, heads=[(1, 2)], mode="zero"):
         ...                                  # any evaluation, with head 1.2 knocked out
-    h = held_out(run_dir)                    # a trained run's model and its task's held-out data
+    h = held_out(attnlab.load_run(run_dir))  # a trained run's model and its task's held-out data
     ablated_eval(h.model, h.figures, heads="1.2")   # its figures, intact and with 1.2 ablated
 """
 
@@ -37,7 +37,7 @@ from attnlab.interventions.lens import LensResult, TunedLens, fit_tuned_lens, lo
 from attnlab.interventions.overview import explorer_tabs
 from attnlab.interventions.patching import PatchResult, patch
 from attnlab.interventions.rollout import RolloutResult, attention_paths, flow, rollout
-from attnlab.interventions.subjects import InterventionError, Subject, load_subject
+from attnlab.interventions.subjects import InterventionError, Subject
 
 __all__ = [
     "AblatedEval",
@@ -67,7 +67,6 @@ __all__ = [
     "head_importance",
     "held_out",
     "input_attribution",
-    "load_subject",
     "logit_lens",
     "patch",
     "rollout",

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from attnlab import hooks
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Subject
+from attnlab.models.declare import Gate, Linear, Norm
 from attnlab.norms import RMSNorm
 from attnlab.render.display import Result, show_token
 
@@ -160,12 +161,6 @@ def _gate(act, z: Tensor) -> Tensor:
     return torch.where(nz, act(z) / torch.where(nz, z, torch.ones_like(z)), torch.zeros_like(z))
 
 
-def _blocks(model: nn.Module, subject: Subject) -> tuple[str, nn.ModuleList]:
-    if subject.kind == "seq2seq":
-        return "decoder.blocks.", model.decoder.blocks
-    return "blocks.", model.blocks
-
-
 @torch.no_grad()
 def direct_logit_attribution(
     subject: Subject,
@@ -175,8 +170,10 @@ def direct_logit_attribution(
     position: int | None = None,
 ) -> DLAResult:
     """Split logit(target) (minus logit(foil)) at ``position`` into embeddings, every head, every
-    MLP and every bias, with the LayerNorm scales frozen (see module doc)."""
-    if subject.kind == "rnn":
+    MLP and every bias, with the LayerNorm scales frozen (see module doc). Every part comes from
+    the model's declaration: its embeddings (``dla_embeddings``, ``embed_norm``), each block's
+    sublayers, its final norm and its head (``dla_readout``)."""
+    if not subject.model.residual:
         raise InterventionError("direct logit attribution splits a residual stream into parts; "
                                 "an LSTM has none (its state is rewritten, not added to)")  # fmt: skip
     t = subject.token_id(target)
@@ -185,68 +182,63 @@ def direct_logit_attribution(
     pos = subject.metric_position(p, position, t)
     logit32 = subject.logits(p)[0, pos].double()
     model = copy.deepcopy(subject.model).double().eval()
-    sub = Subject(model, subject.tokenizer, subject.classes)
     args = tuple(a.double() if a.is_floating_point() else a for a in p.args)
     with hooks.record(model) as c:
-        logits = sub.forward(*args)[0, pos]  # (V,)
+        logits = model.forward_logits(*args)[0, pos]  # (V,)
     parts, frozen = _Parts(), []
-    stream_pos = 0 if subject.kind == "vit" else pos
-    _embeddings(parts, model, subject.kind, c, stream_pos)
-    root, blocks = _blocks(model, subject)
-    post_norm = post_norm_out = False
+    for name, x in model.dla_embeddings(c, pos):
+        parts.add(name, x)
+    embed_ln, embed_bias, embed_note = model.embed_norm()
+    embed_frozen = embed_ln is not None and parts.layer_norm(embed_ln, parts.total(), embed_bias)
+    stack = model.output_stack
+    root = f"{stack}.blocks." if stack else "blocks."
+    blocks = model.stack_blocks(stack)
+    post_norm, cross, post_norms = False, False, False
     heads: dict[str, list] = {}
-    at = lambda name: c[name][0, stream_pos]  # noqa: E731
+    at = lambda name: c[name][0, pos]  # noqa: E731
     for i, block in enumerate(blocks):
         P = f"{root}{i}."
         parts.check(P + "resid_pre", at(P + "resid_pre"))
         u = at(P + "resid_pre")
-        for kind, attn, ln, point in (("attn", block.attn, block.ln1, "resid_mid"),
-                                      ("cross", block.cross, getattr(block, "ln_cross", None),
-                                       "resid_cross")):  # fmt: skip
-            if attn is None:
-                continue
-            z = c[f"{P}{kind}.z"][0, :, stream_pos]  # (H, d_v)
-            H, dv = z.shape
-            W = attn.out_proj.weight.double().view(-1, H, dv)  # (C, H, d_v): W_O^h per head
-            # four-norm blocks (Gemma 2/3) norm the attention's output before adding it: its
-            # RMSNorm, frozen at the whole output, scales each head's part
-            gain = _rms_gain(block.ln1_post, at(f"{P}{kind}.out")) if block.post_norms else 1.0
-            for h in range(H):
-                parts.add(f"{P}{kind}.head{h}", gain * (W[:, h] @ z[h]))
-            if attn.out_proj.bias is not None:
-                parts.add(f"{P}{kind}.bias", gain * attn.out_proj.bias.double())
-            group = kind if subject.kind != "seq2seq" else ("decoder self" if kind == "attn"
-                                                            else "cross")  # fmt: skip
-            heads.setdefault(group, []).append((i, kind, H))
+        for sub, module, ln_name, point in block.sublayers():
+            # four-norm blocks (Gemma 2/3) norm each sublayer's output before adding it
+            post_norms = post_norms or block.post_norms
+            if sub == "mlp":
+                out = at(P + "mlp_out")
+                parts.add(P + "mlp_out", at(P + "mlp_post") if block.post_norms else out)
+            else:
+                cross = cross or sub == "cross"
+                z = c[f"{P}{sub}.z"][0, :, pos]  # (H, d_v)
+                H, dv = z.shape
+                W = module.out_proj.weight.double().view(-1, H, dv)  # (C, H, d_v): W_O^h
+                # ln1_post's gain, frozen at the attention's whole output, scales each head
+                gain = _rms_gain(block.ln1_post, at(f"{P}{sub}.out")) if block.post_norms else 1.0
+                for h in range(H):
+                    parts.add(f"{P}{sub}.head{h}", gain * (W[:, h] @ z[h]))
+                if module.out_proj.bias is not None:
+                    parts.add(f"{P}{sub}.bias", gain * module.out_proj.bias.double())
+                group = sub if not stack else (f"{stack} self" if sub == "attn" else sub)
+                heads.setdefault(group, []).append((i, sub, H))
+                out = at(f"{P}{sub}.out")
             if not block.norm_first:
                 post_norm = True
-                parts.layer_norm(
-                    ln,
-                    u + at(f"{P}{kind}.out"),
-                    f"{P}{'ln1' if kind == 'attn' else 'ln_cross'}.bias",
-                )
+                parts.layer_norm(getattr(block, ln_name), u + out, f"{P}{ln_name}.bias")
             parts.check(P + point, at(P + point))
             u = at(P + point)
-        if block.post_norms:
-            post_norm_out = True
-        parts.add(P + "mlp_out", at(P + ("mlp_post" if block.post_norms else "mlp_out")))
-        if not block.norm_first:
-            parts.layer_norm(block.ln2, u + at(P + "mlp_out"), P + "ln2.bias")
         parts.check(P + "resid_post", at(P + "resid_post"))
     last = at(f"{root}{len(blocks) - 1}.resid_post")
-    stack = model.decoder if subject.kind == "seq2seq" else model
-    prefix = "decoder." if subject.kind == "seq2seq" else ""
-    if parts.layer_norm(stack.ln_f, last, prefix + "ln_f.bias"):
+    prefix = f"{stack}." if stack else ""
+    if parts.layer_norm(model.final_norm(), last, prefix + "ln_f.bias"):
         frozen.append(f"the final norm's scale ({prefix}ln_f)")
-    if post_norm_out:
+    if post_norms:
         frozen.append("each block's norms on the attention's and MLP's outputs (ln1_post, "
                       "ln2_post) at their scales, the heads sharing the attention's")  # fmt: skip
     if post_norm:
         frozen.append("every post-norm LayerNorm's scale on the residual stream (each block's "
-                      "ln1, ln2" + (", ln_cross" if subject.kind == "seq2seq" else "") + ")")  # fmt: skip
-    if subject.kind in ("mlm", "encoder", "classify") and isinstance(model.embed_ln, nn.LayerNorm):
-        frozen.append("the embedding LayerNorm's scale (embed_ln)")
-    w, extra = _readout(parts, model, subject.kind, t, f, frozen)
+                      "ln1, ln2" + (", ln_cross" if cross else "") + ")")  # fmt: skip
+    if embed_frozen:
+        frozen.append(embed_note)
+    w, extra = _readout(parts, model.dla_readout(), t, f, frozen)
     comps = [(n, float(x @ w)) for n, x in parts.v.items()] + extra
     value = float(logits[t] - (logits[f] if f is not None else 0.0))
     value32 = float(logit32[t] - (logit32[f] if f is not None else 0.0))
@@ -257,78 +249,40 @@ def direct_logit_attribution(
                      p.tokens[pos], value, value32, comps, frozen, grids, list(subject.notes))  # fmt: skip
 
 
-def _embeddings(parts: _Parts, model: nn.Module, kind: str, c, pos: int) -> None:
-    """The embedding parts of the residual stream at ``pos`` (before block 0)."""
-
-    def row(name):
-        x = c[name]
-        return x[0, pos] if x.dim() == 3 else x[pos]
-
-    if kind == "gpt":
-        parts.add("embed", row("embed"))
-        if "pos" in c:
-            parts.add("pos", row("pos"))
-    elif kind in ("mlm", "encoder", "classify"):
-        parts.add("embed", row("embed"))
-        parts.add("pos", row("pos"))
-        if "type" in c:
-            parts.add("type", row("type"))
-        u = parts.total()
-        parts.layer_norm(model.embed_ln, u, "embed_ln.bias")
-    elif kind == "seq2seq":
-        parts.add("decoder.embed", row("decoder.embed"))  # token * sqrt(C) + position
-    elif kind == "vit":
-        parts.add("cls_token", model.cls_token[0, 0])
-        parts.add("pos", model.pos_embed[0, 0])
-
-
-def _readout(parts: _Parts, model, kind: str, t: int, f: int | None, frozen: list[str]):
-    """Carry the parts through the head to the vector w with logit = sum_c part_c . w; returns
-    (w, extra bias parts that do not go through w)."""
+def _readout(parts: _Parts, steps: list, t: int, f: int | None, frozen: list[str]):
+    """Carry the parts through the head's declared steps to the vector w with
+    logit = sum_c part_c . w; returns (w, extra bias parts that do not go through w)."""
 
     def diff(W: Tensor) -> Tensor:
         W = W.double()
         return W[t] - (W[f] if f is not None else 0.0)
 
     extra = []
-    if kind == "gpt" and model.config.final_softcap is not None:  # Gemma 2: a capped readout
-        cap, W = model.config.final_softcap, model.lm_head.weight.double()
-        gate = _gate(lambda z: cap * torch.tanh(z / cap), W @ parts.total())  # (V,)
-        frozen.append(f"the final logit softcap as its gate softcap(z)/z (cap {cap:g})")
-        return diff(gate[:, None] * W), extra
-    if kind == "gpt":
-        return diff(model.lm_head.weight), extra
-    if kind == "seq2seq":
-        return diff(model.decoder.lm_head.weight), extra
-    if kind == "encoder":
-        return diff(model.tok_embed.weight), extra
-    if kind == "vit":
-        extra.append(("head.bias", float(diff(model.head.bias[:, None])[0])))
-        return diff(model.head.weight), extra
-    if kind == "mlm":
-        head = model.mlm
-        h = parts.total()
-        z = head.dense.weight.double() @ h + (
-            head.dense.bias.double() if head.dense.bias is not None else 0
-        )
-        parts.map(lambda x: head.dense.weight.double() @ x)
-        if head.dense.bias is not None:
-            parts.add("mlm.dense.bias", head.dense.bias)
-        gate = _gate(head.act, z)
-        parts.map(lambda x: gate * x)
-        parts.layer_norm(head.ln, head.act(z), "mlm.ln.bias")
-        frozen.append("the masked-LM head's activation as its gate act(z)/z, and its "
-                      "LayerNorm's scale (mlm.ln)")  # fmt: skip
-        extra.append(("mlm.decoder.bias", float(diff(head.decoder.bias[:, None])[0])))
-        return diff(head.decoder.weight), extra
-    # classify: [CLS] -> (tanh pooler) -> classifier
-    if model.pooler is not None:
-        h = parts.total()
-        z = model.pooler.weight.double() @ h + model.pooler.bias.double()
-        parts.map(lambda x: model.pooler.weight.double() @ x)
-        parts.add("pooler.bias", model.pooler.bias)
-        gate = _gate(torch.tanh, z)
-        parts.map(lambda x: gate * x)
-        frozen.append("the pooler's tanh as its gate tanh(z)/z")
-    extra.append(("classifier.bias", float(diff(model.classifier.bias[:, None])[0])))
-    return diff(model.classifier.weight), extra
+    cur = parts.total()  # the vector the next step reads, computed exactly
+    for step in steps:
+        if isinstance(step, Linear):
+            W, b = step.module.weight.double(), step.module.bias
+            cur = W @ cur + (b.double() if b is not None else 0)
+            parts.map(lambda x, W=W: W @ x)
+            if b is not None:
+                parts.add(step.bias_name, b)
+        elif isinstance(step, Gate):
+            gate = _gate(step.act, cur)
+            parts.map(lambda x, gate=gate: gate * x)
+            cur = step.act(cur)
+            frozen.append(step.frozen)
+        elif isinstance(step, Norm):
+            parts.layer_norm(step.module, cur, step.bias_name)
+            cur = parts.total()
+            if step.frozen:
+                frozen.append(step.frozen)
+        else:  # Unembed: the last step
+            if step.bias is not None:
+                extra.append((step.bias_name, float(diff(step.bias[:, None])[0])))
+            W = step.weight.double()
+            if step.softcap is not None:  # Gemma 2: capped logits, the cap frozen as a gate
+                cap = step.softcap
+                W = _gate(lambda z, cap=cap: cap * torch.tanh(z / cap), W @ cur)[:, None] * W
+                frozen.append(f"the final logit softcap as its gate softcap(z)/z (cap {cap:g})")
+            return diff(W), extra
+    raise ValueError("a model's dla_readout must end with an Unembed step")

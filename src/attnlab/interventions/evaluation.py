@@ -9,7 +9,7 @@ the Trainer logs them at each evaluation. So every task whose evaluation runs th
 GPT language model, the masked LM, classifiers, encoder-decoders, the ViT, and any task added
 later) is scored with heads ablated the same way.
 
-    h = held_out(run_dir)                # the run's model, its task and held-out batches
+    h = held_out(attnlab.load_run(run_dir))   # the run's model, its task, held-out batches
     result = ablated_eval(h.model, h.figures, heads="1.2,0.3")
     result.change["val_loss"]            # how much the loss rose without those heads
 
@@ -150,21 +150,21 @@ class HeldOut:
         return task_loss(self.task, self.model, self.batch_size, self.eval_iters)
 
 
-def held_out(run_dir, device="cpu") -> HeldOut:
-    """The run's task rebuilt with its data (``attnlab.tasks.open_task``) and its model; batch
-    size and evaluation batches as in its training config. Weights saved without a task
-    (imported ones) have nothing held out: an InterventionError says so."""
-    from attnlab.checkpoint import load_run, read_run_config
+def held_out(run) -> HeldOut:
+    """An opened run's (``attnlab.load_run``) task rebuilt with its data
+    (``attnlab.tasks.open_task``) and its model; batch size and evaluation batches as in its
+    training config. Weights saved without a task (imported ones) have nothing held out: an
+    InterventionError says so."""
     from attnlab.tasks import open_task
     from attnlab.train_config import TrainConfig
 
-    cfg = read_run_config(run_dir)
+    cfg, run_dir = run.config, run.path
     if "task" not in cfg and "train_config" not in cfg:
-        hint = "; score it on a text with --data FILE" if cfg.get("model_type") == "gpt" else ""
+        hint = "; score it on a text with --data FILE" if run.model.predicts == "next-token" else ""
         raise InterventionError(f"{run_dir}: weights saved without a training task (imported, "
                                 f"or by save_model): no held-out data to score{hint}")  # fmt: skip
-    task = open_task(run_dir, with_data=True)
-    model, _ = load_run(run_dir, device=device)
+    task = open_task(run_dir, True, run.config, run.tokenizer)
+    model = run.model
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     given = {**defaults, **task.defaults_for({}), **(cfg.get("train_config") or {})}
     batch_size, eval_iters = int(given["batch_size"]), int(given["eval_iters"])

@@ -27,8 +27,6 @@ from attnlab.interventions.subjects import InterventionError, Prepared, Subject
 from attnlab.render.display import Result, show_token
 from attnlab.render.plots import overlay
 
-SITES = {"gpt": "embed", "mlm": "embed", "encoder": "embed", "classify": "embed",
-         "seq2seq": "encoder.embed", "rnn": "encoder.embed", "vit": "patch_embed.patches"}  # fmt: skip
 CHUNK = 16  # path points per forward pass
 
 
@@ -121,12 +119,9 @@ class GradResult(Result):
 
 
 def baseline_for(subject: Subject, x: torch.Tensor) -> torch.Tensor:
-    """The "no input" point: zero token vectors (an encoder-decoder keeps its positions, which
-    its ``encoder.embed`` includes), or a black image for a ViT."""
-    if subject.kind == "seq2seq":
-        enc = subject.model.encoder
-        return enc.pos_embed(x.size(1), 0)[None].expand_as(x).to(x)  # (1, S, C) positions
-    return torch.zeros_like(x)
+    """The "no input" point the model declares: zero token vectors (an encoder-decoder keeps
+    its positions, which its ``encoder.embed`` includes), or a black image for a ViT."""
+    return subject.model.gradient_baseline(x)
 
 
 def _nodes(steps: int, rule: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -164,7 +159,7 @@ def input_attribution(
     p = subject.prepare(text)
     pos = subject.metric_position(p, position, t)
     m = metric_fn(t, f, pos)
-    site = SITES[subject.kind]
+    site = subject.model.gradient_site
     with torch.no_grad(), edited(subject.model, {}, [site]) as (cache, _):
         f_x = float(m(subject.logits_at(p, pos))[0])
     x = cache[site].double()  # (1, T, C)
@@ -184,16 +179,15 @@ def input_attribution(
             G += _gradient(subject, p, m, pos, site, path, w).sum(0, keepdim=True)
         values, n_steps = ((x - b) * G)[0].sum(-1), steps
     notes = list(subject.notes)
+    if subject.model.gradient_note:
+        notes.append(subject.model.gradient_note)
     image, grid = None, 0
-    if subject.kind == "vit":
-        image, grid = p.extra["image"].numpy(), subject.model.config.grid
-        notes.append("attributions of each patch's pixels, baseline a black image")
-    elif subject.kind == "seq2seq":
-        notes.append("baseline: the source positions without their tokens")
+    if "image" in p.extra:
+        image, grid = p.extra["image"].numpy(), p.extra["grid"]
     from attnlab.interventions.patching import metric_name
 
     return GradResult(method, text, metric_name(subject, t, f), pos,
-                      p.input_tokens[1:] if subject.kind == "vit" else p.input_tokens,
+                      p.input_tokens[subject.model.gradient_first_token :],
                       values.detach().numpy(), f_x, f_b, n_steps,
                       rule if method == "ig" else "", image, grid, notes)  # fmt: skip
 

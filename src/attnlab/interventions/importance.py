@@ -135,7 +135,7 @@ def corpus_loss(subject: Subject, data: str, windows: int = 16, encoding: str = 
     (a text file, a directory of .txt files or a built-in corpus), the same ones every call."""
     from attnlab import data as corpora
 
-    if subject.kind != "gpt":
+    if subject.model.predicts != "next-token":
         raise InterventionError("--data windows are for a GPT; give an encoder, encoder-decoder "
                                 "or ViT run one input per line of --inputs FILE, or a TEXT")  # fmt: skip
     corpus = corpora.open_corpus(data, encoding)
@@ -172,7 +172,7 @@ def head_importance(
     """Loss change per ablated head, then the pruning curve (module doc). ``evaluate`` returns
     the loss of the model as it runs now (``text_loss``, ``corpus_loss``, or your own)."""
     groups = subject.head_groups()
-    if not groups or subject.kind == "rnn":
+    if not groups or not subject.model.residual:
         raise InterventionError("an LSTM's attention is one context vector, not heads: ablate it "
                                 "with `attnlab ablate RUN TEXT --context`")  # fmt: skip
     refs = [HeadRef(g, h) for g in groups for h in range(g.n_heads)]

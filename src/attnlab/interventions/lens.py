@@ -31,7 +31,6 @@ from attnlab.interventions.subjects import InterventionError, Point, Subject
 from attnlab.render.display import Result, heatmap_html, matrix_table, show_token
 
 LENS_FILE, LENS_META = "tuned_lens.safetensors", "tuned_lens.json"
-LENS_KINDS = ("gpt", "mlm", "encoder", "classify", "seq2seq", "vit")
 
 
 @dataclass
@@ -161,7 +160,7 @@ def _width(subject: Subject) -> int:
 
 
 def _check_kind(subject: Subject) -> None:
-    if subject.kind not in LENS_KINDS:
+    if not subject.model.residual:
         raise InterventionError("the lens reads a residual stream; an LSTM has none (its state "
                                 "is rewritten at every step, not added to)")  # fmt: skip
 
@@ -207,13 +206,14 @@ def training_batches(subject: Subject, data: str, max_tokens: int, encoding: str
     block size; an encoder reads one line per sequence (framed by its special tokens)."""
     from attnlab import data as corpora
 
-    if subject.kind not in ("gpt", "mlm", "encoder", "classify"):
+    model = subject.model
+    if model.reads != "text" or list(model.stacks) != [""]:
         raise InterventionError(f"the tuned lens is fitted on text: GPT and encoder runs, not "
                                 f"{subject.kind}")  # fmt: skip
     corpus = corpora.open_corpus(data, encoding)
     tok, dev = subject.tokenizer, subject.device
     block = subject.model.config.block_size
-    if subject.kind == "gpt":
+    if model.causal:  # a causal model reads windows; an encoder one line at a time
         ids: list[int] = []
         for chunk in corpus.chunks():
             ids.extend(tok.encode(chunk))

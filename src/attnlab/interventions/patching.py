@@ -157,10 +157,11 @@ def sites(subject: Subject, by: str) -> list[Site]:
     every head group's ``z``. An LSTM's only patchable attention is its context vector."""
     if by not in ("position", "head"):
         raise InterventionError(f"--by must be position or head, got {by!r}")
-    if subject.kind == "rnn":
+    if not subject.model.residual:  # no residual stream: only its attention's output
         if not subject.head_groups():
             raise InterventionError("this LSTM has no attention, so no context vector to patch")
-        return [Site("decoder.attn.z", "decoder", 0, "context", True, "LSTM context vector")]
+        return [Site(g.path + ".z", subject.output_stack, g.layer, g.label(0), True, g.note)
+                for g in subject.head_groups()]  # fmt: skip
     if by == "head":
         return [Site(g.path + ".z", g.path.split(".blocks")[0] if g.kind != "attn" else "",
                      g.layer, f"L{g.layer}", True, "" if g.kind == "attn" else f"{g.kind} heads")
@@ -296,8 +297,7 @@ def patch(
     if reverse:  # report in the user's terms: the clean input and its metric are the clean ones
         clean, m_clean, m_corrupt = corrupt, m_corrupt, m_clean
     # the tokens along each stack's positions (a ViT's residual stream runs over its patches)
-    tokens = {st: clean.tokens if st == "decoder" else clean.input_tokens
-              for st in {s.stack for s in site_list}}  # fmt: skip
+    tokens = {st: clean.stack_tokens[st] for st in dict.fromkeys(s.stack for s in site_list)}
     notes = list(subject.notes)
     if clean.extra.get("translation") is not None:
         notes.append(f"the decoder reads <bos> + the clean translation "

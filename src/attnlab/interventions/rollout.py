@@ -173,7 +173,7 @@ def attention_paths(
     default, or encoder; cross-attention is not a token-to-token map of one sequence)."""
     if method not in ("rollout", "flow"):
         raise InterventionError(f"unknown method {method!r}: rollout or flow")
-    if subject.kind == "rnn":
+    if not subject.stacks:
         raise InterventionError(f"{method} composes self-attention across layers; an LSTM has "
                                 "one cross-attention and no layers of it")  # fmt: skip
     if not 0.0 <= residual <= 1.0:
@@ -188,18 +188,15 @@ def attention_paths(
     with edited(subject.model, {}, names) as (cache, _):
         subject.logits(p)
     attn = np.stack([cache[n][0].double().mean(0).numpy() for n in names])  # (L, T, T)
-    tokens = p.tokens if stack == subject.output_stack else p.input_tokens
-    if subject.kind in ("vit", "classify"):
-        tokens = p.input_tokens
+    tokens = p.stack_tokens[stack]  # a classifier's output is one position of its input
     T = attn.shape[-1]
     if position is None:
-        position = 0 if subject.kind in ("vit", "classify") else (
-            p.position if stack == subject.output_stack else T - 1)  # fmt: skip
+        position = p.position if stack == subject.output_stack else T - 1
     if not -T <= position < T:
         raise InterventionError(f"--position {position}: the sequence has positions 0..{T - 1}")
     position %= T
     notes = []
-    if subject.kind == "seq2seq":
+    if any(g.kind == "cross" for g in subject.head_groups()):
         notes.append(f"{stack} self-attention only; cross-attention is not part of these paths")
     if method == "rollout":
         R = rollout(attn, residual)
@@ -208,7 +205,7 @@ def attention_paths(
     else:
         res = RolloutResult(method, text, stack, position, tokens, tokens,
                             flow(attn, position, residual), None, residual, notes=notes)  # fmt: skip
-    if subject.kind == "vit":
+    if "image" in p.extra:  # an image's patches: the result can draw over it
         res.image = p.extra["image"].numpy()
-        res.grid = subject.model.config.grid
+        res.grid = p.extra["grid"]
     return res

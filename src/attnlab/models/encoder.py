@@ -24,9 +24,25 @@ from attnlab.attention import from_hf_attention_mask
 from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
+from attnlab.models.declare import (
+    SPECIAL,
+    Gate,
+    Linear,
+    ModelKind,
+    Norm,
+    Prepared,
+    Unembed,
+    encode_text,
+    register,
+    token_strings,
+)
 from attnlab.positional import POSITIONAL
 
 IGNORE_INDEX = -100  # label of a position the masked-LM loss skips (HF's convention)
+TIED_READOUT_NOTE = (
+    "this encoder has no prediction head: its outputs are read through the token embedding, "
+    "logit(t) = h . E[t]"
+)
 
 
 @dataclasses.dataclass
@@ -88,7 +104,8 @@ class MLMHead(nn.Module):
         return self.decoder(self.ln(self.act(self.dense(h))))  # (B, T, vocab)
 
 
-class Encoder(nn.Module):
+@register
+class Encoder(ModelKind, nn.Module):
     """Bidirectional transformer. ``forward(ids, attention_mask)`` returns hidden states (B, T, C).
 
     Heads are parts of the model described by the config (``mlm_head``, ``pooler``,
@@ -147,24 +164,119 @@ class Encoder(nn.Module):
                 f"(only padding is hidden), so it reads a whole text rather than continuing one; "
                 f"{head}")  # fmt: skip
 
-    @torch.no_grad()
-    def record_text(self, tokenizer, text: str):
-        """Record one forward pass over ``text`` with the model's heads: the masked-LM logits
-        (1, T, vocab) at ``mlm_logits``, the class logits (1, num_labels) at ``class_logits``
-        (after ``pooled``). ``Recording.logits`` is the masked-LM head's output, else the class
-        logits as (1, 1, num_labels), else None: an encoder without a head predicts nothing."""
-        from attnlab.inspect.recording import Recording, encode_text, token_strings
+    # -- the declaration (attnlab.models.declare) ---------------------------------------------
 
+    sentence_embedding = True  # `attnlab embed` pools its token states
+    examples = tuple(
+        dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0, **head)
+        for head in (dict(mlm_head=True), dict(num_labels=3, pooler=True), {})
+    )
+    hook_points = {
+        "embed": "token embeddings (B, T, C)",
+        "pos": "position embeddings (T, C)",
+        "type": "token-type (segment) embeddings (B, T, C)",
+        "blocks.{i}.resid_pre": "the residual stream entering block i",
+        "blocks.{i}.attn.weights": "attention probabilities (B, H, T, T), padding masked",
+        "blocks.{i}.attn.z": "each head's output before the projection (B, H, T, d_v)",
+        "blocks.{i}.resid_mid": "the residual stream after attention",
+        "blocks.{i}.mlp_out": "the feed-forward's output",
+        "blocks.{i}.resid_post": "the residual stream leaving block i",
+        "ln_f": "the final hidden states (B, T, C)",
+        "pooled": "the [CLS] state through the pooler (B, C)",
+        "mlm_logits": "masked-LM logits (B, T, vocab)",
+        "class_logits": "class logits (B, num_labels)",
+    }
+
+    @classmethod
+    def default_task(cls, config: dict) -> str | None:
+        """mlm or classify by the head config.json describes; None without one."""
+        if config.get("mlm_head"):
+            return "mlm"
+        return "classify" if config.get("num_labels") else None
+
+    @property
+    def predicts(self) -> str:
+        if self.mlm is not None:
+            return "masked-token"
+        return "class" if self.classifier is not None else "nothing"
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """A headless encoder is read through its token embedding, and says so."""
+        return (TIED_READOUT_NOTE,) if self.predicts == "nothing" else ()
+
+    def prepare(self, tokenizer, text: str, like: Prepared | None = None, decode=None) -> Prepared:
+        """Token ids (1, T), [CLS] .. [SEP]: a masked LM predicts each (non-special) token at
+        its own position, the first [MASK] by default; a classifier one class at [CLS], the
+        model's own answer as its target."""
         ids = encode_text(self, tokenizer, text)
+        toks = token_strings(tokenizer, text, ids)
         x = torch.tensor([ids], dtype=torch.long, device=next(self.parameters()).device)
-        with hooks.record(self) as cache:
-            hidden = self(x)  # (1, T, C)
-            mlm = self._mlm_logits(hidden) if self.mlm is not None else None
-            cls = self._class_logits(hidden) if self.classifier is not None else None
-        logits = mlm if mlm is not None else (cls[:, None] if cls is not None else None)
-        return Recording(cache, {"": token_strings(tokenizer, text, ids)}, {"": ids},
-                         logits=logits, model_type=self.model_type, kind=self.kind,
-                         description=self.describe())  # fmt: skip
+        T = len(ids)
+        stacks = dict(stack_tokens={"": toks}, stack_ids={"": list(ids)})
+        if self.predicts == "class":
+            return super().prepare(tokenizer, text, like, decode)
+        targets = torch.full((T,), -100, dtype=torch.long)
+        keep = [i for i, t in enumerate(toks) if t not in SPECIAL]
+        targets[keep] = torch.tensor([ids[i] for i in keep], dtype=torch.long)
+        masks = [i for i, t in enumerate(toks) if t == "[MASK]"]
+        position = masks[0] if masks else (keep[-1] if keep else T - 1)
+        return Prepared(text, (x,), toks, list(ids), toks, targets, position, **stacks)
+
+    def forward_logits(self, ids: Tensor) -> Tensor:
+        if self.predicts == "masked-token":
+            return self.mlm_logits(ids)
+        if self.predicts == "class":
+            return self.classify(ids)[:, None]
+        return self.readout(self(ids))
+
+    def logits_at(self, args: tuple, position: int) -> Tensor:
+        if self.predicts == "masked-token":  # one position through the head, not all T
+            return self.mlm(self(args[0])[:, position])
+        if self.predicts == "nothing":
+            return self.readout(self(args[0])[:, position : position + 1])[:, 0]
+        return self.forward_logits(*args)[:, position]
+
+    def record_logits(self, args: tuple) -> Tensor | None:
+        """Every head this model has runs (and records); the masked-LM logits, else the class
+        logits as (1, 1, num_labels), else None: an encoder without a head predicts nothing."""
+        hidden = self(args[0])  # (1, T, C)
+        mlm = self._mlm_logits(hidden) if self.mlm is not None else None
+        cls = self._class_logits(hidden) if self.classifier is not None else None
+        return mlm if mlm is not None else (cls[:, None] if cls is not None else None)
+
+    def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        if self.predicts == "masked-token":
+            return self.mlm(self.ln_f(h))
+        if self.predicts == "class":
+            return self.classifier(self.pooled(self.ln_f(h)))[:, None]
+        return self.ln_f(h) @ self.tok_embed.weight.T  # (B, T, V) the tied readout
+
+    def dla_embeddings(self, cache, position: int) -> list[tuple[str, Tensor]]:
+        out = super().dla_embeddings(cache, position)
+        if "type" in cache:
+            out.append(("type", cache["type"][0, position]))
+        return out
+
+    def embed_norm(self):
+        return self.embed_ln, "embed_ln.bias", "the embedding LayerNorm's scale (embed_ln)"
+
+    def dla_readout(self) -> list:
+        if self.predicts == "masked-token":
+            head = self.mlm
+            return [Linear(head.dense, "mlm.dense.bias"),
+                    Gate(head.act, "the masked-LM head's activation as its gate act(z)/z, and "
+                                   "its LayerNorm's scale (mlm.ln)"),
+                    Norm(head.ln, "mlm.ln.bias"),
+                    Unembed(head.decoder.weight, head.decoder.bias, "mlm.decoder.bias")]  # fmt: skip
+        if self.predicts == "class":
+            steps = []
+            if self.pooler is not None:
+                steps = [Linear(self.pooler, "pooler.bias"),
+                         Gate(torch.tanh, "the pooler's tanh as its gate tanh(z)/z")]  # fmt: skip
+            return [*steps, Unembed(self.classifier.weight, self.classifier.bias,
+                                    "classifier.bias")]  # fmt: skip
+        return [Unembed(self.tok_embed.weight)]
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:

@@ -22,6 +22,7 @@ from attnlab.attention import KVCache, from_hf_attention_mask, softcap
 from attnlab.blocks import ACTIVATIONS, FFNS, Block
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
+from attnlab.models.declare import ModelKind, Unembed, register
 from attnlab.norms import NORMS, make_norm
 from attnlab.positional import POSITIONAL, RopeScaling, Rotary, RotaryHalf
 
@@ -207,11 +208,59 @@ def arch_fields(arch: str, d_model: int, n_head: int) -> dict:
     return fields
 
 
-class GPT(nn.Module):
-    """Decoder-only transformer. ``forward(ids)`` returns logits (B, T, vocab)."""
+@register
+class GPT(ModelKind, nn.Module):
+    """Decoder-only transformer. ``forward(ids)`` returns logits (B, T, vocab).
+
+    Declares (``attnlab.models.declare``): one causal stack read from token ids; it predicts
+    the next token at every position, through ``ln_f`` and ``lm_head``; it decodes."""
 
     config_class = GPTConfig
     model_type = "gpt"
+    decodes = kv_cache = True
+    examples = (  # fmt: skip
+        dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0),
+        dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0, mlp=False, pos="rotary"),
+        # Llama's pieces; Gemma 2/3's (four norms, softcaps, windows by layer, QK-norm, MQA)
+        dict(
+            n_layer=2,
+            n_head=4,
+            d_model=16,
+            block_size=32,
+            dropout=0.0,
+            norm="rms",
+            ffn="gated",
+            activation="silu",
+            pos="rotary",
+            rotary="half",
+            n_kv_heads=2,
+            bias=False,
+            tie_weights=False,
+        ),
+        dict(
+            n_layer=2,
+            n_head=2,
+            d_model=16,
+            block_size=32,
+            dropout=0.0,
+            norm="rms-gemma",
+            ffn="gated",
+            activation="gelu_tanh",
+            pos="rotary",
+            rotary="half",
+            n_kv_heads=1,
+            head_dim=12,
+            bias=False,
+            qk_norm=True,
+            post_norms=True,
+            embed_scale=True,
+            attn_softcap=5.0,
+            final_softcap=3.0,
+            sliding_window=3,
+            layer_types=["sliding", "full"],
+            local_rope_base=100.0,
+        ),
+    )
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
     causal = True  # output t depends on ids 0..t only (checked by `attnlab check`)
     uses_padding = False
@@ -318,6 +367,10 @@ class GPT(nn.Module):
         cap = self.config.final_softcap
         return logits if cap is None else softcap(logits, cap)
 
+    def dla_readout(self) -> list:
+        """The head after ln_f: the LM head, its logits capped where final_softcap is set."""
+        return [Unembed(self.lm_head.weight, softcap=self.config.final_softcap)]
+
     kind = "gpt"  # what predict, eval and the look-inside verbs call this model
 
     def describe(self) -> str:
@@ -354,13 +407,6 @@ class GPT(nn.Module):
                                 ("norms after each sublayer", c.post_norms),
                                 ("embeddings times sqrt(width)", c.embed_scale)) if on]  # fmt: skip
         return out
-
-    def record_text(self, tokenizer, text: str):
-        """Record one forward pass over ``text``: an ``attnlab.inspect.Recording`` whose cache
-        holds every named activation (blocks.N.attn.weights (1, H, T, T), ...)."""
-        from attnlab.inspect.recording import record_text
-
-        return record_text(self, tokenizer, text)
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ``targets`` (B, T) from ``ids`` (B, T)."""

@@ -34,6 +34,7 @@ from attnlab.attention import padding_mask
 from attnlab.checks import DecoderProbes
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
+from attnlab.models.declare import EncoderDecoder, HeadGroup, InputError, register
 from attnlab.tokenizers import EOS, PAD
 
 ATTENTION = ("none", "dot", "general", "additive")
@@ -128,7 +129,8 @@ def _lstm(lstm: nn.LSTM, x: Tensor, state: tuple[Tensor, Tensor]):
     return lstm(x, state)
 
 
-class RNNSeq2Seq(DecoderProbes, nn.Module):
+@register
+class RNNSeq2Seq(DecoderProbes, EncoderDecoder, nn.Module):
     """LSTM encoder-decoder; ``config.attention`` picks none, dot, general or additive."""
 
     config_class = RNNConfig
@@ -217,8 +219,30 @@ class RNNSeq2Seq(DecoderProbes, nn.Module):
         for k in ("h", "c"):
             state[k] = state[k].index_select(1, index)  # (L, B, C)
 
-    def record_text(self, tokenizer, text: str, max_len: int | None = None):
-        """Translate greedily, then record a teacher-forced pass; see ``Seq2SeqTransformer``."""
-        from attnlab.inspect.recording import record_translation
+    # -- the declaration (attnlab.models.declare; the rest is EncoderDecoder's) ----------------
 
-        return record_translation(self, tokenizer, text, max_len)
+    stacks = ()  # no transformer stacks: an LSTM's state is rewritten, not added to
+    residual = False
+    examples = (dict(d_embed=8, d_hidden=16, attention="dot"), dict(d_embed=8, d_hidden=16,
+                                                                    attention="none"))  # fmt: skip
+    hook_points = {
+        "encoder.embed": "source token embeddings (B, S, E)",
+        "encoder.out": "the encoder LSTM's outputs (B, S, C), zeros on padding",
+        "decoder.attn.weights": "the alignment of each output step over the source (B, 1, T, S)",
+        "decoder.attn.z": "the context vector of each output step (B, 1, T, C)",
+        "decoder.hidden": "the decoder state that predicts each output (B, T, C)",
+        "decoder.logits": "logits of each decoder step (B, T, V)",
+    }
+
+    def head_groups(self) -> list[HeadGroup]:
+        if self.config.attention == "none":
+            return []
+        return [HeadGroup("context", 0, "decoder.attn", 1, "LSTM context vector")]
+
+    def points(self, stack=None, sublayers: bool = False):
+        raise InputError(
+            "an LSTM has no residual stream (its state is rewritten at every step, not added to)"
+        )
+
+    def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        raise InputError("an LSTM has no residual stream to read logits from")

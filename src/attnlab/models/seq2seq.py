@@ -32,6 +32,7 @@ from attnlab.blocks import ACTIVATIONS, Block
 from attnlab.checks import DecoderProbes
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
+from attnlab.models.declare import EncoderDecoder, InputError, Unembed, register
 from attnlab.positional import POSITIONAL
 from attnlab.tokenizers import EOS, PAD
 
@@ -120,7 +121,8 @@ class _Stack(nn.Module):
         return self.drop(self.hook_embed(x))
 
 
-class Seq2SeqTransformer(DecoderProbes, nn.Module):
+@register
+class Seq2SeqTransformer(DecoderProbes, EncoderDecoder, nn.Module):
     """Encoder-decoder Transformer. ``forward(src, tgt)`` gives logits (B, T, tgt_vocab)."""
 
     config_class = Seq2SeqConfig
@@ -250,11 +252,32 @@ class Seq2SeqTransformer(DecoderProbes, nn.Module):
         state["src_mask"] = state["src_mask"].index_select(0, index)
         state["cache"].reorder(index)
 
-    def record_text(self, tokenizer, text: str, max_len: int | None = None):
-        """Translate ``text`` greedily, then record a teacher-forced pass on (source, output).
+    # -- the declaration (attnlab.models.declare; the rest is EncoderDecoder's) ----------------
 
-        Returns an ``attnlab.inspect.Recording`` (see ``attnlab.inspect.recording.record_translation``).
-        """
-        from attnlab.inspect.recording import record_translation
+    gradient_note = "baseline: the source positions without their tokens"
+    examples = (dict(max_len=32, n_encoder_layers=2, n_decoder_layers=2, n_head=2, d_model=16,
+                     dropout=0.0),)  # fmt: skip
+    hook_points = {
+        "encoder.embed": "source token embeddings * sqrt(C) + positions (B, S, C)",
+        "encoder.blocks.{i}.attn.weights": "source self-attention (B, H, S, S)",
+        "decoder.embed": "target token embeddings * sqrt(C) + positions (B, T, C)",
+        "decoder.blocks.{i}.attn.weights": "causal decoder self-attention (B, H, T, T)",
+        "decoder.blocks.{i}.cross.weights": "decoder queries over the source (B, H, T, S)",
+        "{stack}.blocks.{i}.resid_pre|resid_mid|resid_cross|resid_post": "residual stream",
+        "decoder.logits": "logits of each decoder step (B, T, V)",
+    }
 
-        return record_translation(self, tokenizer, text, max_len)
+    def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        if (stack or "decoder") != "decoder":
+            raise InputError("only the decoder's residual stream reaches the logits")
+        return self.decoder.lm_head(self.decoder.ln_f(h))
+
+    def dla_embeddings(self, cache, position: int) -> list[tuple[str, Tensor]]:
+        return [("decoder.embed", cache["decoder.embed"][0, position])]  # token + position
+
+    def dla_readout(self) -> list:
+        return [Unembed(self.decoder.lm_head.weight)]
+
+    def gradient_baseline(self, x: Tensor) -> Tensor:
+        """The source positions without their tokens (``encoder.embed`` includes them)."""
+        return self.encoder.pos_embed(x.size(1), 0)[None].expand_as(x).to(x)  # (1, S, C)

@@ -28,6 +28,7 @@ from attnlab import hooks
 from attnlab.blocks import ACTIVATIONS, block_stack
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
+from attnlab.models.declare import InputError, ModelKind, Prepared, Unembed, class_id, register
 
 
 @dataclasses.dataclass
@@ -112,7 +113,8 @@ class PatchEmbedding(nn.Module):
         return conv
 
 
-class ViT(nn.Module):
+@register
+class ViT(ModelKind, nn.Module):
     """Vision transformer classifier. ``forward(images)`` -> logits (B, n_classes)."""
 
     config_class = ViTConfig
@@ -186,34 +188,80 @@ class ViT(nn.Module):
         g = self.config.grid
         return ["[CLS]"] + [f"r{n // g}c{n % g}" for n in range(g * g)]
 
-    @torch.no_grad()
-    def record_text(self, tokenizer, text: str):
-        """Record one forward pass over the image ``text`` names (a file path, or ``test:N``
-        for the N-th image of the run's test split); ``tokenizer`` is the run's
-        ``attnlab.data.images.ImageTokenizer``, which reads it. Logits are stored as
-        (1, 1, n_classes): one position, the [CLS] token, scoring every class."""
-        from attnlab.inspect.recording import InspectError, Recording
+    # -- the declaration (attnlab.models.declare) ---------------------------------------------
 
-        if tokenizer is None or not hasattr(tokenizer, "image"):
-            raise InspectError("this run has no image tokenizer (tokenizer.json), so it "
-                               "cannot read an image")  # fmt: skip
-        image, truth = tokenizer.read(text)  # (C, H, W)
-        logits, cache = self(image[None].to(next(self.parameters()).device), record=True)
-        return Recording(
-            cache,
-            {"": self.token_labels()},
-            {"": list(range(self.config.n_patches + 1))},
-            logits=logits[:, None].detach(),  # (1, 1, n_classes)
-            model_type=self.model_type,
-            extra={
-                "image": image.cpu(),
-                "patch_size": self.config.patch_size,
-                "truth": truth,
-                "classes": list(tokenizer.classes),
-            },  # fmt: skip
-            kind=self.kind,
-            description=self.describe(),
-        )
+    reads = "image"  # a file path, or test:N for the N-th image of the run's test split
+    predicts = "class"
+    tokenizer_fields = (  # a ViT's "tokenizer" reads images and names the classes (data.images)
+        ("n_classes", "vocab_size", "tokenizer.json"),
+        ("image_size", "image_size", "tokenizer.json"),
+        ("channels", "channels", "tokenizer.json"),
+    )
+    gradient_site = "patch_embed.patches"
+    examples = (dict(image_size=8, patch_size=2, channels=1, n_classes=10, n_layer=2, n_head=2,
+                     d_model=16, dropout=0.0),)  # fmt: skip
+    gradient_first_token = 1  # [CLS] has no pixels
+
+    @classmethod
+    def default_task(cls, config: dict) -> str | None:
+        return "vision"
+
+    gradient_note = "attributions of each patch's pixels, baseline a black image"
+    hook_points = {
+        "patch_embed.patches": "the flattened pixels of each patch (B, N, P*P*channels)",
+        "embed": "patch embeddings (B, N, C)",
+        "pos": "position embeddings of [CLS] and every patch (1, N + 1, C)",
+        "blocks.{i}.resid_pre": "the residual stream entering block i",
+        "blocks.{i}.attn.weights": "attention probabilities (B, H, N + 1, N + 1)",
+        "blocks.{i}.attn.z": "each head's output before the projection",
+        "blocks.{i}.resid_post": "the residual stream leaving block i",
+        "ln_f": "the final normalised states",
+        "class_logits": "class logits (B, n_classes), read from [CLS]",
+    }
+
+    def prepare(self, tokenizer, text: str, like: Prepared | None = None, decode=None) -> Prepared:
+        """The image ``text`` names, (1, C, H, W); one output, the class read at [CLS], whose
+        target is the image's true class when the split names it, else the model's answer."""
+        if tokenizer is None or not hasattr(tokenizer, "read"):
+            raise InputError("this run has no image tokenizer (tokenizer.json), so it cannot "
+                             "read an image")  # fmt: skip
+        from attnlab.data import DataError
+
+        try:
+            image, label = tokenizer.read(text)  # (C, H, W)
+        except DataError as e:
+            raise InputError(str(e)) from None
+        x = image[None].to(next(self.parameters()).device)
+        labels, n = self.token_labels(), self.config.n_patches + 1
+        classes = list(tokenizer.classes)
+        p = Prepared(text, (x,), ["[CLS]"], [0], labels, torch.full((1,), -100), 0,
+                     {"image": image, "label": label, "grid": self.config.grid},
+                     {"": labels}, {"": list(range(n))},
+                     {"image": image.cpu(), "patch_size": self.config.patch_size,
+                      "truth": label, "classes": classes})  # fmt: skip
+        with torch.no_grad():
+            pred = int(self.forward_logits(x)[0, 0].argmax())
+        truth = classes.index(label) if label is not None and classes else pred
+        p.targets = torch.tensor([truth])
+        return p
+
+    def forward_logits(self, images: Tensor) -> Tensor:
+        return self(images)[:, None]  # (B, 1, n_classes): one output position, [CLS]
+
+    def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        return self.head(self.ln_f(h)[:, 0])[:, None]
+
+    def dla_embeddings(self, cache, position: int) -> list[tuple[str, Tensor]]:
+        return [("cls_token", self.cls_token[0, 0]), ("pos", self.pos_embed[0, 0])]
+
+    def dla_readout(self) -> list:
+        return [Unembed(self.head.weight, self.head.bias, "head.bias")]
+
+    def output_name(self, tokenizer, classes, i: int) -> str:
+        return classes[i] if classes and i < len(classes) else str(i)
+
+    def output_id(self, tokenizer, classes, token: str) -> int:
+        return class_id(classes, self.config.n_classes, token)
 
     def conformance_inputs(self, batch: int = 2, seed: int = 0) -> Tensor:
         """Random images in [0, 1] (batch, C, H, W) for ``attnlab check``."""

@@ -98,14 +98,16 @@ class EvalOptions(BaseConfig):
             raise ConfigError(f"alpha must be >= 0, got {self.alpha}")
 
 
-def open_task(run_dir: str | Path, with_data: bool = False) -> Task:
+def open_task(run_dir: str | Path, with_data: bool = False, cfg: dict | None = None,
+              tokenizer=None) -> Task:  # fmt: skip
     """The task of a run directory, rebuilt from its config.json and its tokenizer: what
     ``predict`` needs; ``with_data`` also reads its data again (its held-out splits), as
     ``eval`` and ``--resume`` do. Runs written before tasks recorded their options get the
-    task's defaults."""
+    task's defaults. ``cfg`` and ``tokenizer``: the run's, where they were read already (an
+    opened ``Run``)."""
     from attnlab import checkpoint as ckpt
 
-    cfg = ckpt.read_run_config(run_dir)
+    cfg = ckpt.read_run_config(run_dir) if cfg is None else cfg
     cls = task_for_run(cfg)
     saved = cfg.get("task_options")
     if not isinstance(saved, dict):
@@ -117,7 +119,7 @@ def open_task(run_dir: str | Path, with_data: bool = False) -> Task:
         raise ckpt.RunError(f"{Path(run_dir) / 'config.json'}: task options ({e})") from None
     seed = (cfg.get("train_config") or {}).get("seed", 1337)
     task = cls(options, seed=seed)
-    tokenizer = ckpt.read_tokenizer_files(run_dir)
+    tokenizer = ckpt.read_tokenizer_files(run_dir) if tokenizer is None else tokenizer
     if with_data:
         task.reload(Path(run_dir), tokenizer, cfg)
     else:
@@ -142,19 +144,17 @@ def task_for_run(cfg: dict) -> type[Task]:
 def imported_task(cfg: dict) -> str:
     """The task of a run that names none (imported weights, or a run older than tasks)."""
     from attnlab.checkpoint import RunError
+    from attnlab.models.declare import registered
 
-    model_type, config = cfg.get("model_type"), cfg.get("config") or {}
-    if model_type == "encoder":
-        if config.get("mlm_head"):
-            return "mlm"
-        if config.get("num_labels"):
-            return "classify"
+    cls = registered().get(cfg.get("model_type"))
+    task = cls.default_task(cfg.get("config") or {}) if cls is not None else "lm"
+    if task is None:
         raise RunError(
             "this run is an encoder with no prediction head (no masked-LM or classification "
             "head): it gives contextual vectors, not predictions; use `attnlab embed RUN TEXT` "
             "for a sentence embedding, or `attnlab trace`/`attention` to look inside"
         )
-    return {"seq2seq": "seq2seq", "rnn": "seq2seq", "vit": "vision"}.get(model_type, "lm")
+    return task
 
 
 class Task:

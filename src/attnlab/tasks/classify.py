@@ -77,7 +77,7 @@ class TextClassifier(Task):
         arch = given.get("arch")
         if (
             arch == "vit"
-            or given.get("model_type") == "vit"
+            or _reads(given.get("model_type")) == "image"
             or is_image_data(given.get("data", ""))
         ):
             return task_class("vision")
@@ -282,3 +282,11 @@ def class_evaluation(task: str, where: str, logits: torch.Tensor, y: torch.Tenso
     wrong = [{"input": inputs[i], "true": classes[int(y[i])], "predicted": classes[int(pred[i])]}
              for i in (pred != y).nonzero().flatten().tolist()[:3]] if inputs else []  # fmt: skip
     return Evaluation(task, where, figures, report, mistakes=wrong)
+
+
+def _reads(model_type: str | None) -> str:
+    """What the registered model of ``model_type`` reads (text, image, source)."""
+    from attnlab.models.declare import registered
+
+    cls = registered().get(model_type or "")
+    return cls.reads if cls is not None else "text"

@@ -35,8 +35,9 @@ from attnlab.data.tasks import (
 from attnlab.generation import beam_search, greedy, pad_ids
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
-from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
-from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.models.declare import model_for
+from attnlab.models.rnn import RNNConfig
+from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import (
@@ -220,8 +221,7 @@ class Seq2Seq(Task):
         return self.options.model_config(tok.src_vocab_size, tok.tgt_vocab_size, self.max_len)
 
     def build_model(self) -> nn.Module:
-        cfg = self.model_config()
-        return Seq2SeqTransformer(cfg) if isinstance(cfg, Seq2SeqConfig) else RNNSeq2Seq(cfg)
+        return model_for(self.model_config())  # the transformer's or the LSTM's config
 
     # -- training ------------------------------------------------------------------------------
 

@@ -1,0 +1,482 @@
+"""What a model kind declares about itself, once, in its own module.
+
+Every model class derives from ``ModelKind`` and registers under the ``model_type`` its run
+directories' config.json names (``@register``). The look-inside tools (``attnlab.inspect``),
+the interventions, ``Run``, the checkpoint loader and the CLI read these declarations and never
+ask which model they hold:
+
+    what it is      kind (the project's one vocabulary: gpt, mlm, text-classifier, encoder,
+                    seq2seq-transformer, lstm-attention, lstm, vit), describe(), model_type and
+                    config_class (config.json), tokenizer_fields (what the tokenizer must match)
+    its structure   stacks, output_stack, input_stack, memory_stack; head_groups(); points();
+                    hook_points (name pattern -> meaning); residual (has a residual stream)
+    its input       reads ("text", "image" or "source"); prepare(tokenizer, text) -> Prepared
+    its readout     predicts ("next-token", "masked-token", "class", "decoder-step" or
+                    "nothing"); forward_logits(*args), logits_at(args, position);
+                    readout(h, stack) (a residual vector -> logits: the lens);
+                    dla_embeddings(cache, position) and dla_readout() (the same readout as
+                    parts, for direct logit attribution); output_name(i) and output_id(token)
+    capabilities    causal, uses_padding, decodes (start/step/reorder), notes
+
+The defaults below describe a single-stack transformer whose blocks are ``self.blocks``, read
+as ``model(ids)`` with token ids (1, T); a kind overrides what differs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.errors import AttnlabError
+
+SPECIAL = {"[CLS]", "[SEP]", "[MASK]", "[PAD]", "<pad>", "<bos>", "<eos>"}
+
+# model_type -> class; filled by @register as each model module is imported
+REGISTRY: dict[str, type] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: make ``cls`` the model that config.json's ``model_type`` names."""
+    REGISTRY[cls.model_type] = cls
+    return cls
+
+
+def model_for(config) -> nn.Module:
+    """A new model of the registered class whose ``config_class`` ``config`` is."""
+    for cls in registered().values():
+        if type(config) is cls.config_class:
+            return cls(config)
+    raise TypeError(f"no registered model is configured by a {type(config).__name__}")
+
+
+def registered() -> dict[str, type]:
+    """Every registered model class by model_type; the modules of ``attnlab.models`` (each a
+    kind) are imported first, so a new module there is found without being listed."""
+    import attnlab.models as package
+
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name != "declare":
+            importlib.import_module(f"{package.__name__}.{info.name}")
+    return REGISTRY
+
+
+class InputError(AttnlabError):
+    """An input a model cannot read (empty, too long, no tokenizer for it): one clear line."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeadGroup:
+    """One attention layer's heads: ``kind`` is attn (single stack), encoder, decoder, cross
+    or context (an LSTM's one attention); ``path`` the module path whose ``z`` holds the heads."""
+
+    kind: str
+    layer: int
+    path: str
+    n_heads: int
+    note: str = ""  # what the group is where its kind does not say (an LSTM's context vector)
+
+    def label(self, head: int) -> str:
+        if self.kind == "context":
+            return "context"
+        return f"{self.layer}.{head}" if self.kind == "attn" else f"{self.kind}.{self.layer}.{head}"
+
+
+@dataclass(frozen=True)
+class HeadRef:
+    group: HeadGroup
+    head: int
+
+    @property
+    def label(self) -> str:
+        return self.group.label(self.head)
+
+
+@dataclass(frozen=True)
+class Point:
+    """A residual stream point: ``layer`` i is the input of block i; i = n_layer is the output
+    of the last block (the final residual). ``name`` is the hook that records it."""
+
+    stack: str
+    layer: int
+    name: str
+    label: str
+
+
+@dataclass
+class Prepared:
+    """One input made ready to run (batch 1): the forward pass's arguments and its labels."""
+
+    text: str
+    args: tuple  # tensors of the forward pass, batch 1
+    tokens: list[str]  # labels of the output positions (decoder tokens for an encoder-decoder)
+    ids: list[int]  # ids at those positions
+    input_tokens: list[str]  # labels of the input stack (source tokens, patches)
+    targets: Tensor  # (T,) the token each position should predict, -100 where none
+    position: int  # default metric position
+    extra: dict = field(default_factory=dict)
+    stack_tokens: dict[str, list[str]] = field(default_factory=dict)  # each stack's labels
+    stack_ids: dict[str, list[int]] = field(default_factory=dict)
+    shown: dict = field(default_factory=dict)  # what a Recording of it adds (its ``extra``)
+
+    def batch(self, n: int) -> tuple:
+        """The arguments repeated ``n`` times along the batch."""
+        return tuple(a.expand(n, *a.shape[1:]) for a in self.args)
+
+
+# ---------------------------------------------------------------------------------------------
+# The readout as parts, for direct logit attribution: steps from the final residual to a logit
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Linear:
+    """h -> W h + b (a dense layer inside a head): linear, so each part goes through alone."""
+
+    module: nn.Linear
+    bias_name: str
+
+
+@dataclass(frozen=True)
+class Gate:
+    """An elementwise nonlinearity act(z), frozen at this input as the gate act(z) / z."""
+
+    act: object
+    frozen: str  # what the result says it froze
+
+
+@dataclass(frozen=True)
+class Norm:
+    """A LayerNorm whose scale is frozen at this input."""
+
+    module: nn.Module
+    bias_name: str
+    frozen: str = ""
+
+
+@dataclass(frozen=True)
+class Unembed:
+    """The last step: logit(t) = W[t] . h (+ b[t], named ``bias_name``); with ``softcap``,
+    cap tanh(logit / cap) (Gemma 2's final logits; DLA freezes it as a gate)."""
+
+    weight: Tensor
+    bias: Tensor | None = None
+    bias_name: str = ""
+    softcap: float | None = None
+
+
+# ---------------------------------------------------------------------------------------------
+# Text in
+# ---------------------------------------------------------------------------------------------
+
+
+def token_strings(tokenizer, text: str, ids: list[int]) -> list[str]:
+    """Labels for ``ids``: the tokenizer's own token strings when they line up, else decode."""
+    try:
+        toks = list(tokenizer.tokens(text))
+    except Exception:
+        toks = []
+    if len(toks) != len(ids):
+        toks = [tokenizer.decode([i]) for i in ids]
+    return toks
+
+
+def max_positions(model: nn.Module) -> int | None:
+    cfg = getattr(model, "config", None)
+    for key in ("block_size", "max_len", "max_positions", "n_positions"):
+        v = getattr(cfg, key, None)
+        if isinstance(v, int):
+            return v
+    return None
+
+
+def encode_text(model: nn.Module, tokenizer, text: str) -> list[int]:
+    """Token ids for ``text``; one clear error if it is empty or longer than the model reads."""
+    if tokenizer is None:
+        raise InputError("this run has no tokenizer.json, so it cannot read text")
+    ids = tokenizer.encode(text)
+    if not ids:
+        raise InputError("the text has no tokens")
+    limit = max_positions(model)
+    if limit is not None and len(ids) > limit:
+        raise InputError(
+            f"the text is {len(ids)} tokens; this model reads at most {limit} "
+            "(its block_size): shorten it"
+        )
+    return ids
+
+
+def text_token_id(tok, token: str) -> int:
+    """The id of ``token`` in the vocabulary ``tok`` (it must be exactly one token)."""
+    if tok is None:
+        raise InputError("this run has no tokenizer, so it cannot read a token")
+    inner = getattr(tok, "tok", None)  # a Hugging Face tokenizer: look the token up
+    if inner is not None and inner.token_to_id(token) is not None:
+        ids = [inner.token_to_id(token)]
+    elif inner is not None:
+        ids = tok.encode(token, add_special_tokens=False)
+    else:
+        try:
+            ids = tok.encode(token)
+        except Exception as e:
+            raise InputError(f"target {token!r}: {e}") from None
+    if len(ids) != 1:
+        raise InputError(
+            f"{token!r} is {len(ids)} tokens in this vocabulary; give exactly one token"
+        )
+    return ids[0]
+
+
+def class_id(classes: list[str] | None, n: int, token: str) -> int:
+    """The index of class ``token`` (or a class id, for a run that does not name them)."""
+    names = list(classes or [])
+    if token in names:
+        return names.index(token)
+    if not names and token.isdigit() and int(token) < n:
+        return int(token)
+    raise InputError(f"{token!r} is not a class of this model; classes: "
+                     f"{', '.join(names) or 'unknown'}")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# The declaration
+# ---------------------------------------------------------------------------------------------
+
+
+class ModelKind:
+    """The declaration every attnlab model makes (see the module doc); the defaults are a
+    single-stack transformer read as ``model(ids)``."""
+
+    model_type: str = ""
+    config_class: type | None = None
+    kind: str = ""
+    causal: bool = False  # output t depends on inputs 0..t only (read by `attnlab check`)
+    uses_padding: bool = False  # masks padded keys (then ``pad_id`` must not change outputs)
+    decodes: bool = False  # start / step / reorder: generate and beam search run on it
+    kv_cache: bool = False  # new_cache(batch, max_len) and forward(ids, cache=...)
+    reads: str = "text"  # text | image | source (an encoder-decoder's source text)
+    predicts: str = "next-token"  # next-token | masked-token | class | decoder-step | nothing
+    stacks: tuple[str, ...] = ("",)  # prefixes of its transformer stacks
+    output_stack: str = ""  # the stack whose residual stream reaches the logits
+    input_stack: str = ""
+    memory_stack: str | None = None  # the stack cross-attention reads its keys from
+    residual: bool = True  # a residual stream: lens, DLA and patching by position apply
+    sentence_embedding: bool = False  # `attnlab embed` pools its outputs
+    tokenizer_fields: tuple[tuple[str, str, str], ...] = (
+        ("vocab_size", "vocab_size", "tokenizer.json"),
+    )  # (config field, tokenizer attribute, the file holding that tokenizer)
+    gradient_site: str = "embed"  # the hook input attributions are taken at
+    gradient_first_token: int = 0  # input tokens before the first one the site holds
+    gradient_note: str = ""
+    notes: tuple[str, ...] = ()  # said beside every intervention's result
+    # tiny configs of each kind the class makes (vocabulary sizes left to the tokenizer, per
+    # ``tokenizer_fields``): the conformance suite runs every verb on a random run of each
+    examples: tuple[dict, ...] = ()
+    hook_points: dict[str, str] = {
+        "embed": "token embeddings (B, T, C)",
+        "pos": "position embeddings added to them",
+        "blocks.{i}.resid_pre": "the residual stream entering block i",
+        "blocks.{i}.ln1": "its normalised input to attention",
+        "blocks.{i}.attn.weights": "attention probabilities (B, H, T, S)",
+        "blocks.{i}.attn.z": "each head's output before the projection (B, H, T, d_v)",
+        "blocks.{i}.resid_mid": "the residual stream after attention",
+        "blocks.{i}.mlp_out": "the feed-forward's output (a block with one)",
+        "blocks.{i}.resid_post": "the residual stream leaving block i",
+        "ln_f": "the final normalised residual stream",
+    }
+
+    def describe(self) -> str:
+        return self.kind
+
+    @classmethod
+    def default_task(cls, config: dict) -> str | None:
+        """The task of a run that names none (imported weights), from its config.json's
+        ``config``; None for a model that predicts nothing."""
+        return "lm"
+
+    # -- structure ----------------------------------------------------------------------------
+
+    def stack_blocks(self, stack: str = "") -> nn.ModuleList:
+        return (self.get_submodule(stack) if stack else self).blocks
+
+    def head_groups(self) -> list[HeadGroup]:
+        """Every attention layer with heads, in forward order."""
+        out = []
+        for stack in self.stacks:
+            kind = stack or "attn"
+            for i, block in enumerate(self.stack_blocks(stack)):
+                root = f"{stack}.blocks.{i}" if stack else f"blocks.{i}"
+                out.append(HeadGroup(kind, i, f"{root}.attn", block.attn.n_heads))
+                if getattr(block, "cross", None) is not None:
+                    out.append(HeadGroup("cross", i, f"{root}.cross", block.cross.n_heads))
+        return out
+
+    def points(self, stack: str | None = None, sublayers: bool = False) -> list[Point]:
+        """Residual stream points of a stack: block inputs and the final output; with
+        ``sublayers`` also after each attention (and cross-attention) inside a block."""
+        stack = self.output_stack if stack is None else stack
+        root = f"{stack}.blocks" if stack else "blocks"
+        blocks = self.stack_blocks(stack)
+        L = len(blocks)
+        out = [Point(stack, 0, f"{root}.0.resid_pre", "embed")]
+        for i, block in enumerate(blocks):
+            if sublayers:
+                out.append(Point(stack, i + 1, f"{root}.{i}.resid_mid", f"{i}.attn"))
+                if getattr(block, "cross", None) is not None:
+                    out.append(Point(stack, i + 1, f"{root}.{i}.resid_cross", f"{i}.cross"))
+            label = f"{i}.mlp" if sublayers else (f"{i + 1}" if i + 1 < L else "final")
+            out.append(Point(stack, i + 1, f"{root}.{i}.resid_post", label))
+        return out
+
+    # -- input --------------------------------------------------------------------------------
+
+    def prepare(self, tokenizer, text: str, like: Prepared | None = None, decode=None) -> Prepared:
+        """``text`` made ready to run: token ids (1, T). Position t predicts token t + 1; a
+        model that ``predicts`` a class has one output, at the first token ([CLS]), whose
+        target is the model's own answer."""
+        ids = encode_text(self, tokenizer, text)
+        toks = token_strings(tokenizer, text, ids)
+        x = torch.tensor([ids], dtype=torch.long, device=_device(self))  # (1, T)
+        stacks = dict(stack_tokens={"": toks}, stack_ids={"": list(ids)})
+        if self.predicts == "class":
+            p = Prepared(text, (x,), [toks[0]], [ids[0]], toks,
+                         torch.full((1,), -100, dtype=torch.long), 0, **stacks)  # fmt: skip
+            with torch.no_grad():
+                p.targets = self.forward_logits(x)[0, 0].argmax()[None].cpu()
+            return p
+        targets = torch.full((len(ids),), -100, dtype=torch.long)
+        targets[:-1] = torch.tensor(ids[1:])
+        return Prepared(text, (x,), toks, list(ids), toks, targets, len(ids) - 1, **stacks)
+
+    # -- readout ------------------------------------------------------------------------------
+
+    def forward_logits(self, *args) -> Tensor:
+        """Logits (B, T, V) of one forward pass (B, 1, n_classes for a classifier)."""
+        return self(*args)
+
+    def logits_at(self, args: tuple, position: int) -> Tensor:
+        """Logits (B, V) at one output position: ``forward_logits(*args)[:, position]``."""
+        return self.forward_logits(*args)[:, position]
+
+    def record_logits(self, args: tuple) -> Tensor | None:
+        """What a Recording keeps as its ``logits``: the forward pass's, or None for a model
+        that predicts nothing."""
+        return self.forward_logits(*args)
+
+    def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        """What the model's head makes of a residual stream ``h`` (B, T, C): the logit lens.
+        Applied to the last block's output it is the model's own logits."""
+        return self.lm_head(self.ln_f(h))
+
+    def final_norm(self) -> nn.Module:
+        """The norm between the last block and the head (an Identity where there is none)."""
+        return self.get_submodule(self.output_stack).ln_f if self.output_stack else self.ln_f
+
+    def dla_embeddings(self, cache, position: int) -> list[tuple[str, Tensor]]:
+        """The residual stream before block 0 at ``position``, as named parts."""
+        out = [("embed", _row(cache["embed"], position))]
+        if "pos" in cache:
+            out.append(("pos", _row(cache["pos"], position)))
+        return out
+
+    def embed_norm(self) -> tuple[nn.Module | None, str, str]:
+        """(a LayerNorm applied to the summed embeddings, its bias name, what freezing it says)."""
+        return None, "", ""
+
+    def dla_readout(self) -> list:
+        """The head after the final norm, as steps (``Linear``, ``Gate``, ``Norm``, ``Unembed``)."""
+        return [Unembed(self.lm_head.weight)]
+
+    def output_name(self, tokenizer, classes: list[str] | None, i: int) -> str:
+        """How results name output ``i``: a token, or a class."""
+        if self.predicts == "class":
+            return classes[i] if classes and i < len(classes) else str(i)
+        return tokenizer.decode([i]) if tokenizer is not None else str(i)
+
+    def output_id(self, tokenizer, classes: list[str] | None, token: str) -> int:
+        """The output index of ``token`` (exactly one token, or a class name)."""
+        if self.predicts == "class":
+            return class_id(classes, self.config.num_labels, token)
+        return text_token_id(tokenizer, token)
+
+    def gradient_baseline(self, x: Tensor) -> Tensor:
+        """The "no input" point at ``gradient_site``: zero vectors."""
+        return torch.zeros_like(x)
+
+
+def _device(model: nn.Module):
+    return next(model.parameters()).device
+
+
+def _row(x: Tensor, pos: int) -> Tensor:
+    return x[0, pos] if x.dim() == 3 else x[pos]
+
+
+class EncoderDecoder(ModelKind):
+    """The declaration shared by the encoder-decoders: a source text in, the decoder reading
+    <bos> + its own greedy translation; every decoder step predicts the next output token."""
+
+    reads = "source"
+    predicts = "decoder-step"
+    decodes = True
+    stacks = ("encoder", "decoder")
+    output_stack = "decoder"
+    input_stack = "encoder"
+    memory_stack = "encoder"
+    tokenizer_fields = (
+        ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
+        ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
+    )
+    gradient_site = "encoder.embed"
+
+    @classmethod
+    def default_task(cls, config: dict) -> str | None:
+        return "seq2seq"
+
+    def prepare(self, tokenizer, text: str, like: Prepared | None = None, decode=None) -> Prepared:
+        """The source ids (1, S) and the decoder's input (1, T): <bos> + the greedy
+        translation of ``text`` (``decode(model, src)``: the caller's greedy decoder, which
+        lives above the models), or the same decoder input as ``like``."""
+        from attnlab.tokenizers import BOS, EOS, PAD
+
+        if tokenizer is None:
+            raise InputError("this run has no tokenizer.json, so it cannot read text")
+        dev = _device(self)
+        src_ids = tokenizer.encode_source(text)
+        limit = getattr(self.config, "max_len", None)
+        if limit and len(src_ids) > limit:
+            raise InputError(f"the source is {len(src_ids)} tokens; this model reads at most "
+                             f"{limit}")  # fmt: skip
+        src = torch.tensor([src_ids or [PAD]], dtype=torch.long, device=dev)  # (1, S)
+        if like is not None:
+            tgt_in, out = like.args[1], like.extra["output"]
+        elif decode is None:
+            raise InputError("an encoder-decoder's input needs its output decoded: pass decode")
+        else:
+            out = decode(self, src)[0]
+            tgt_in = torch.tensor([[BOS, *out]], dtype=torch.long, device=dev)  # (1, T)
+        targets = torch.tensor([*out, EOS])
+        dec_ids = tgt_in[0].tolist()
+        src_toks, dec_toks = tokenizer.source_tokens(src_ids), tokenizer.target_tokens(dec_ids)
+        translation = tokenizer.decode_target(out)
+        return Prepared(text, (src, tgt_in), dec_toks, dec_ids, src_toks, targets,
+                        len(dec_ids) - 1, {"output": out, "translation": translation},
+                        {"encoder": src_toks, "decoder": dec_toks},
+                        {"encoder": list(src_ids), "decoder": dec_ids},
+                        {"predicted": tokenizer.target_tokens([*out, EOS]),
+                         "translation": translation})  # fmt: skip
+
+    def output_name(self, tokenizer, classes, i: int) -> str:
+        return tokenizer.target_tokens([i])[0]
+
+    def output_id(self, tokenizer, classes, token: str) -> int:
+        """Target ids count <pad>, <bos>, <eos> first (``PairTokenizer``)."""
+        return text_token_id(getattr(tokenizer, "target", tokenizer), token) + 3
