@@ -208,3 +208,13 @@ def test_attention_says_which_kv_head_a_query_head_shares(capsys, imported):
     code, out, err = attnlab(capsys, "attention", imported, "the cat sat", "--head", "1", "--json")
     got = json.loads(out)
     assert (got["kv_head"], got["n_kv_heads"]) == (0, 2)
+
+
+def test_the_trace_says_what_each_new_step_is(capsys, imported):
+    code, out, err = attnlab(capsys, "trace", imported, "the cat sat on the mat", "--head", "3")
+    out = " ".join(out.split())
+    assert code == 0 and "RMS norm before attention" in out and "rotated by position" in out
+    assert "K/V head 1, shared" in out and "query heads 2..3 all read K/V head 1" in out
+    if "softcap" in out:  # Gemma 2: its scale, softcap and window
+        assert "scaled by 0.0625" in out and "sliding window of 4" in out
+    assert "feed-forward: gate x up" in out and "final RMS norm" in out
