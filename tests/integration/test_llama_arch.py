@@ -81,3 +81,16 @@ def test_bad_piece_options_are_one_line(corpus, tmp_path, capsys):
         code = main(["train", "--data", str(corpus), "--out", str(tmp_path / "r"), *TINY, *args])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and says in err[0], err
+
+
+def test_arch_llama_resumes_exactly(corpus, tmp_path):
+    """Stopped at step 10 and resumed to 20, a Llama-shaped run ends with the same weights as
+    one trained 20 steps straight."""
+    base = ["train", "--data", str(corpus), "--arch", "llama", *TINY[:9],
+            "--warmup-iters", "2", "--log-interval", "1000", "--eval-interval", "5",
+            "--lr-decay-iters", "20"]  # one schedule for the whole run and its halves  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "a"), "--max-iters", "20"]) == 0
+    assert main([*base, "--out", str(tmp_path / "b"), "--max-iters", "10"]) == 0
+    assert main([*base, "--out", str(tmp_path / "b"), "--max-iters", "20", "--resume"]) == 0
+    a, b = load_run(tmp_path / "a").model, load_run(tmp_path / "b").model
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))

@@ -229,7 +229,8 @@ def direct_logit_attribution(
     last = at(f"{root}{len(blocks) - 1}.resid_post")
     prefix = f"{stack}." if stack else ""
     if parts.layer_norm(model.final_norm(), last, prefix + "ln_f.bias"):
-        frozen.append(f"the final norm's scale ({prefix}ln_f)")
+        kind = "RMSNorm" if isinstance(model.final_norm(), RMSNorm) else "LayerNorm"
+        frozen.append(f"the final {kind}'s scale ({prefix}ln_f)")
     if post_norms:
         frozen.append("each block's norms on the attention's and MLP's outputs (ln1_post, "
                       "ln2_post) at their scales, the heads sharing the attention's")  # fmt: skip
