@@ -306,7 +306,11 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
              "attended to.", wv))  # fmt: skip
     q = _np(c[f"{path}.q"][0, head])
     k, v = (_np(c[f"{path}.{x}"][0, kv]) for x in ("k", "v"))
-    if getattr(attn, "q_norm", None) is not None or getattr(attn, "rotary", None) is not None:
+    # said for the modern pieces only (QK-norm, rotate-half rotary), so a GPT-2-style model's
+    # trace keeps its JSON; its adjacent-pair rotary is explained at the positional step
+    if getattr(attn, "q_norm", None) is not None or hasattr(
+        getattr(attn, "rotary", None), "rot_dim"
+    ):
         how = " and ".join(w for w, on in (
             ("normed per head by an RMSNorm (QK-norm: keeps the scores from growing)",
              attn.q_norm is not None),
