@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 from attnlab.errors import AttnlabError
@@ -18,6 +19,10 @@ class BaseConfig:
     """Validate on construction; ``to_dict``/``from_dict`` and ``to_json``/``from_json``."""
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # nan passes every comparison a bound makes: first
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value}")
         self.validate()
 
     def validate(self) -> None:  # overridden by each config

@@ -78,6 +78,26 @@ class Evaluation:
     def __str__(self) -> str:
         return "\n".join(self.lines())
 
+    def __rich__(self):
+        """The terminal's rendering: ``lines()``, with the confusion matrix laid out for the
+        width it is printed at (its columns page; no count is ever cut)."""
+        from rich.console import Group
+        from rich.text import Text
+
+        from attnlab.render.display import matrix_table
+
+        if self.report is None:
+            return Text("\n".join(self.lines()))
+        lines = self.lines()
+        table = lines.index(CONFUSION_TITLE)  # the text matrix: its title, header and rows
+        rest = lines[table + 2 + len(self.report["classes"]) :]
+        classes = self.report["classes"]
+        matrix = matrix_table(np.asarray(self.report["confusion"]), classes, classes,
+                              CONFUSION_TITLE.strip(), digits=0, heat=False, col_tokens=False,
+                              row_name="true classes", col_name="predicted classes",
+                              max_lines=4 * len(classes))  # fmt: skip
+        return Group(Text("\n".join(lines[:table])), matrix, Text("\n".join(rest)))
+
     def _repr_html_(self) -> str:
         """In a notebook: the figures as a table, then a classifier's per-class table and
         confusion matrix and the first mistakes as the terminal prints them."""
@@ -111,13 +131,15 @@ def per_class_lines(report: dict) -> list[str]:
     return out
 
 
+CONFUSION_TITLE = "  confusion matrix (row = true class, column = predicted)"
+
+
 def confusion_lines(report: dict) -> list[str]:
     """The confusion matrix as a table: row = true class, column = predicted class."""
     classes, m = report["classes"], np.asarray(report["confusion"])
     w = max(4, *(len(c) for c in classes), len(str(int(m.max(initial=0)))))
     head = "  " + " " * w
-    out = ["  confusion matrix (row = true class, column = predicted)",
-           head + "".join(f"  {c:>{w}}" for c in classes)]  # fmt: skip
+    out = [CONFUSION_TITLE, head + "".join(f"  {c:>{w}}" for c in classes)]
     for c, row in zip(classes, m):
         out.append(f"  {c:<{w}}" + "".join(f"  {int(v):>{w}d}" for v in row))
     return out

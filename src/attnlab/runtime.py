@@ -11,7 +11,7 @@ Threads. torch's default (one thread per core) is fastest on an idle machine. Wh
 processes keep cores busy, every parallel op waits at its barrier for a thread that is not
 running: on 2 shared cores, 50 steps of the baby GPT took 84 s with 2 threads and 13 s with 1.
 So the rule is, in order:
-    --threads N            N (the user's choice)
+    --threads N            N (the user's choice; at most 4 per usable core: see max_threads)
     OMP_NUM_THREADS set    left as torch read it (the user's choice)
     otherwise              torch's default, less one thread per core that other processes kept
                            busy over a short window (/proc/stat: their CPU ticks against the
@@ -250,6 +250,16 @@ def usable_cpus() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
+THREADS_PER_CORE_MAX = 4  # past this many threads a core, every parallel op only waits longer
+
+
+def max_threads(cpus: set[int] | None = None) -> int:
+    """The most ``--threads`` may ask for: THREADS_PER_CORE_MAX per core this process may use.
+    More would only make each op wait at its barrier, and thousands exhaust the process table
+    (OpenMP starts them all at once); checked before torch is told (``choose_threads``)."""
+    return THREADS_PER_CORE_MAX * len(usable_cpus() if cpus is None else cpus)
+
+
 def torch_default_threads() -> int:
     """torch's own intra-op thread count (one per core, or OMP_NUM_THREADS), read before this
     module first changes it."""
@@ -278,6 +288,12 @@ def choose_threads(
     if requested is not None:
         if requested < 1:
             raise ConfigError(f"--threads must be at least 1, got {requested}")
+        most = max_threads(cpus)
+        if requested > most:
+            raise ConfigError(
+                f"--threads must be at most {most} ({THREADS_PER_CORE_MAX} per core this process "
+                f"may use), got {requested}"
+            )
         return ThreadChoice(requested, f"--threads {requested}")
     omp = env.get("OMP_NUM_THREADS")
     if omp:  # what torch starts with in a fresh process; read here so a forked one obeys it too

@@ -88,6 +88,11 @@ class TrainConfig(BaseConfig):
         for name in ("weight_decay", "grad_clip", "checkpoint_seconds", "snapshot_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.lr * self.weight_decay >= 1:  # AdamW scales each weight by 1 - lr x decay
+            raise ConfigError(
+                f"weight_decay x lr must be below 1 (AdamW multiplies every weight by "
+                f"1 - lr x weight_decay each step), got {self.weight_decay} x {self.lr}"
+            )
         self._fraction("beta1", "beta2")
         if self.compile not in (None, True, False):
             raise ConfigError(f"compile must be true, false or null (auto), got {self.compile!r}")

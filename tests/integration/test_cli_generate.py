@@ -80,7 +80,7 @@ def test_translate_greedy_beam_and_sampling(runs, capsys, arch):
         (["generate", "{rotary}", "--window", "ring", "--no-cache"], "needs the cache"),
         (["generate", "{rotary}", "--beam", "2", "--temperature", "0.5"], "drop --temperature"),
         (["generate", "{rotary}", "--beam", "2", "--num-samples", "3"], "more than --beam 2"),
-        (["generate", "{rotary}", "--beam", "0"], "--beam must be >= 1"),
+        (["generate", "{rotary}", "--beam", "0"], "--beam must be positive, got 0"),
         (["generate", "{transformer}", "--prompt", "abc"], "use attnlab translate"),
         (["translate", "{lstm}", "abc", "--beam", "2", "--seed", "1"], "drop --seed"),
         (["translate", "{lstm}", "abc", "--top-p", "2"], "--top-p must be in (0, 1]"),

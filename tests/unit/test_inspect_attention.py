@@ -11,6 +11,7 @@ import torch
 from attnlab.errors import AttnlabError
 from attnlab.inspect import InspectError, attention, attention_grid
 from attnlab.inspect.recording import record
+from attnlab.render.display import show_token
 from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -66,15 +67,20 @@ def test_attention_renders_for_terminal_json_and_notebook(run):
     assert html.count("<tr>") == len(SENTENCE) + 1 and "background:rgba" in html
 
 
-def test_long_input_table_is_cut_with_a_message():
+def test_long_input_table_pages_its_keys_and_says_how_to_see_the_rest():
     tok = char_tokenizer()
     model = tiny_gpt(tok, block_size=80).eval()
     text = (SENTENCE + " ") * 3
-    m = attention(record(model, tok, text))
-    assert f"showing tokens 0..31 of {len(text)}" in str(m)
-    assert f"showing tokens 10..41 of {len(text)}" in str(
-        attention(record(model, tok, text), start=10)
-    )
+    out = str(attention(record(model, tok, text)))  # 160 columns: more than one page
+    last = out.splitlines()[-1]
+    assert last.startswith("keys 0..") and f"of {len(text)} shown; --start " in last, last
+    n = int(last.split("keys 0..")[1].split()[0]) + 1
+    assert f"--start {n} shows the keys from {n}" in last
+    assert sum(line.startswith("I ") for line in out.splitlines()) >= 1  # every query row
+    shifted = str(attention(record(model, tok, text), start=10)).splitlines()
+    assert shifted[1].startswith("keys 10..")  # each page says which keys it holds
+    assert shifted[2].split()[0] == show_token(text[10])  # the first key shown is token 10
+    assert shifted[-1].startswith("keys 10..") and shifted[-1].endswith("all of them")
 
 
 def test_heatmap_and_grid_pngs(run, tmp_path):

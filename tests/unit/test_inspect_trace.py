@@ -141,7 +141,7 @@ def test_trace_cli(run, cli, capsys):
     code, out, err = run_main(capsys, "trace", path, "I like", "--top", "3")
     assert code == 0 and "top 3 next-token predictions" in out
     code, _, err = run_main(capsys, "trace", path, "I like", "--head", "-1")
-    assert code == 2 and "expected an integer >= 0" in err
+    assert code == 2 and "--head must be >= 0, got -1" in err
 
 
 def test_trace_serves_a_bidirectional_encoder_through_the_generic_recording():

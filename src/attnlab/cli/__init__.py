@@ -66,19 +66,11 @@ def output_file(path: str | None, suffix: str, option: str):
 
 
 def int_at_least(low: int):
-    """An argparse type: an integer >= low (argparse turns the error into exit 2)."""
+    """An argparse type: an integer >= low (its upper bound, if any, is the table's in
+    attnlab.cli.limits, which ``build_parser`` applies to every numeric option)."""
+    from attnlab.cli.limits import bounded
 
-    def conv(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if n < low:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {n}")
-        return n
-
-    conv.__name__ = "integer"
-    return conv
+    return bounded(int, low)
 
 
 # Verbs that run no model; every other verb takes --threads (see add_threads_option).
@@ -153,6 +145,9 @@ class Parser(argparse.ArgumentParser):
 
         if re.match(r"the following arguments are required: VERB", message):
             return "give a verb: attnlab VERB ... (attnlab --help lists them)"
+        m = re.match(r"argument (\S+): (must be .*)$", message, re.DOTALL)
+        if m:  # a bounded option's converter: '--lr must be positive, got 0'
+            return f"{m.group(1).split('/')[-1]} {m.group(2)}"
         m = re.match(
             r"argument (\S+?)(?:/\S+)?: invalid choice: (.+?) \(choose from .*\)$", message
         )
@@ -208,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
             add_threads_option(p)
         if verb not in READS_ONLY_VERBS:
             add_model_options(p, json=verb not in NO_JSON_VERBS, dtype=verb not in NO_DTYPE_VERBS)
+    from attnlab.cli import limits
+
+    limits.apply(sub.choices)  # every numeric option's bound, from the one table
     return parser
 
 

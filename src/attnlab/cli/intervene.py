@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from attnlab.cli import UsageError, int_at_least, output_file
+from attnlab.cli.limits import GAUSS_LEGENDRE_MAX
 
 
 def _ints(text: str | None, option: str) -> list[int] | None:
@@ -124,6 +125,11 @@ def cmd_attribute(args) -> int:
     args._png = output_file(args.png, ".png", "--png")
     if args.method in ("dla", "ig", "grad") and args.target is None:
         raise UsageError(f"--method {args.method} attributes a token's logit: give --target TOKEN")
+    if args.method == "ig" and args.rule == "gauss-legendre" and args.steps > GAUSS_LEGENDRE_MAX:
+        raise UsageError(f"--steps must be at most {GAUSS_LEGENDRE_MAX} with --rule "
+                         "gauss-legendre (its nodes cost steps^3 to find, and 256 already "
+                         f"integrate exactly to degree 511), got {args.steps}; --rule riemann "
+                         "takes more")  # fmt: skip
     if args.method in ("rollout", "flow") and (args.target or args.foil):
         raise UsageError(f"--method {args.method} follows attention only: it takes no --target "
                          "(pick the output with --position)")  # fmt: skip
@@ -171,6 +177,12 @@ def cmd_heads(args) -> int:
         return _show(result, args)
     s = _subject(args)
     if args.data is not None:
+        from attnlab.cli.limits import check_forward_memory, config_field
+
+        c = s.model.config
+        check_forward_memory(
+            c, s.device, args.windows, config_field(c, "block_size") or 1, "--windows"
+        )
         evaluate = corpus_loss(s, args.data, args.windows)
         source = f"{args.windows} windows of {args.data}"
     elif args.inputs is not None:

@@ -13,6 +13,7 @@ import sys
 
 from attnlab import checkpoint as ckpt
 from attnlab.cli import DescribedHelpFormatter, UsageError, as_options
+from attnlab.cli.limits import check_decoding_memory
 from attnlab.decoding import WINDOWS, decoder_for
 
 # ---------------------------------------------------------------------------------------------
@@ -127,8 +128,10 @@ def generate(args: argparse.Namespace) -> int:
         decoder_for(model).check_window(args.window, use_cache=not args.no_cache)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    for p in prompts:
-        tokenizer.encode(p)  # unknown characters: a one-line error naming them, before any output
+    # unknown characters: a one-line error naming them, before any output
+    longest = max(len(tokenizer.encode(p)) for p in prompts)
+    rows = len(prompts) * (args.beam if args.beam is not None else args.num_samples)
+    check_decoding_memory(model, rows, longest, args.max_new_tokens, use_cache=not args.no_cache)
     if args.beam is not None:
         best = beam_generate(model, tokenizer, prompts, args.beam, args.alpha,
                              args.max_new_tokens, n_best=args.num_samples, window=args.window,

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from attnlab.cli import UsageError, int_at_least, output_file
+from attnlab.cli.limits import check_forward_memory, config_field
 
 
 def _load(args):
@@ -50,13 +51,19 @@ def cmd_trace(args) -> int:
     from attnlab.inspect.trace import trace
 
     model, tokenizer, rec = _record(args)
-    _print(
-        trace(
-            model, tokenizer, args.text, layer=args.layer, head=args.head, top_k=args.top, rec=rec
-        ),
-        args.json,
+    result = trace(
+        model, tokenizer, args.text, layer=args.layer, head=args.head, top_k=args.top, rec=rec
     )
+    result.start = _start(args.start, max(map(len, rec.tokens.values()), default=0))
+    _print(result, args.json)
     return 0
+
+
+def _start(start: int, n: int) -> int:
+    """--start: the first key column of the terminal tables, one of the text's n tokens."""
+    if start >= max(1, n):
+        raise UsageError(f"--start {start}: the text has {n} tokens (0..{n - 1})")
+    return start
 
 
 def cmd_attention(args) -> int:
@@ -95,7 +102,9 @@ def cmd_similarity(args) -> int:
     from attnlab.inspect.similarity import similarity
 
     _, _, rec = _record(args)
-    _print(similarity(rec, layer=args.layer), args.json)
+    result = similarity(rec, layer=args.layer)
+    result.start = _start(args.start, max(len(ly.tokens) for ly in result.layers))
+    _print(result, args.json)
     return 0
 
 
@@ -166,6 +175,9 @@ def cmd_check(args) -> int:
     from attnlab.inspect.check import check
 
     model = _load(args).model
+    longest = config_field(model.config, "block_size", "max_len") or args.length
+    check_forward_memory(model.config, next(model.parameters()).device, args.batch,
+                         min(args.length, longest), "--batch", record=True)  # fmt: skip
     report = check(model, length=args.length, batch=args.batch, seed=args.seed)
     _print(report, args.json)
     return 0 if report.ok else 1
@@ -193,6 +205,9 @@ def register(sub) -> None:
     p.add_argument("--head", type=nonneg, default=0, help="head to open up")
     p.add_argument("--top", type=pos, default=5,
                    help="predictions to show: next tokens, [MASK] fillers, classes")  # fmt: skip
+    p.add_argument("--start", type=nonneg, default=0,
+                   help="first key shown in the token x token tables (they page to the "
+                   "terminal's width from there)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the same data as JSON")
     p.set_defaults(func=cmd_trace)
 
@@ -220,7 +235,11 @@ def register(sub) -> None:
         help="with --png: a grid of every layer x head (prints the grid's summary)",
     )
     p.add_argument(
-        "--start", type=nonneg, default=0, help="first token shown in the terminal table"
+        "--start",
+        type=nonneg,
+        default=0,
+        help="first key shown in the terminal table (it pages to the terminal's width from "
+        "there; past 32 query rows, also the first query)",
     )
     p.add_argument("--json", action="store_true", help="print the matrix as JSON")
     p.set_defaults(func=cmd_attention)
@@ -235,6 +254,8 @@ def register(sub) -> None:
         default=None,
         help="show this layer's matrices (default: the input and the last output)",
     )
+    p.add_argument("--start", type=nonneg, default=0,
+                   help="first token (column) shown in the terminal's matrices")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print every layer's matrices as JSON")
     p.set_defaults(func=cmd_similarity)
 

@@ -79,6 +79,7 @@ def eval_(args: argparse.Namespace) -> int:
         return _eval_ablated(args, options)
     png = output_file(args.png, ".png", "--png")
     run = open_run(args.run, args.device)
+    _check_batch(run, options.batch_size)
     if png is not None and run.task.name not in ("classify", "vision"):
         raise UsageError(f"--png draws a classifier's confusion matrix; {args.run} is a "
                          f"{run.kind} run")  # fmt: skip
@@ -91,10 +92,22 @@ def eval_(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"about": run.about, **ev.to_dict()}, ensure_ascii=False))
     else:
-        print(str(ev))
+        from attnlab.render.display import console
+
+        console().print(ev)
     if png is not None:
         print(f"wrote confusion matrix {png}", file=sys.stderr)
     return 0
+
+
+def _check_batch(run, batch_size: int) -> None:
+    """--batch-size past what one forward pass of this model can hold: refused before scoring."""
+    from attnlab.cli.limits import check_forward_memory, config_field
+
+    c = run.model.config
+    tokens = config_field(c, "block_size", "max_len") or 1
+    device = next(run.model.parameters()).device
+    check_forward_memory(c, device, batch_size, tokens, "--batch-size")
 
 
 HELD_OUT_ONLY = ("--split", "--beam", "--alpha", "--limit", "--png")
@@ -112,6 +125,7 @@ def _eval_ablated(args: argparse.Namespace, options) -> int:
     given = [o for o in HELD_OUT_ONLY if any(a.split("=")[0] == o for a in args._argv)]
     if args.data is not None:
         run = open_run(args.run, args.device)
+        _check_batch(run, options.batch_size)
         if run.model.predicts != "next-token":
             raise UsageError(f"--data with --ablate scores a GPT on a text; this is a {run.kind} "
                              "run: without --data it is scored on its own held-out split")  # fmt: skip

@@ -40,6 +40,12 @@ def translate(args: argparse.Namespace) -> int:
         if limit and len(tok.encode_source(t)) > limit:
             raise UsageError(f"source of {len(tok.encode_source(t))} tokens is longer than the "
                              f"model's {limit} positions: {t[:40]!r}")  # fmt: skip
+    from attnlab.cli.limits import check_decoding_memory
+    from attnlab.generation import default_max_len
+
+    longest = max((len(tok.encode_source(t)) for t in texts), default=1)
+    rows = len(texts) * (args.beam if args.beam is not None else args.num_samples)
+    check_decoding_memory(model, rows, longest, default_max_len(model, longest, args.max_len))
     sampled = cfg.temperature > 0 or cfg.repetition_penalty != 1.0 or args.stop
     if args.beam is not None:
         best = beam_generate(model, tok, texts, args.beam, args.alpha, args.max_len,

@@ -37,9 +37,15 @@ def cmd_timeline(args) -> int:
 
 def cmd_head_scores(args) -> int:
     """``attnlab heads RUN`` without --importance: every head's scores and kind."""
+    from attnlab.checkpoint import read_run_config
+    from attnlab.cli.limits import check_forward_memory, config_field
     from attnlab.inspect.heads import heads_of_run
     from attnlab.run import load_run
+    from attnlab.runtime import resolve_device
 
+    c = read_run_config(args.run).get("config") or {}  # sized before the model is loaded
+    check_forward_memory(c, resolve_device(args.device), args.sequences,
+                         config_field(c, "block_size", "max_len") or 1, "--sequences", record=True)  # fmt: skip
     report = heads_of_run(load_run(args.run, args.device), n=args.sequences, seed=args.seed)
     if args.json:  # the list of heads, as the issue specifies; everything else with --all
         out = report.to_dict() if args.all else report.rows

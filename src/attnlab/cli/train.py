@@ -178,6 +178,8 @@ def register(sub) -> None:
       help="every N steps, record each head's attention and scores into snapshots/ (read by "
       "attnlab timeline; 0: never)")  # fmt: skip
     a("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    a("--force", action="store_true",
+      help="train even when the run's estimated memory is past what the device has")  # fmt: skip
     a("--quiet", action="store_true", help="no progress on stderr")
     a("--log", choices=["tensorboard"],
       help="also write the metrics as TensorBoard event files in the run directory (needs "

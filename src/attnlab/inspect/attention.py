@@ -15,7 +15,6 @@ import numpy as np
 
 from attnlab.inspect.recording import AttentionInfo, InspectError, Recording
 from attnlab.render.display import (
-    TERMINAL_TOKENS,
     Result,
     heatmap_html,
     matrix_table,
@@ -36,8 +35,8 @@ class AttentionMap(Result):
     layer: int | None
     head: int | None  # None = mean over heads
     kind: str = "self"
-    start: int = 0  # first token shown in the terminal table
-    limit: int = TERMINAL_TOKENS
+    start: int = 0  # first key shown in the terminal table (and first query, past its rows)
+    limit: int | None = None  # rows of the terminal table (all if None)
     image: np.ndarray | None = None  # a ViT's input (H, W[, 3]): the PNG shows it too
     patch: int = 0  # its patch size in pixels
     # grouped-query attention: (K/V head this query head reads, how many K/V heads, heads a group)
@@ -62,6 +61,9 @@ class AttentionMap(Result):
             f"{self.title}  (row = query, column = key)",
             limit=self.limit,
             start=self.start,
+            more="--start {next} shows the keys from {next}; --png or --json has all of them",
+            row_name="queries",
+            col_name="keys",
         )
 
     def to_dict(self) -> dict:
@@ -135,9 +137,9 @@ class AttentionGrid(Result):
         return [-(w * np.log(np.clip(w, 1e-12, None))).sum(-1).mean(-1) for w in self.weights]
 
     def __rich__(self):
-        from rich.table import Table
+        from attnlab.render.tables import FitTable
 
-        table = Table(title="attention maps: mean entropy (nats) of each head's rows", box=None)
+        table = FitTable(title="attention maps: mean entropy (nats) of each head's rows")
         table.add_column("map", style="bold")
         for h in range(self.n_heads):
             table.add_column(f"head {h}", justify="right")
@@ -221,12 +223,13 @@ def attention(
     mean: bool = False,
     name: str | None = None,
     start: int = 0,
-    limit: int = TERMINAL_TOKENS,
+    limit: int | None = None,
 ) -> AttentionMap:
     """The attention matrix (T, S) of one head of one map, or the mean over heads (``mean``).
 
     ``layer`` picks the block (default 0); ``name`` picks a map by cache key or substring
-    ("cross", "decoder"). Without ``head`` and without ``mean`` head 0 is shown.
+    ("cross", "decoder"). Without ``head`` and without ``mean`` head 0 is shown. ``start``:
+    the first key column of the terminal table (it pages on from there).
     """
     info = rec.select(layer=0 if layer is None and name is None else layer, name=name)
     w = rec.weights(info.name).numpy()  # (H, T, S)
@@ -238,6 +241,8 @@ def attention(
             raise InspectError(f"no head {head}; layer {info.layer} has heads 0..{w.shape[0] - 1}")
         m = w[head]
     q, k = rec.labels(info.name)
+    if not 0 <= start < len(k):
+        raise InspectError(f"--start {start}: the keys are tokens 0..{len(k) - 1}")
     amap = AttentionMap(m, list(q), list(k), info.name, info.layer, head, info.kind, start, limit)
     keys = rec.cache.get(info.name.removesuffix("weights") + "k")  # (B, n_kv, S, d_k)
     if head is not None and keys is not None and keys.dim() == 4 and keys.size(1) < w.shape[0]:

@@ -77,9 +77,11 @@ class CheckReport(Result):
         raise KeyError(name)
 
     def __rich__(self):
-        from rich.table import Table
+        from rich.text import Text
 
-        table = Table(title="conformance checks", box=None)
+        from attnlab.render.tables import FitTable
+
+        table = FitTable(title="conformance checks")
         for col, just in (
             ("check", "left"),
             ("result", "left"),
@@ -87,11 +89,11 @@ class CheckReport(Result):
             ("tolerance", "right"),
             ("detail", "left"),
         ):
-            table.add_column(col, justify=just)
+            table.add_column(col, justify=just, wrap=col == "detail")
         colour = {"PASS": "green", "FAIL": "bold red", "skip": "dim"}
         for r in self.results:
             table.add_row(
-                r.name, f"[{colour[r.status]}]{r.status}[/]", _num(r.diff), _num(r.tol), r.detail
+                r.name, Text(r.status, style=colour[r.status]), _num(r.diff), _num(r.tol), r.detail
             )
         n_fail = sum(r.passed is False for r in self.results)
         table.caption = "all checks passed" if self.ok else f"{n_fail} check(s) FAILED"

@@ -326,10 +326,11 @@ class HeadsReport(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
 
-        t = Table(title=f"attention heads, scored on {self.probe}", box=None)
+        from attnlab.render.tables import FitTable
+
+        t = FitTable(title=f"attention heads, scored on {self.probe}")
         t.add_column("head", justify="left")
         for name in SCORES:
             t.add_column(name.replace("-token", ""), justify="right")
@@ -343,7 +344,7 @@ class HeadsReport(Result):
             parts.append(Text(f"next-token loss on the first half {self.loss_first_half:.3f}, "
                               f"on the repeated half {self.loss_repeated_half:.3f} nats"))  # fmt: skip
         if any(r.get("sample_scores") for r in self.rows):
-            s = Table(title=f"on {self.sample}", box=None)
+            s = FitTable(title=f"on {self.sample}")
             s.add_column("head", justify="left")
             for name in SCORES:
                 s.add_column(name.replace("-token", ""), justify="right")
@@ -353,7 +354,7 @@ class HeadsReport(Result):
             parts += [Text(""), s]
         if self.composition:
             top = sorted(self.composition, key=lambda c: -c["K"])[:8]
-            c = Table(title="composition (Elhage et al.): strongest K-composition first", box=None)
+            c = FitTable(title="composition (Elhage et al.): strongest K-composition first")
             for col in ("earlier head", "later head", "Q", "K", "V"):
                 c.add_column(col, justify="right")
             for row in top:

@@ -85,7 +85,8 @@ class Influence(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
+
+        from attnlab.render.tables import FitTable
 
         first = self.tokens[self.layers[0]]
         same = all(self.tokens[ly] == first for ly in self.layers)
@@ -99,13 +100,14 @@ class Influence(Result):
                     style="italic",
                 )
             )
-            parts.append(matrix_table(self.matrix().T, first, self.layers, col_tokens=False))
+            parts.append(matrix_table(self.matrix().T, first, self.layers, col_tokens=False,
+                                      limit=None, max_lines=len(first) * 4, row_name="tokens",
+                                      col_name="layers"))  # fmt: skip
             parts.append(Text(""))
         has_cross = any(r.cross_share is not None for r in self.rows)
-        table = Table(
+        table = FitTable(
             title=f"tokens moved most by their context (top {min(self.top, len(self.rows))} "
             f"of {len(self.rows)})",
-            box=None,
         )
         cols = [
             "layer",
@@ -120,7 +122,9 @@ class Influence(Result):
         ]
         for c in cols:
             table.add_column(
-                c, justify="left" if c in ("layer", "token", "top sources (share)") else "right"
+                c,
+                justify="left" if c in ("layer", "token", "top sources (share)") else "right",
+                wrap=c == "top sources (share)",
             )
         for r in self.rows[: self.top]:
             src = ", ".join(f"{show_token(t)}@{j} {s:.2f}" for j, t, s in r.sources)

@@ -15,6 +15,7 @@ import numpy as np
 
 from attnlab.inspect.recording import LAYER_RE, InspectError, Recording
 from attnlab.render.display import Result, heatmap_html, matrix_table, rounded
+from attnlab.render.tables import FitTable
 
 
 def cosine_matrix(h: np.ndarray) -> np.ndarray:
@@ -47,12 +48,12 @@ class Similarity(Result):
     show: int | None = (
         None  # index into layers whose matrices the terminal shows; None = first/last
     )
+    start: int = 0  # first column of the terminal's matrices (they page on from there)
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
 
-        summary = Table(title="mean cosine similarity between different tokens", box=None)
+        summary = FitTable(title="mean cosine similarity between different tokens")
         for col in ("layer", "before", "after", "change"):
             summary.add_column(col, justify="right")
         for ly in self.layers:
@@ -68,7 +69,17 @@ class Similarity(Result):
             ly = self.layers[self.show]
             mats = [(ly.before, ly, f"before {ly.label}"), (ly.after, ly, f"after {ly.label}")]
         tables = [
-            matrix_table(m, ly.tokens, ly.tokens, f"cosine similarity {t}", heat=True)
+            matrix_table(
+                m,
+                ly.tokens,
+                ly.tokens,
+                f"cosine similarity {t}",
+                heat=True,
+                start=self.start,
+                row_name="tokens",
+                col_name="tokens",
+                more="--start {next} shows the tokens from {next}; --json has every value",
+            )  # fmt: skip
             for m, ly, t in mats
         ]
         return Group(summary, *tables)

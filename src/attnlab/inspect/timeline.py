@@ -88,14 +88,15 @@ class Timeline(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
+
+        from attnlab.render.tables import FitTable
 
         first, last = (self.steps[0], self.steps[-1]) if self.steps else (0, 0)
         head = Text(f"{self.run}: {len(self.steps)} snapshots, steps {first}..{last}"
                     + (f" (every {self.every})" if self.every else ""), style="bold")  # fmt: skip
-        t = Table(title=f"each head's scores at the last snapshot, and the step each rose "
-                  f"fastest (on {self.probe})", box=None)  # fmt: skip
+        t = FitTable(title=f"each head's scores at the last snapshot, and the step each rose "
+                  f"fastest (on {self.probe})")  # fmt: skip
         t.add_column("head")
         for name in FIGURE_SCORES:
             t.add_column(name.replace("-token", ""), justify="right")

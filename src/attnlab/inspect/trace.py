@@ -32,6 +32,8 @@ import torch
 from attnlab.attention import causal_mask, sliding_window_mask
 from attnlab.inspect.recording import InspectError, Recording, record
 from attnlab.render.display import (
+    TERMINAL_TOKENS,
+    Preview,
     Result,
     heatmap_html,
     matrix_table,
@@ -41,6 +43,7 @@ from attnlab.render.display import (
     show_token,
 )
 
+TRACE_MORE = "--start {next} shows the keys from {next}; --json has every value"
 FULL_VALUES = 16384  # steps with at most this many numbers carry all of them in --json
 
 
@@ -90,6 +93,7 @@ class Trace(Result):
     head: int
     steps: list[Step]
     about: dict = field(default_factory=dict)
+    start: int = 0  # first key column of the token x token tables in the terminal
 
     def step(self, name: str) -> Step:
         for s in self.steps:
@@ -116,11 +120,11 @@ class Trace(Result):
             if s.lines:
                 parts.append(Text("\n".join("    " + line for line in s.lines)))
             elif s.rows is not None and s.value is not None and s.value.ndim == 2:
-                parts.append(matrix_table(s.value, s.rows, s.cols or s.rows, limit=12, heat=False))
+                parts.append(matrix_table(s.value, s.rows, s.cols or s.rows, heat=False,
+                                          limit=TERMINAL_TOKENS, start=self.start, max_lines=48, row_name="queries",
+                                          col_name="keys", more=TRACE_MORE))  # fmt: skip
             elif s.value is not None:
-                parts.append(
-                    Text("\n".join("    " + line for line in preview_text(s.value).splitlines()))
-                )
+                parts.append(Preview(s.value))
             parts.append(Text(""))
         return Group(*parts)
 
@@ -330,17 +334,24 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
     add(Step(n + "raw_scores", "raw scores Q K^T", raw.shape,
              "entry (i, j) is the dot product of query i and key j: how well token j matches "
              "what token i is looking for.", raw, q_lab, k_lab))  # fmt: skip
-    scaled = _np(c[f"{path}.scores"][0, head])  # the softmax's input (scaled, capped)
-    scale, cap = getattr(attn, "scale", None), getattr(attn, "softcap", None)
-    if scale is None:
-        add(Step(n + "scaled_scores", f"scaled by 1/sqrt(d_k) = 1/sqrt({dk}) = {1 / math.sqrt(dk):.4f}",
-                 scaled.shape, "dividing by sqrt(d_k) keeps the scores' spread near 1 so the "
-                 "softmax does not saturate.", raw / math.sqrt(dk) if cap else scaled, q_lab, k_lab))  # fmt: skip
+    scaled = _np(c[f"{path}.scores"][0, head])  # the softmax's input (scaled, biased, capped)
+    bias = not cross and f"{path.split('.')[0]}.position_bias" in c  # T5's relative bias
+    scale = attn.scale if attn.scale is not None else 1 / math.sqrt(dk)
+    if attn.scale is None:
+        title = f"scaled by 1/sqrt(d_k) = 1/sqrt({dk}) = {scale:.4f}"
+        meaning = "dividing by sqrt(d_k) keeps the scores' spread near 1 so the softmax does not saturate."
     else:
-        add(Step(n + "scaled_scores", f"scaled by {scale:.4f}", scaled.shape,
-                 f"this model scales by {scale:.4f} instead of 1/sqrt(d_k) = "
-                 f"{1 / math.sqrt(dk):.4f} (Gemma's query_pre_attn_scalar^-1/2).",
-                 raw * scale if cap else scaled, q_lab, k_lab))  # fmt: skip
+        title = f"scaled by {scale:.4g}" if scale != 1 else "not scaled"
+        meaning = (f"this model multiplies the scores by {scale:.4g} instead of 1/sqrt(d_k)"
+                   + (" (T5 folds the scale into W_Q's initialisation)" if scale == 1 else "")
+                   + ".")  # fmt: skip
+    if bias:
+        title += ", plus the relative position bias"
+        meaning += (" The stack's relative position bias (shown above) is added: entry (i, j) "
+                    "gains the learned number of head and distance j - i.")  # fmt: skip
+    cap = getattr(attn, "softcap", None)
+    add(Step(n + "scaled_scores", title, scaled.shape, meaning, raw * scale if cap else scaled,
+             q_lab, k_lab))  # fmt: skip
     if cap:
         add(Step(n + "softcap", f"softcap {cap:g} tanh(s / {cap:g})", scaled.shape,
                  f"the scores are squashed smoothly into (-{cap:g}, {cap:g}): near 0 they are "
@@ -597,11 +608,29 @@ def _stack_input(steps, rec, stack, info) -> None:
     the residual stream entering the chosen layer."""
     c, add = rec.cache, steps.append
     what = "each source token" if stack == "encoder" else "each output token so far (<bos> first)"
-    if f"{stack}.embed" in c:
+    relative = f"{stack}.position_bias" in c  # T5: positions enter as a bias on the scores
+    if f"{stack}.embed" in c and relative:
+        e = _np(c[f"{stack}.embed"][0])
+        add(Step(f"{stack}.embedding", f"{stack} input: token embedding", e.shape,
+                 f"{what} looks up a learned vector (one matrix for both stacks), with no scale "
+                 "and no position vector: positions enter as the bias on the attention scores.",
+                 e))  # fmt: skip
+    elif f"{stack}.embed" in c:
         e = _np(c[f"{stack}.embed"][0])
         add(Step(f"{stack}.embedding", f"{stack} input: embedding + position", e.shape,
                  f"{what} looks up a learned vector, scaled by sqrt(M), plus the sinusoid of "
                  "its position.", e))  # fmt: skip
+    if relative:
+        b = _np(c[f"{stack}.position_bias"][0])  # (H, T, S)
+        toks = rec.tokens.get(stack)
+        add(Step(f"{stack}.position_bias", "relative position bias (head 0)", b[0].shape,
+                 "a learned number per head and relative distance key - query, added to every "
+                 "attention score of this stack: distances are bucketed (the near ones exactly, "
+                 "the far ones in log-spaced buckets up to a maximum distance), computed once "
+                 "in the first layer and shared by every layer; "
+                 + ("the encoder's looks both ways." if stack == "encoder" else
+                    "the decoder's sees only earlier positions (causal)."),
+                 b[0], rows=toks, cols=toks))  # fmt: skip
     prefix = info.module_path[: -len("attn")]
     if info.layer and prefix + "resid_pre" in c:
         x = _np(c[prefix + "resid_pre"][0])
@@ -661,14 +690,13 @@ def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head, align
              f"each output step scores all {lg.shape[-1]} target-vocabulary entries for the "
              "next output token.", lg))  # fmt: skip
     src, tgt = rec.tokens["encoder"], rec.tokens["decoder"]
-    target = tokenizer.target if hasattr(tokenizer, "target") else None
+    named = hasattr(tokenizer, "target_tokens")  # a pair tokenizer names the output ids
     rows, lines = [], []
     for t in range(lg.shape[0]):
         probs = torch.softmax(torch.as_tensor(lg[t], dtype=torch.float64), -1)
         top = []
         for p, i in _top(probs, top_k):
-            tok = ("<pad>", "<bos>", "<eos>")[i] if i < 3 else (
-                target.decode([i - 3]) if target is not None else str(i))  # fmt: skip
+            tok = tokenizer.target_tokens([int(i)])[0] if named else str(i)
             top.append({"id": int(i), "token": tok, "prob": float(p)})
         row = {"step": t, "fed": tgt[t], "next": top}
         if weights is not None:

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from attnlab.checkpoint import RunError, build_model
 from attnlab.config import ConfigError
+from attnlab.interop import hf
 from attnlab.interop.hf_files import KeyMap, apply_key_map, read_hf_config, read_hf_weights
 from attnlab.models.gpt import GPT, GPTConfig
 
@@ -306,9 +307,6 @@ def load_decoder(hf_dir: str | Path, hf: dict | None = None) -> GPT:
     return model.eval()
 
 
-LOADERS = {kind: load_decoder for kind in FAMILIES}
-
-
 # ---------------------------------------------------------------------------------------------
 # Export: a Llama-shaped GPT as LlamaForCausalLM (Qwen2 / Qwen3 where its biases or QK-norm ask)
 # ---------------------------------------------------------------------------------------------
@@ -394,3 +392,21 @@ def llama_state_dict(model: GPT, kind: str) -> dict[str, Tensor]:
     """The inverse key map: every attnlab tensor under its Hugging Face name (all copies)."""
     sd = model.state_dict()
     return {h: sd[o].contiguous() for o, h, _ in llama_key_map(model.config, kind)}
+
+
+_export_gpt2 = hf.EXPORTS["gpt"]
+
+
+def _export_gpt(run) -> tuple[dict, dict, int]:
+    """A GPT as Llama / Qwen2 / Qwen3 where it has their pieces, else as GPT-2."""
+    c = run.model.config
+    if not is_llama_shaped(c):
+        return _export_gpt2(run)
+    config = llama_hf_config(c, run.tokenizer)
+    return config, llama_state_dict(run.model, config["model_type"]), c.block_size
+
+
+# registered with hf.py's tables as each family module does
+hf.LOADERS.update({kind: load_decoder for kind in FAMILIES})
+hf.REQUIRED_FILES.update({kind: "tokenizer.json" for kind in FAMILIES})
+hf.EXPORTS["gpt"] = _export_gpt

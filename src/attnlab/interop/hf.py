@@ -22,12 +22,12 @@ from torch import Tensor
 from attnlab import __version__ as ATTNLAB_VERSION
 from attnlab.checkpoint import (
     RunError,
+    read_json_object,  # noqa: F401  (vit reads it from here)
     save_model,
     save_tensors,
 )
 from attnlab.config import ConfigError
 from attnlab.files import FileLock, atomic_write_json, atomic_write_text
-from attnlab.interop import decoders
 from attnlab.interop.hf_files import (
     KeyMap,
     apply_key_map,
@@ -447,13 +447,20 @@ def _json_or_empty(path: Path) -> dict:
 # Whole directories
 # ---------------------------------------------------------------------------------------------
 
-# every importable model_type -> its loader: GPT-2 and BERT here, each other family's from
-# its own module
-LOADERS = {"gpt2": load_gpt2, "bert": load_bert, **decoders.LOADERS}
+
+# model_type -> loader (hf_dir, hf) -> model. A family in a module of its own (interop/t5.py,
+# interop/vit.py) adds itself here when attnlab.interop is imported.
+LOADERS = {"gpt2": load_gpt2, "bert": load_bert}
+# files a model_type cannot be imported without (its text or image reader)
+REQUIRED_FILES: dict[str, str] = {}
+# model_type -> reader of its "tokenizer" (hf_dir, hf, model) -> (tokenizer, source); the rest
+# read tokenizer.json / vocab files (load_hf_tokenizer)
+TOKENIZER_READERS: dict = {}
 
 
 def load_hf(hf_dir: str | Path):
-    """(model, tokenizer, provenance) for a HF GPT-2 or BERT directory, in eval mode."""
+    """(model, tokenizer, provenance) for a HF directory of a model type in ``LOADERS``, in
+    eval mode."""
     hf_dir = Path(hf_dir)
     hf = read_hf_config(hf_dir)
     files = weight_files(hf_dir)  # refuses a directory of pickles before anything else
@@ -462,13 +469,16 @@ def load_hf(hf_dir: str | Path):
         raise RunError(
             f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports {', '.join(known)}"
         )
-    model = known[kind](hf_dir, hf)
-    tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
-    if tokenizer is None and kind in decoders.FAMILIES:
-        raise RunError(
-            f"{hf_dir}: no tokenizer.json (a {kind} model is imported with its tokenizer)"
-        )
-    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+    need = REQUIRED_FILES.get(kind)
+    if need and not (hf_dir / need).is_file():
+        raise RunError(f"{hf_dir}: no {need}, which a {kind} model needs to read its input")
+    model = LOADERS[kind](hf_dir, hf)
+    if kind in TOKENIZER_READERS:
+        tokenizer, tok_source = TOKENIZER_READERS[kind](hf_dir, hf, model)
+    else:
+        tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
+    vocab = getattr(model.config, "vocab_size", None)
+    if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
         raise RunError(
             f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
             f"only {model.config.vocab_size}"
@@ -682,21 +692,12 @@ def bert_state_dict(model: Encoder) -> dict[str, Tensor]:
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def _export_gpt(run) -> tuple[dict, dict, int]:
-    """A GPT as Llama / Qwen2 / Qwen3 where it has their pieces (RMSNorm, rotate-half rotary:
-    ``decoders.llama_hf_config``), else as GPT-2."""
-    c = run.model.config
-    if decoders.is_llama_shaped(c):
-        hf = decoders.llama_hf_config(c, run.tokenizer)
-        return hf, decoders.llama_state_dict(run.model, hf["model_type"]), c.block_size
-    return gpt2_hf_config(c, run.tokenizer), gpt2_state_dict(run.model), c.block_size
-
-
 # How each attnlab model type is written as a Hugging Face architecture (the explicit key
 # maps above): run -> (HF config.json, tensors, the tokenizer's max length). A format of this
 # module, not a declaration of the models, which know nothing of Hugging Face.
 EXPORTS = {
-    "gpt": _export_gpt,
+    "gpt": lambda run: (gpt2_hf_config(run.model.config, run.tokenizer),
+                        gpt2_state_dict(run.model), run.model.config.block_size),
     "encoder": lambda run: (bert_hf_config(run.model.config, run.config.get("labels")),
                             bert_state_dict(run.model), run.model.config.block_size),
 }  # fmt: skip

@@ -90,6 +90,8 @@ def convert(how: str, t: Tensor) -> Tensor:
         return t
     if how == "conv1d":  # Conv1D (in, out) -> Linear (out, in)
         return t.t()
+    if how == "conv2d_flatten":  # a patch Conv2d (d, C, P, P) -> the Linear (d, C*P*P) (ViT)
+        return t.reshape(t.size(0), -1)
     if how.startswith("conv1d_"):  # c_attn (C, 3C): q | k | v side by side, then transpose
         return t.chunk(3, dim=-1)["qkv".index(how[-1])].t()
     if how.startswith("qkv_bias_"):  # c_attn bias (3C,): q | k | v

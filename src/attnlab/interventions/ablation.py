@@ -47,17 +47,18 @@ class AblationResult(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
 
+        from attnlab.render.tables import FitTable
+
         head = Text(f"ablating {self.what} ({self.mode}) on {self.text!r}\n", style="bold")
-        t = Table(box=None)
+        t = FitTable()
         for c in ("", "clean", "ablated", "change"):
             t.add_column(c, justify="right")
         t.add_row("loss (nats)", f"{self.clean_loss:.4f}", f"{self.ablated_loss:.4f}",
                   f"{self.delta:+.4f}")  # fmt: skip
-        top = Table(title=f"top predictions at position {self.position} "
-                    f"({show_token(self.tokens[self.position])})", box=None)  # fmt: skip
+        top = FitTable(title=f"top predictions at position {self.position} "
+                    f"({show_token(self.tokens[self.position])})")  # fmt: skip
         for c in ("clean", "p", "ablated", "p "):
             top.add_column(c, justify="right")
         for (a, pa), (b, pb) in zip(self.top_clean, self.top_ablated):

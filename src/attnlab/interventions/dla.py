@@ -55,8 +55,9 @@ class DLAResult(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
+
+        from attnlab.render.tables import FitTable
 
         what = f"logit({self.target!r})" + (f" - logit({self.foil!r})" if self.foil else "")
         parts = [Text(f"direct logit attribution of {what} at position {self.position} "
@@ -64,7 +65,7 @@ class DLAResult(Result):
                  Text(f"logit {self.logit:.6f} (float32 model: {self.logit_float32:.6f}); parts "
                       f"sum to {self.total:.6f} (difference {abs(self.total - self.logit):.1e})"),
                  Text("frozen: " + "; ".join(self.frozen) + "\n", style="dim")]  # fmt: skip
-        t = Table(title="largest parts", box=None)
+        t = FitTable(title="largest parts")
         t.add_column("part")
         t.add_column("value", justify="right")
         t.add_column("", justify="left")

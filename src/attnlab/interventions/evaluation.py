@@ -50,12 +50,13 @@ class AblatedEval(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
+
+        from attnlab.render.tables import FitTable
 
         what = "head" + ("s " if len(self.heads) > 1 else " ") + ", ".join(self.heads)
         head = Text(f"{what} ablated ({self.mode}), on {self.source}", style="bold")
-        t = Table(box=None)
+        t = FitTable()
         for c in ("", "intact", "ablated", "change"):
             t.add_column(c, justify="right")
         change = self.change

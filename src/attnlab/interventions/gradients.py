@@ -56,8 +56,9 @@ class GradResult(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
+
+        from attnlab.render.tables import FitTable
 
         name = "integrated gradients" if self.method == "ig" else "input x gradient"
         parts = [Text(f"{name} of {self.metric} at output position {self.position}", style="bold")]
@@ -67,7 +68,7 @@ class GradResult(Result):
             parts.append(Text(f"{self.steps} steps ({self.rule}); f(x) - f(baseline) = "
                               f"{self.f_input - self.f_baseline:.5f}, sum of attributions "
                               f"{self.values.sum():.5f}: completeness error {e:.3%} ({verdict})"))  # fmt: skip
-        t = Table(box=None)
+        t = FitTable()
         for c in ("pos", "token", "attribution", ""):
             t.add_column(c, justify="left" if c in ("token", "") else "right")
         top = float(np.abs(self.values).max()) or 1.0

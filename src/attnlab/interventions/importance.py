@@ -62,7 +62,7 @@ class ImportanceResult(Result):
                       f"({self.mode}), on {self.source}; intact {self.baseline:.4f}", style="bold")]  # fmt: skip
         for group, m in self.grids().items():
             parts.append(matrix_table(m, [f"L{i}" for i in range(m.shape[0])],
-                                      [f"H{h}" for h in range(m.shape[1])], group, fmt="{:+.3f}",
+                                      [f"H{h}" for h in range(m.shape[1])], group, digits=3, sign=True,
                                       col_tokens=False))  # fmt: skip
         curve = ", ".join(f"{n}:{v:.3f}" for n, _, v in self.pruning)
         parts.append(

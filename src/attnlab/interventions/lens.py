@@ -47,16 +47,17 @@ class LensResult(Result):
 
     def __rich__(self):
         from rich.console import Group
-        from rich.table import Table
         from rich.text import Text
 
+        from attnlab.render.tables import FitTable
+
         kind = "tuned lens" if self.tuned else "logit lens"
-        t = Table(title=f"{kind}: top token per layer (row) and position (column)", box=None)
+        t = FitTable(title=f"{kind}: top token per layer (row) and position (column)")
         t.add_column("", style="bold")
-        for tok in self.tokens[:32]:
+        for tok in self.tokens:
             t.add_column(show_token(tok), justify="center")
         for label, row in zip(self.points, self.top):
-            t.add_row(label, *[show_token(x) for x in row[:32]])
+            t.add_row(label, *[show_token(x) for x in row])
         kl = matrix_table(self.kl, self.points, self.tokens, f"KL(final || {kind}) in nats")
         parts = [t, Text(""), kl, Text(f"\nlast layer vs the model's logits: max |difference| "
                                        f"{self.last_vs_model:.2e}", style="dim")]  # fmt: skip

@@ -16,7 +16,10 @@ import sys
 
 import numpy as np
 
-TERMINAL_TOKENS = 32  # matrices wider than this are cut, with a message saying so
+from attnlab.render.tables import Matrix
+
+TERMINAL_TOKENS = 32  # rows of each of trace's matrices (its columns page to the width)
+PIPE_WIDTH = 100  # the width tables are laid out for when stdout is not a terminal
 
 
 def show_token(t: str) -> str:
@@ -45,13 +48,16 @@ def _finite(x):
 
 
 def console(file=None, width: int | None = None, plain: bool = False):
-    """A rich Console on ``file`` (stdout). ``plain``: no ANSI codes whatever the environment
-    says (FORCE_COLOR included): what ``str(result)`` and a notebook's fallback use."""
+    """A rich Console on ``file`` (stdout), as wide as the terminal (``COLUMNS`` if set), or
+    ``PIPE_WIDTH`` columns when ``file`` is not a terminal; tables lay themselves out for it
+    (``attnlab.render.tables``). ``plain``: no ANSI codes whatever the environment says
+    (FORCE_COLOR included): what ``str(result)`` and a notebook's fallback use."""
     from rich.console import Console
 
     file = file or sys.stdout
     if width is None and not (hasattr(file, "isatty") and file.isatty()):
-        width = int(os.environ.get("COLUMNS", 0)) or 160
+        columns = os.environ.get("COLUMNS", "")
+        width = int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
     extra = {"color_system": None, "force_terminal": False} if plain else {}
     return Console(
         file=file, width=width, highlight=False, soft_wrap=False, force_jupyter=False, **extra
@@ -129,53 +135,32 @@ def tokens_html(tokens: list[str], label: str = "") -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-def crop(n: int, limit: int, start: int = 0) -> tuple[int, int, str]:
-    """The window [a, b) of at most ``limit`` items from ``start``, and a note if it cuts."""
-    a = max(0, min(start, max(0, n - limit)))
-    b = min(n, a + limit)
-    note = "" if (a, b) == (0, n) else f"showing tokens {a}..{b - 1} of {n}"
-    return a, b, note
-
-
 def matrix_table(
     m,
     rows: list[str],
     cols: list[str],
     title: str = "",
-    fmt: str = "{:.2f}",
+    digits: int = 2,
     heat: bool = True,
-    limit: int = TERMINAL_TOKENS,
+    sign: bool = False,
+    limit: int | None = None,
     start: int = 0,
     col_tokens: bool = True,
+    more: str = "--json has every value",
+    row_name: str = "rows",
+    col_name: str = "columns",
+    max_lines: int = 96,
 ):
-    """A rich Table of matrix ``m`` (R, C) labelled by rows and columns; cut to ``limit``.
-    ``col_tokens=False`` prints the column labels as they are (not as tokens)."""
-    from rich.table import Table
-
-    m = np.asarray(m, dtype=np.float64)
-    r0, r1, rnote = crop(len(rows), limit, start)
-    c0, c1, cnote = crop(len(cols), limit, start)
-    note = "; ".join(dict.fromkeys(x for x in (rnote, cnote) if x))
-    caption = f"{note} (use --json, --png or --start to see the rest)" if note else None
-    table = Table(title=title or None, caption=caption, show_lines=False, pad_edge=False, box=None)
-    table.add_column("", justify="right", style="bold", no_wrap=True)
-    for c in cols[c0:c1]:
-        table.add_column(show_token(c) if col_tokens else c, justify="right", no_wrap=True)
-    finite = m[np.isfinite(m)]
-    top = float(np.abs(finite).max()) if finite.size else 1.0
-    for i in range(r0, r1):
-        cells = []
-        for j in range(c0, c1):
-            v = m[i, j]
-            text = fmt.format(v) if math.isfinite(v) else ("-inf" if v < 0 else str(v))
-            if heat and math.isfinite(v) and top > 0:
-                level = abs(v) / top
-                style = "bold" if level > 0.66 else ("" if level > 0.2 else "dim")
-                cells.append(f"[{style}]{text}[/]" if style else text)
-            else:
-                cells.append(f"[dim]{text}[/]")
-        table.add_row(show_token(rows[i]), *cells)
-    return table
+    """Matrix ``m`` (R, C) labelled by rows and columns, laid out when printed for the width
+    it is printed at (``attnlab.render.tables.Matrix``: whole labels, whole numbers, pages of
+    columns from ``start``; the first ``limit`` rows, all if None). ``more`` is how the verb shows what does
+    not fit (``{next}``: the first column left out); ``col_tokens=False`` prints the column
+    labels as they are (not as tokens)."""
+    rows = [show_token(str(r)) for r in rows]
+    cols = [show_token(str(c)) if col_tokens else str(c) for c in cols]
+    return Matrix(m, rows, cols, title, digits=digits, heat=heat, sign=sign, start=start,
+                  max_rows=limit, max_lines=max_lines, more=more,
+                  row_name=row_name, col_name=col_name)  # fmt: skip
 
 
 def heatmap_html(
@@ -238,6 +223,22 @@ def preview(x, rows: int = 4, cols: int = 6, digits: int = 3) -> list:
     if a.ndim == 1:
         return rounded(a[:cols], digits)
     return rounded(a[:rows, :cols], digits)
+
+
+class Preview:
+    """``preview_text`` of ``x`` indented by ``indent``, with as many of its first 6 columns as
+    fit the width it is printed at (a row never wraps)."""
+
+    def __init__(self, x, indent: int = 4):
+        self.x, self.indent = x, indent
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text
+
+        cols = max(1, min(6, (options.max_width - self.indent - 6) // 9))
+        pad = " " * self.indent
+        lines = preview_text(self.x, cols=cols).splitlines()
+        yield Text("\n".join(pad + line for line in lines))
 
 
 def preview_text(x, rows: int = 4, cols: int = 6) -> str:

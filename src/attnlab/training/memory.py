@@ -8,10 +8,16 @@ Memory, in float32 bytes (an estimate, not a measurement):
         matrix is kept), and the logits, their softmax and gradient: 12 bytes per vocabulary
         entry per token.
 Work: about 6 P B T floating-point operations per optimizer step (forward 2, backward 4).
+
+Before anything is read or built, ``check_fits`` makes the same estimate from the options
+alone (``estimate_parameters`` counts a config's parameters without building it) and refuses a
+run that cannot fit in the device's memory, naming the estimate and the bound, unless the user
+says ``--force``. After the model is built, ``size_warnings`` says the exact figure.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -52,11 +58,15 @@ def positions(config) -> int:
 def run_size(model: nn.Module, batch_size: int, grad_accum: int = 1) -> RunSize:
     """The estimates above for ``model`` trained on micro-batches of ``batch_size``."""
     cfg = getattr(model, "config", None)
-    p = sum(t.numel() for t in model.parameters())
+    return config_run_size(cfg, sum(t.numel() for t in model.parameters()), batch_size, grad_accum)
+
+
+def config_run_size(cfg, p: int, batch_size: int, grad_accum: int = 1) -> RunSize:
+    """The estimates above for a model of config ``cfg`` with ``p`` parameters."""
     t = positions(cfg)
-    width = int(getattr(cfg, "d_model", 0) or 0)
-    layers = int(getattr(cfg, "n_layer", 1) or 1)
-    vocab = int(getattr(cfg, "vocab_size", 0) or 0)
+    width = int(getattr(cfg, "d_model", 0) or getattr(cfg, "d_hidden", 0) or 0)
+    layers = _layers(cfg) or 1
+    vocab = int(getattr(cfg, "vocab_size", 0) or getattr(cfg, "tgt_vocab_size", 0) or 0)
     acts = batch_size * t * (68 * width * layers + 12 * vocab)
     return RunSize(
         p, batch_size * grad_accum, t, 16 * p, acts, 6.0 * p * batch_size * grad_accum * t
@@ -98,3 +108,81 @@ def size_warnings(model: nn.Module, config, task, device: torch.device) -> list[
         f"{s.activation_bytes / GIB:.1f} GiB activations). A smaller --preset, --block-size "
         "or --batch-size is faster"
     ]
+
+
+# ---------------------------------------------------------------------------------------------
+# before anything is built: the estimate from the options, and the refusal
+# ---------------------------------------------------------------------------------------------
+
+
+def _layers(cfg) -> int:
+    enc, dec = getattr(cfg, "n_encoder_layers", 0) or 0, getattr(cfg, "n_decoder_layers", 0) or 0
+    return int(getattr(cfg, "n_layer", 0) or 0) or int(enc + dec)
+
+
+def estimate_parameters(cfg) -> int:
+    """About how many parameters a model of config ``cfg`` has, counted from its sizes without
+    building it (building 100,000 layers takes minutes even on the meta device): per layer
+    4 C^2 of attention (and 4 C^2 more of cross-attention in a decoder layer) and 2 C d_ff of
+    feed-forward; 4 h (e + h) per LSTM layer; the embeddings and an untied output layer."""
+    vocab = int(getattr(cfg, "vocab_size", 0) or 0)
+    src = int(getattr(cfg, "src_vocab_size", 0) or 0)
+    tgt = int(getattr(cfg, "tgt_vocab_size", 0) or 0)
+    if hasattr(cfg, "d_hidden"):  # an LSTM encoder-decoder
+        h, e, n = int(cfg.d_hidden), int(cfg.d_embed), int(cfg.n_layer)
+        lstm = 4 * h * (e + h) + (n - 1) * 4 * h * (2 * h)  # first layer reads e, the rest h
+        return 2 * lstm + (src + tgt) * e + 2 * h * h + (h + 1) * tgt
+    c = int(getattr(cfg, "d_model", 0) or 0)
+    ff = int(getattr(cfg, "d_ff", 0) or 4 * c) if getattr(cfg, "mlp", True) else 0
+    layers = _layers(cfg)
+    cross = int(getattr(cfg, "n_decoder_layers", 0) or 0) * 4 * c * c
+    n = layers * (4 * c * c + 2 * c * ff) + cross
+    n += (vocab + src + tgt) * c + positions(cfg) * c  # token and position embeddings
+    if not getattr(cfg, "tie_weights", True):
+        n += (vocab or tgt) * c
+    patch, channels = getattr(cfg, "patch_size", 0) or 0, getattr(cfg, "channels", 0) or 0
+    return int(n + patch * patch * channels * c + c * int(getattr(cfg, "n_classes", 0) or 0))
+
+
+def planned_config(options):
+    """The model config ``options`` (a task's Options) describe, before the data is read:
+    the sizes the data decides (vocabulary, longest pair, image side) at their least, except a
+    trained tokenizer's vocabulary, which is the --vocab-size asked for."""
+    build = getattr(options, "model_config", None)
+    if build is None:
+        return None
+    tokenizer = getattr(options, "tokenizer", "char")
+    vocab = getattr(options, "vocab_size", 1) if tokenizer in ("bpe", "wordpiece") else 16
+    least = {"vocab_size": vocab, "src_vocab": vocab, "tgt_vocab": vocab, "max_len": 16,
+             "image_size": getattr(options, "patch_size", 1), "channels": 1, "n_classes": 2}  # fmt: skip
+    params = inspect.signature(build).parameters
+    return build(**{k: v for k, v in least.items() if k in params})
+
+
+def check_fits(options, config, device: torch.device, force: bool = False) -> RunSize | None:
+    """Refuse (a ConfigError, one line) a run whose estimated memory is past HUGE_FRACTION of
+    the device's, naming the estimate and the bound, before anything is read or built; None
+    when it fits, or with ``force``. ``config`` is the TrainConfig."""
+    from attnlab.config import ConfigError
+
+    cfg = planned_config(options)
+    have = device_memory(device)
+    if cfg is None or have is None or force:
+        return None
+    s = config_run_size(cfg, estimate_parameters(cfg), config.batch_size, config.grad_accum)
+    if s.total_bytes <= HUGE_FRACTION * have:
+        return s
+    machine = "this machine's memory" if device.type == "cpu" else f"{device}'s memory"
+    raise ConfigError(
+        f"this run needs about {_gib(s.total_bytes)} ({s.parameters / 1e6:,.1f}M parameters: "
+        f"{_gib(s.state_bytes)} of weights, gradients and AdamW state, "
+        f"{_gib(s.activation_bytes)} of activations for batches of {config.batch_size} x "
+        f"{s.tokens} tokens), past the {_gib(HUGE_FRACTION * have)} it may use "
+        f"({HUGE_FRACTION:.0%} of {machine}, {_gib(have)}); a smaller --preset, --n-layer, "
+        "--d-model, --block-size or --batch-size fits, or --force tries anyway"
+    )
+
+
+def _gib(n: float) -> str:
+    gib = n / GIB
+    return f"{gib:,.0f} GiB" if gib >= 100 else f"{gib:.1f} GiB"

@@ -33,15 +33,15 @@ import torch
 from attnlab import checkpoint as ckpt
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
-from attnlab.runtime import resolve_device, using_threads
+from attnlab.runtime import THREADS_PER_CORE_MAX, max_threads, resolve_device, using_threads
 from attnlab.tasks.base import Task, task_class, task_for_run
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
-from attnlab.training.memory import size_warnings
+from attnlab.training.memory import check_fits, size_warnings
 from attnlab.training.rundir import RunDir
 
-RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads"}
+RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads", "force"}
 # Options that may change when a run is resumed; every other one comes from the run.
 RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
              "device", "dtype", "compile", "compile_backend", "fsdp"}  # fmt: skip
@@ -76,6 +76,7 @@ class TrainPlan:
     quiet: bool = False
     log: str | None = None  # an experiment tracker: "tensorboard" (attnlab.training.tracking)
     threads: int | None = None  # CPU threads; None: the busy-machine choice (attnlab.runtime)
+    force: bool = False  # train even past the memory estimate (attnlab.training.memory)
 
 
 @dataclasses.dataclass
@@ -122,8 +123,10 @@ def plan(given: dict) -> TrainPlan:
             **{k: v for k, v in given.items() if k in train_fields},
         }
         config = TrainConfig(**values)
-        resolve_device(config.device)  # --device cuda without a GPU: said before any work
+        device = resolve_device(config.device)  # --device cuda without a GPU: said before any work
         check_fsdp(config)
+        if not given.get("resume"):  # a run too big for the device: refused before it is built
+            check_fits(options, config, device, force=bool(given.get("force")))
     except ConfigError as e:
         raise ConfigError(as_flags(str(e), names)) from None
     if not options.data and not given.get("resume"):
@@ -136,13 +139,17 @@ def plan(given: dict) -> TrainPlan:
     threads = given.get("threads")
     if threads is not None and (type(threads) is not int or threads < 1):
         raise ConfigError(f"--threads must be an integer of at least 1, got {threads!r}")
+    if threads is not None and threads > max_threads():  # before torch is told: see runtime
+        raise ConfigError(f"--threads must be at most {max_threads()} ({THREADS_PER_CORE_MAX} "
+                          f"per core this process may use), got {threads}")  # fmt: skip
     if given.get("log"):  # its package checked now: before any data is read or step trained
         from attnlab.training.tracking import require
 
         require(given["log"])
     out = Path(given["out"]) if given.get("out") else cls.default_out(options)
     return TrainPlan(cls, options, config, given, out, bool(given.get("resume")),
-                     bool(given.get("quiet")), given.get("log"), threads)  # fmt: skip
+                     bool(given.get("quiet")), given.get("log"), threads,
+                     bool(given.get("force")))  # fmt: skip
 
 
 def check_fsdp(config: TrainConfig) -> None:
