@@ -244,6 +244,8 @@ class FastForward:
             return False
         c = model.config
         H, D, pre = c.n_head, c.d_model // c.n_head, c.norm_first
+        if c.embed_scale or c.final_softcap is not None:
+            return False  # steps of GPT.forward it does not restate (Gemma)
         for m in model.modules():
             if m is not model and (type(m) not in MIRRORS or "forward" in vars(m)):
                 return False  # a kind it does not restate, or a forward replaced on one module

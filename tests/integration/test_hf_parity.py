@@ -324,7 +324,7 @@ def test_pickle_only_directory_is_refused_without_unpickling(tmp_path):
 def test_unsupported_model_type_is_refused(tmp_path):
     bert_reference(tmp_path, BERT_SIZES[0])
     cfg = json.loads((tmp_path / "config.json").read_text())
-    cfg["model_type"] = "llama"
+    cfg["model_type"] = "falcon"  # a family attnlab does not import
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(RunError, match="not supported"):
         hf.load_hf(tmp_path)

@@ -237,6 +237,18 @@ FIELDS = {
     "tie_weights": st.booleans(),
     "mlp": st.booleans(),  # False: attention-only blocks
 }  # fmt: skip
+# The modern-decoder fields: FastForward steps aside for each of them (see
+# test_fast_forward_steps_aside_for_modern_decoders), so they are drawn at their defaults here.
+MODERN = {
+    "norm": "rms", "ffn": "gated", "n_kv_heads": 1, "head_dim": 6, "rotary": "half",
+    "rot_dim": 2, "rope_base": 500.0, "rope_scaling": {"kind": "linear", "factor": 2.0},
+    "local_rope_base": 100.0, "sliding_window": 2, "layer_types": ["sliding"], "qk_norm": True,
+    "qkv_bias": False, "out_bias": False, "attn_scale": 0.5, "attn_softcap": 5.0,
+    "final_softcap": 3.0, "parallel": True, "post_norms": True, "embed_scale": True,
+}  # fmt: skip
+FIELDS.update(
+    {f.name: st.just(f.default) for f in dataclasses.fields(GPTConfig) if f.name in MODERN}
+)
 
 
 def test_the_fast_path_test_draws_every_config_field():
@@ -265,6 +277,36 @@ def test_fast_forward_is_the_forward_pass(fields, seed, data):
         got = [fast(ids[:, :prefix], cache)]
         got += [fast(ids[:, t : t + 1], cache) for t in range(prefix, T)]
     torch.testing.assert_close(torch.stack(got, 1), full[:, prefix - 1 :], atol=1e-5, rtol=1e-5)
+
+
+# each modern option with what it needs beside it
+NEEDS = {"rotary": {"pos": "rotary"}, "rot_dim": {"pos": "rotary", "rotary": "half"},
+         "rope_scaling": {"pos": "rotary", "rotary": "half"},
+         "local_rope_base": {"pos": "rotary", "rotary": "half", "sliding_window": 2,
+                             "layer_types": ["sliding"]},
+         "layer_types": {"sliding_window": 2}, "qk_norm": {"norm": "rms"},
+         "post_norms": {}, "parallel": {}}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(MODERN))
+def test_fast_forward_steps_aside_for_modern_decoders(name):
+    """Each modern-decoder option either makes FastForward step aside or changes nothing it
+    restates; decoding then runs GPT.forward, and cached equals uncached decoding."""
+    fields = dict(vocab_size=11, block_size=8, n_layer=1, n_head=2, d_model=8)
+    fields.update(NEEDS.get(name, {}), **{name: MODERN[name]})
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**fields)).eval()
+    for p in model.parameters():
+        p.data.add_(torch.randn_like(p) * 0.3)
+    ids = torch.randint(0, 11, (2, 8))
+    with torch.no_grad():
+        full = model(ids)
+        if FastForward.applies(model):  # qkv_bias / out_bias equal to bias, rope_base alone...
+            torch.testing.assert_close(FastForward(model)(ids, None), full[:, -1])
+        cache = model.new_cache(2)
+        steps = [model(ids[:, :3], cache=cache)[:, -1]]
+        steps += [model(ids[:, t : t + 1], cache=cache)[:, -1] for t in range(3, 8)]
+    torch.testing.assert_close(torch.stack(steps, 1), full[:, 2:], atol=1e-5, rtol=1e-5)
 
 
 class _ScaledFeedForward(FeedForward):

@@ -157,6 +157,7 @@ BOUNDS: dict = {
     "min_freq": _count(STEPS_MAX),
     "n_layer": _count(),
     "n_head": _count(),
+    "kv_heads": _count(),
     "d_model": _count(),
     "block_size": _count(),
     "patch_size": _count(4096, why="a patch of 4096 x 4096 pixels"),

@@ -49,7 +49,7 @@ RULES = {
     "src_tokenizer": "--tokenizer",
     "tgt_tokenizer": "--tokenizer",
 }
-SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm"}
+SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm", "ffn", "kv_heads"}
 # The tasks in the order their defaults are listed; a variant is (label, task, given options).
 VARIANTS = [
     (name, name, {}) for name in ("lm", "mlm", "classify", "seq2seq", "vision", "induction")
@@ -140,7 +140,14 @@ def register(sub) -> None:
     a("--block-size", type=int, help="longest sequence, in tokens")
     a("--dropout", type=float, help="dropout probability")
     a("--pos", choices=["learned", "sinusoidal", "rotary"], help="position scheme")
-    a("--norm", choices=["pre", "post"], help="pre-norm (GPT-2, ViT) or post-norm (the paper, BERT)")  # fmt: skip
+    a("--norm", choices=["pre", "post", "rms"],
+      help="pre-norm (GPT-2, ViT), post-norm (the paper, BERT), or --task lm: pre-norm RMSNorm")  # fmt: skip
+    a("--ffn", choices=["mlp", "swiglu", "geglu"],
+      help="--task lm: feed-forward network (swiglu: Llama's, geglu: Gemma's)")  # fmt: skip
+    a("--kv-heads", type=int,
+      help="--task lm: K/V heads, each shared by n_head / kv_heads query heads (GQA; 1: MQA)")  # fmt: skip
+    a("--qk-norm", action="store_const", const=True,
+      help="--task lm: an RMSNorm on each head's queries and keys (Qwen3, Gemma 3)")  # fmt: skip
     # optimisation: TrainConfig (attnlab.train_config)
     a("--max-iters", type=int, help="optimizer steps")
     a("--batch-size", type=int, help="examples per step (per process)")
@@ -179,8 +186,10 @@ def register(sub) -> None:
       "pip install 'attnlab[tensorboard]')")  # fmt: skip
     a("--json", action="store_true", help="print the result as JSON")
     # encoder-decoder and vision
-    a("--arch", choices=["transformer", "lstm-attention", "lstm", "vit"],
-      help="seq2seq architecture, or vit for --task classify on images")  # fmt: skip
+    a("--arch", choices=["gpt", "llama", "transformer", "lstm-attention", "lstm", "vit"],
+      help="--task lm: gpt or llama (RMSNorm, SwiGLU, rotate-half rotary, K/V heads shared "
+      "by pairs, no biases, untied head); seq2seq architecture; or vit for --task classify "
+      "on images")  # fmt: skip
     a("--patch-size", type=int, help="--arch vit: side of a square patch in pixels")
     a("--score", choices=["dot", "general", "additive"], help="LSTM attention score")
     a("--label-smoothing", type=float, help="seq2seq: label smoothing")

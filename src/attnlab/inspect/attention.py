@@ -39,10 +39,16 @@ class AttentionMap(Result):
     limit: int | None = None  # rows of the terminal table (all if None)
     image: np.ndarray | None = None  # a ViT's input (H, W[, 3]): the PNG shows it too
     patch: int = 0  # its patch size in pixels
+    # grouped-query attention: (K/V head this query head reads, how many K/V heads, heads a group)
+    shares: tuple[int, int, int] | None = None
 
     @property
     def title(self) -> str:
         which = "mean over heads" if self.head is None else f"head {self.head}"
+        if self.shares is not None:
+            j, n_kv, g = self.shares
+            which += (f" (reads K/V head {j} of {n_kv}, shared by query heads "
+                      f"{j * g}..{j * g + g - 1})")  # fmt: skip
         where = f"layer {self.layer}" if self.layer is not None else self.name
         prefix = self.name.split(".blocks.")[0] + " " if ".blocks." in self.name else ""
         return f"{prefix}{where} {self.kind}-attention, {which}"
@@ -70,7 +76,9 @@ class AttentionMap(Result):
             "keys": self.keys,
             "shape": list(self.weights.shape),
             "weights": rounded(self.weights, 5),
-        }
+        } | (
+            {} if self.shares is None else {"kv_head": self.shares[0], "n_kv_heads": self.shares[1]}
+        )
 
     def _repr_html_(self) -> str:
         return heatmap_html(self.weights, self.queries, self.keys, self.title)
@@ -236,6 +244,10 @@ def attention(
     if not 0 <= start < len(k):
         raise InspectError(f"--start {start}: the keys are tokens 0..{len(k) - 1}")
     amap = AttentionMap(m, list(q), list(k), info.name, info.layer, head, info.kind, start, limit)
+    keys = rec.cache.get(info.name.removesuffix("weights") + "k")  # (B, n_kv, S, d_k)
+    if head is not None and keys is not None and keys.dim() == 4 and keys.size(1) < w.shape[0]:
+        g = w.shape[0] // keys.size(1)  # query heads per K/V head
+        amap.shares = (head // g, keys.size(1), g)
     amap.about = rec.about
     if rec.extra.get("image") is not None and len(q) == len(k) == m.shape[0]:
         from attnlab.render.images import as_hwc

@@ -222,14 +222,17 @@ def head_matrices(attn: nn.Module, ln: nn.Module | None = None) -> list[dict[str
     W_OV = W_O W_V (C, C), what the head writes for a value x. The LayerNorm gain before the
     attention (``ln``) is folded into W_Q, W_K and W_V (its centring and scaling per token are
     not); biases are left out. With rotary positions this is W_QK at relative offset 0."""
-    H, D = attn.n_heads, attn.d_k
-    gain = ln.weight.detach().float() if ln is not None and ln.weight is not None else None
+    H, D, dv = attn.n_heads, attn.d_k, attn.d_v
+    g = H // getattr(attn, "n_kv_heads", H)  # query heads per K/V head (grouped-query)
+    gain = None
+    if ln is not None and ln.weight is not None:  # Gemma's RMSNorm multiplies by (1 + w)
+        gain = getattr(ln, "offset", 0.0) + ln.weight.detach().float()
     out = []
     for h in range(H):
-        rows = slice(h * D, (h + 1) * D)
-        wq = attn.q_proj.weight[rows].detach().float()  # (D, C)
-        wk = attn.k_proj.weight[rows].detach().float()
-        wv = attn.v_proj.weight[h * attn.d_v : (h + 1) * attn.d_v].detach().float()  # (d_v, C)
+        j = h // g  # the K/V head query head h reads
+        wq = attn.q_proj.weight[h * D : (h + 1) * D].detach().float()  # (D, C)
+        wk = attn.k_proj.weight[j * D : (j + 1) * D].detach().float()
+        wv = attn.v_proj.weight[j * dv : (j + 1) * dv].detach().float()  # (d_v, C)
         wo = attn.out_proj.weight[:, h * attn.d_v : (h + 1) * attn.d_v].detach().float()  # (C, d_v)
         if gain is not None:
             wq, wk, wv = wq * gain, wk * gain, wv * gain

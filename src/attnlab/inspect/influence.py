@@ -241,7 +241,9 @@ def source_contributions(model, rec: Recording, map_name: str) -> np.ndarray:
     if v is None or not isinstance(out_proj, torch.nn.Linear):
         contrib = w.mean(0)  # (T, S)
     else:
-        v = v[0].double()  # (H, S, d_v)
+        v = v[0].double()  # (n_kv, S, d_v)
+        if v.size(0) != w.size(0):  # grouped-query attention: each K/V head serves a group
+            v = v.repeat_interleave(w.size(0) // v.size(0), dim=0)  # (H, S, d_v)
         H, S, dv = v.shape
         WO = out_proj.weight.detach().double().view(-1, H, dv)  # (C, H, d_v): columns per head
         sent = torch.einsum("chd,hsd->hsc", WO, v)  # (H, S, C) what head h carries from key j

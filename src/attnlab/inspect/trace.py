@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from attnlab.attention import causal_mask
+from attnlab.attention import causal_mask, sliding_window_mask
 from attnlab.inspect.recording import InspectError, Recording, record
 from attnlab.render.display import (
     TERMINAL_TOKENS,
@@ -261,9 +261,20 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
                  "one M-vector per token.", x_in))  # fmt: skip
     if prefix + "ln1" in c:
         x = _np(c[prefix + "ln1"][0])
-        add(Step(prefix_name + "ln1", "layer norm before attention", x.shape,
-                 "each row is normalised to mean 0 and variance 1, then scaled and shifted by "
-                 "learned weights: X, the input to attention.", x))  # fmt: skip
+        rms = _norm_words(model.get_submodule(prefix + "ln1"))
+        add(Step(prefix_name + "ln1", f"{rms[0] if rms else 'layer norm'} before attention",
+                 x.shape, (rms[1] if rms else "each row is normalised to mean 0 and variance "
+                 "1, then scaled and shifted by learned weights") + ": X, the input to "
+                 "attention.", x))  # fmt: skip
+
+
+def _norm_words(norm) -> tuple[str, str] | None:
+    """(name, what it does) for an RMSNorm (read from its ``offset``); None for a LayerNorm."""
+    if not hasattr(norm, "offset"):
+        return None
+    gain = "(1 + w), its weights stored around 0" if norm.offset else "learned weights w"
+    return ("RMS norm", "each row is divided by its root mean square sqrt(mean(x^2) + eps) "
+            f"(no centring, no shift), then multiplied by {gain}")  # fmt: skip
 
 
 def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
@@ -279,20 +290,40 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
     cross = info.kind == "cross"
     src = "the source tokens (the encoder's output)" if cross else "the same tokens"
     dk, dv = attn.d_k, attn.d_v
-    wq, wk, wv = (
-        _head_slice(m.weight, head, d)
-        for m, d in ((attn.q_proj, dk), (attn.k_proj, dk), (attn.v_proj, dv))
-    )
+    g = H // getattr(attn, "n_kv_heads", H)  # query heads per K/V head (grouped-query)
+    kv = head // g  # the K/V head this query head reads
+    wq = _head_slice(attn.q_proj.weight, head, dk)
+    wk, wv = _head_slice(attn.k_proj.weight, kv, dk), _head_slice(attn.v_proj.weight, kv, dv)
     n = prefix_name
     add(Step(n + "W_Q", f"W_Q of head {head}", wq.shape,
              f"learned projection M -> d_k = {dk}: Q = X W_Q asks 'what am I looking for?'", wq))  # fmt: skip
-    add(Step(n + "W_K", f"W_K of head {head}", wk.shape,
+    if g > 1:
+        add(Step(n + "shared_kv", f"K/V head {kv}, shared", (),
+                 f"grouped-query attention: {H} query heads share {H // g} key/value heads; "
+                 f"query heads {kv * g}..{kv * g + g - 1} all read K/V head {kv}, so the K and V "
+                 "below are theirs too."))  # fmt: skip
+    add(Step(n + "W_K", f"W_K of head {kv if g > 1 else head}", wk.shape,
              f"K = W_K applied to {src} says 'what do I contain?'; a query meets keys through "
              "dot products.", wk))  # fmt: skip
-    add(Step(n + "W_V", f"W_V of head {head}", wv.shape,
+    add(Step(n + "W_V", f"W_V of head {kv if g > 1 else head}", wv.shape,
              f"V = W_V applied to {src} (d_v = {dv}) is what a token passes on when it is "
              "attended to.", wv))  # fmt: skip
-    q, k, v = (_np(c[f"{path}.{x}"][0, head]) for x in ("q", "k", "v"))
+    q = _np(c[f"{path}.q"][0, head])
+    k, v = (_np(c[f"{path}.{x}"][0, kv]) for x in ("k", "v"))
+    # said for the modern pieces only (QK-norm, rotate-half rotary), so a GPT-2-style model's
+    # trace keeps its JSON; its adjacent-pair rotary is explained at the positional step
+    if getattr(attn, "q_norm", None) is not None or hasattr(
+        getattr(attn, "rotary", None), "rot_dim"
+    ):
+        how = " and ".join(w for w, on in (
+            ("normed per head by an RMSNorm (QK-norm: keeps the scores from growing)",
+             attn.q_norm is not None),
+            ("rotated by position (rotary: each pair of channels turns by position x its "
+             "frequency, so Q.K depends on the tokens' distance)", attn.rotary is not None))
+            if on)  # fmt: skip
+        add(Step(n + "qk_before", "Q and K, then " + ("QK-norm and rotation" if attn.q_norm
+             is not None and attn.rotary is not None else "QK-norm" if attn.q_norm is not None
+             else "rotation"), (), f"the Q and K shown below are already {how}."))  # fmt: skip
     add(Step(n + "Q", "Q = X W_Q (+ bias)", q.shape, "one query vector per token.", q))
     add(Step(n + "K", "K = X W_K (+ bias)", k.shape,
              "one key vector per " + ("source token." if cross else "token."), k))  # fmt: skip
@@ -303,7 +334,7 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
     add(Step(n + "raw_scores", "raw scores Q K^T", raw.shape,
              "entry (i, j) is the dot product of query i and key j: how well token j matches "
              "what token i is looking for.", raw, q_lab, k_lab))  # fmt: skip
-    scaled = _np(c[f"{path}.scores"][0, head])
+    scaled = _np(c[f"{path}.scores"][0, head])  # the softmax's input (scaled, biased, capped)
     bias = not cross and f"{path.split('.')[0]}.position_bias" in c  # T5's relative bias
     scale = attn.scale if attn.scale is not None else 1 / math.sqrt(dk)
     if attn.scale is None:
@@ -318,11 +349,27 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
         title += ", plus the relative position bias"
         meaning += (" The stack's relative position bias (shown above) is added: entry (i, j) "
                     "gains the learned number of head and distance j - i.")  # fmt: skip
-    add(Step(n + "scaled_scores", title, scaled.shape, meaning, scaled, q_lab, k_lab))
+    cap = getattr(attn, "softcap", None)
+    add(Step(n + "scaled_scores", title, scaled.shape, meaning, raw * scale if cap else scaled,
+             q_lab, k_lab))  # fmt: skip
+    if cap:
+        add(Step(n + "softcap", f"softcap {cap:g} tanh(s / {cap:g})", scaled.shape,
+                 f"the scores are squashed smoothly into (-{cap:g}, {cap:g}): near 0 they are "
+                 "unchanged, large ones saturate, so no single key can take all the weight.",
+                 scaled, q_lab, k_lab))  # fmt: skip
     prefix = path.rsplit(".", 1)[0]  # the block
     block = model.get_submodule(prefix) if prefix else model
     causal = not cross and bool(getattr(block, "causal", getattr(model, "causal", False)))
-    if causal:
+    window = getattr(attn, "window", None)
+    if causal and window:
+        T, S = scaled.shape
+        keep = (causal_mask(T, S) & sliding_window_mask(T, S, window)).numpy()
+        masked = np.where(keep, scaled, -np.inf)
+        add(Step(n + "masked_scores", f"causal mask and sliding window of {window}",
+                 masked.shape, f"a token may not look at later tokens, nor at tokens {window} or "
+                 "more positions back: those scores become -inf, so after the softmax they "
+                 "weigh 0.", masked, q_lab, k_lab))  # fmt: skip
+    elif causal:
         T, S = scaled.shape
         masked = np.where(causal_mask(T, S).numpy(), scaled, -np.inf)
         add(Step(n + "masked_scores", "causal mask", masked.shape,
@@ -366,6 +413,10 @@ def _block_steps(steps, model, rec, info, prefix_name="", cross_info=None, head=
     if prefix + "resid_mid" in c:
         h = _np(c[prefix + "resid_mid"][0])
         how = "x + attention(LN(x))" if norm_first else "LN(x + attention(x))"
+        if getattr(block, "post_norms", False):
+            how = "x + LN_post(attention(LN(x))): the update is normed again before it is added"
+        elif getattr(block, "parallel", False):
+            how = "x + attention(LN1(x)); the MLP reads x too, in parallel, and adds its update"
         add(Step(n + "resid_mid", "residual connection", h.shape,
                  f"the update is added to the token's own vector ({how}): attention refines, "
                  "it does not replace.", h))  # fmt: skip
@@ -378,13 +429,20 @@ def _block_steps(steps, model, rec, info, prefix_name="", cross_info=None, head=
                      f"what the output tokens read from the source is added ({how}).", h))  # fmt: skip
     if prefix + "ln2" in c:
         h = _np(c[prefix + "ln2"][0])
-        add(Step(n + "ln2", "layer norm before the feed-forward network", h.shape,
-                 "normalised again before the position-wise MLP.", h))  # fmt: skip
+        rms = _norm_words(block.ln2) if block.ln2 is not None else None
+        add(Step(n + "ln2", f"{rms[0] if rms else 'layer norm'} before the feed-forward network",
+                 h.shape, "normalised again before the position-wise MLP.", h))  # fmt: skip
     if prefix + "mlp.hidden" in c:
         hid = _np(c[prefix + "mlp.hidden"][0])
-        add(Step(n + "ffn_hidden", "feed-forward: widen + activation", hid.shape,
-                 f"each token on its own goes through W_1 (M -> {hid.shape[1]}) and a "
-                 "non-linearity.", hid))  # fmt: skip
+        if prefix + "mlp.gate" in c:  # a gated FFN: down(act(gate(x)) * up(x))
+            add(Step(n + "ffn_hidden", "feed-forward: gate x up", hid.shape,
+                     f"each token on its own goes through two projections M -> {hid.shape[1]}: "
+                     "one through a non-linearity (the gate), multiplied elementwise by the "
+                     "other (SwiGLU / GeGLU).", hid))  # fmt: skip
+        else:
+            add(Step(n + "ffn_hidden", "feed-forward: widen + activation", hid.shape,
+                     f"each token on its own goes through W_1 (M -> {hid.shape[1]}) and a "
+                     "non-linearity.", hid))  # fmt: skip
     if prefix + "mlp_out" in c:
         f = _np(c[prefix + "mlp_out"][0])
         add(Step(n + "ffn_out", "feed-forward: back to M", f.shape,
@@ -412,7 +470,9 @@ def _output_steps(steps, model, tokenizer, rec, stack, top_k) -> None:
     toks = rec.tokens[stack]
     if root + "ln_f" in c:
         hf = _np(c[root + "ln_f"][0])
-        add(Step("ln_f", "final layer norm", hf.shape, "the last residual stream, normalised.", hf))
+        rms = _norm_words(model.final_norm())
+        add(Step("ln_f", f"final {rms[0] if rms else 'layer norm'}", hf.shape,
+                 "the last residual stream, normalised.", hf))  # fmt: skip
     predicts = model.predicts  # what the model's head makes of its last hidden state
     if predicts == "masked-token":
         _masked_lm_steps(steps, tokenizer, rec, top_k)

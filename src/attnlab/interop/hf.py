@@ -1,13 +1,9 @@
-"""Hugging Face GPT-2 and BERT weights in; GPT-2 and BERT weights out, with a tokenizer.
+"""Hugging Face models in (GPT-2, BERT here; Llama, Mistral, Qwen, Gemma, GPT-NeoX through
+``decoders``); GPT-2 and BERT weights out, with a tokenizer.
 
 A Hugging Face model directory holds config.json, model.safetensors (or shards listed in
 model.safetensors.index.json) and a tokenizer (tokenizer.json, or vocab.txt / vocab.json +
-merges.txt). Only safetensors are read: a directory offering only pickles (pytorch_model.bin,
-*.pt) is refused, never unpickled.
-
-Weights move through an explicit key map, one row per attnlab tensor: (our name, HF name, how).
-Every HF tensor must be used exactly once (known buffers and tied copies are named and skipped),
-every attnlab tensor filled exactly once, and every shape must agree; anything else is a RunError.
+merges.txt). Reading it and the key-map machinery are ``hf_files``.
 
 GPT-2 stores its linear layers as ``Conv1D`` modules whose weight is (in, out), the transpose of
 ``nn.Linear``'s (out, in); its query, key and value projections are one (C, 3C) matrix ``c_attn``.
@@ -25,15 +21,20 @@ from torch import Tensor
 
 from attnlab import __version__ as ATTNLAB_VERSION
 from attnlab.checkpoint import (
-    PICKLE_SUFFIXES,
     RunError,
-    load_tensors,
-    read_json_object,
+    read_json_object,  # noqa: F401  (vit reads it from here)
     save_model,
     save_tensors,
 )
 from attnlab.config import ConfigError
 from attnlab.files import FileLock, atomic_write_json, atomic_write_text
+from attnlab.interop.hf_files import (
+    KeyMap,
+    apply_key_map,
+    read_hf_config,
+    read_hf_weights,
+    weight_files,
+)
 from attnlab.models.encoder import Encoder, EncoderConfig
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.tokenizers import HFTokenizer, Tokenizer, TokenizerError, tokenizer_from_json
@@ -47,55 +48,6 @@ HF_ACTIVATIONS = {
 }
 GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # ours -> HF
 ATTNLAB_TOKENIZER = "attnlab_tokenizer.json"  # a char/word tokenizer kept beside an exported model
-
-KeyMap = list[tuple[str, str, str]]  # (attnlab name, HF name, how)
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading a Hugging Face directory
-# ---------------------------------------------------------------------------------------------
-
-
-def read_hf_config(hf_dir: str | Path) -> dict:
-    hf_dir = Path(hf_dir)
-    if not hf_dir.is_dir():
-        raise RunError(f"{hf_dir}: not a directory (expected a Hugging Face model directory)")
-    path = hf_dir / "config.json"
-    if not path.is_file():
-        raise RunError(f"{hf_dir}: no config.json, so this is not a Hugging Face model directory")
-    cfg = read_json_object(path)
-    return cfg
-
-
-def weight_files(hf_dir: str | Path) -> list[Path]:
-    """The safetensors files of a directory; pickles alone are refused."""
-    hf_dir = Path(hf_dir)
-    single = hf_dir / "model.safetensors"
-    index = hf_dir / "model.safetensors.index.json"
-    if single.is_file():
-        return [single]
-    if index.is_file():
-        try:
-            shards = sorted(
-                set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-            )
-        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise RunError(f"{index}: not a valid safetensors index ({e})") from None
-        return [hf_dir / s for s in shards]
-    pickles = sorted(p.name for p in hf_dir.iterdir() if p.suffix.lower() in PICKLE_SUFFIXES)
-    if pickles:
-        raise RunError(
-            f"{hf_dir}: only pickle weights ({pickles[0]}); attnlab never unpickles. "
-            "Convert them to model.safetensors first"
-        )
-    raise RunError(f"{hf_dir}: no model.safetensors")
-
-
-def read_hf_weights(hf_dir: str | Path) -> dict[str, Tensor]:
-    tensors: dict[str, Tensor] = {}
-    for f in weight_files(hf_dir):
-        tensors.update(load_tensors(f))
-    return tensors
 
 
 def _strip_prefix(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
@@ -117,64 +69,6 @@ def _activation(cfg: dict, key: str) -> str:
             f"supported: {', '.join(HF_ACTIVATIONS)}"
         )
     return HF_ACTIVATIONS[act]
-
-
-# ---------------------------------------------------------------------------------------------
-# Applying a key map
-# ---------------------------------------------------------------------------------------------
-
-
-def _convert(how: str, t: Tensor) -> Tensor:
-    """One HF tensor -> one attnlab tensor."""
-    if how == "copy":
-        return t
-    if how == "conv1d":  # Conv1D (in, out) -> Linear (out, in)
-        return t.t()
-    if how == "conv2d_flatten":  # a patch Conv2d (d, C, P, P) -> the Linear (d, C*P*P) (ViT)
-        return t.reshape(t.size(0), -1)
-    if how.startswith("conv1d_"):  # c_attn (C, 3C): q | k | v side by side, then transpose
-        return t.chunk(3, dim=-1)["qkv".index(how[-1])].t()
-    if how.startswith("qkv_bias_"):  # c_attn bias (3C,): q | k | v
-        return t.chunk(3)["qkv".index(how[-1])]
-    raise ValueError(f"unknown conversion {how!r}")
-
-
-def apply_key_map(
-    model: torch.nn.Module, tensors: dict[str, Tensor], key_map: KeyMap, skip: set[str], source: str
-) -> None:
-    """Fill ``model`` from ``tensors`` through ``key_map``, asserting counts and shapes."""
-    ours = {k: v for k, v in model.state_dict().items() if k not in _tied_names(model)}
-    mapped = {o for o, _, _ in key_map}
-    if mapped != set(ours):
-        missing = sorted(set(ours) - mapped) or sorted(mapped - set(ours))
-        raise RunError(f"{source}: key map and model disagree on {missing[0]!r}")
-    used = {h for _, h, _ in key_map}
-    absent = sorted(used - set(tensors))
-    if absent:
-        raise RunError(
-            f"{source}: missing tensor {absent[0]!r}"
-            + (f" and {len(absent) - 1} more" if len(absent) > 1 else "")
-        )
-    unused = sorted(set(tensors) - used - skip)
-    if unused:
-        raise RunError(
-            f"{source}: unexpected tensor {unused[0]!r} (a model variant attnlab does not build)"
-        )
-    new = {}
-    for o, h, how in key_map:
-        t = _convert(how, tensors[h])
-        if tuple(t.shape) != tuple(ours[o].shape):
-            raise RunError(
-                f"{source}: {h} gives {o} the shape {tuple(t.shape)}, "
-                f"config.json implies {tuple(ours[o].shape)}"
-            )
-        new[o] = t.to(ours[o].dtype).contiguous()
-    assert len(new) == len(ours) == len(key_map), "every attnlab tensor is filled exactly once"
-    model.load_state_dict(new, strict=False)  # tied copies follow their source
-
-
-def _tied_names(model) -> tuple[str, ...]:
-    return tuple(model.tied_weights_keys) if getattr(model.config, "tie_weights", False) else ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -293,6 +187,12 @@ def gpt2_state_dict(model: GPT) -> dict[str, Tensor]:
 def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
     """A GPT-2 config.json for an attnlab GPTConfig (or a RunError if GPT-2 cannot express it)."""
     problems = []
+    defaults = GPTConfig(vocab_size=config.vocab_size)
+    for name in ("norm", "ffn", "n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "out_bias",
+                 "attn_scale", "attn_softcap", "final_softcap", "sliding_window", "parallel",
+                 "post_norms", "embed_scale"):  # fmt: skip
+        if getattr(config, name) != getattr(defaults, name):
+            problems.append(f"{name}={getattr(config, name)!r} (GPT-2 has no such piece)")
     if config.pos != "learned":
         problems.append(f"pos={config.pos!r} (GPT-2 has learned positions)")
     if not config.norm_first:
@@ -564,10 +464,10 @@ def load_hf(hf_dir: str | Path):
     hf_dir = Path(hf_dir)
     hf = read_hf_config(hf_dir)
     files = weight_files(hf_dir)  # refuses a directory of pickles before anything else
-    kind = hf.get("model_type")
-    if kind not in LOADERS:
+    kind, known = hf.get("model_type"), LOADERS
+    if kind not in known:
         raise RunError(
-            f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports {', '.join(LOADERS)}"
+            f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports {', '.join(known)}"
         )
     need = REQUIRED_FILES.get(kind)
     if need and not (hf_dir / need).is_file():
@@ -804,7 +704,8 @@ EXPORTS = {
 
 
 def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None) -> Path:
-    """Write a GPT run as GPT-2 (``GPT2LMHeadModel``) and an encoder run as BERT
+    """Write a GPT run as GPT-2 (``GPT2LMHeadModel``), or as Llama / Qwen2 / Qwen3 where it has
+    their pieces, and an encoder run as BERT
     (``BertForMaskedLM``, ``BertForSequenceClassification`` or ``BertModel``), with a tokenizer
     ``AutoTokenizer.from_pretrained`` loads (``tokenizer_files``), in a directory transformers
     opens with ``from_pretrained``. A char or word tokenizer is also kept as attnlab's own

@@ -137,10 +137,8 @@ class _Parts:
 
     def layer_norm(self, ln: nn.Module, u: Tensor, bias_name: str) -> bool:
         """Apply ``ln`` to the parts with its scale frozen at ``u``'s (the pre-norm sum)."""
-        if isinstance(ln, RMSNorm):  # x / rms(u) * (offset + w): no centring, no bias
-            rms = torch.sqrt(u.double().pow(2).mean() + ln.eps)
-            gamma = ln.offset + ln.weight.double()
-            self.map(lambda x: gamma * x / rms)
+        if isinstance(ln, RMSNorm):
+            self.map(lambda x: x * _rms_gain(ln, u))
             return True
         if not isinstance(ln, nn.LayerNorm):
             return False
@@ -150,6 +148,12 @@ class _Parts:
         if ln.bias is not None:
             self.add(bias_name, ln.bias)
         return True
+
+
+def _rms_gain(ln: RMSNorm, u: Tensor) -> Tensor:
+    """(C,) what an RMSNorm multiplies its input by, frozen at input ``u``: (offset + w) / rms."""
+    u = u.double()
+    return (ln.offset + ln.weight.double()) / torch.sqrt(u.pow(2).mean() + ln.eps)
 
 
 def _gate(act, z: Tensor) -> Tensor:
@@ -190,7 +194,7 @@ def direct_logit_attribution(
     stack = model.output_stack
     root = f"{stack}.blocks." if stack else "blocks."
     blocks = model.stack_blocks(stack)
-    post_norm, cross = False, False
+    post_norm, cross, post_norms = False, False, False
     heads: dict[str, list] = {}
     at = lambda name: c[name][0, pos]  # noqa: E731
     for i, block in enumerate(blocks):
@@ -198,18 +202,22 @@ def direct_logit_attribution(
         parts.check(P + "resid_pre", at(P + "resid_pre"))
         u = at(P + "resid_pre")
         for sub, module, ln_name, point in block.sublayers():
+            # four-norm blocks (Gemma 2/3) norm each sublayer's output before adding it
+            post_norms = post_norms or block.post_norms
             if sub == "mlp":
                 out = at(P + "mlp_out")
-                parts.add(P + "mlp_out", out)
+                parts.add(P + "mlp_out", at(P + "mlp_post") if block.post_norms else out)
             else:
                 cross = cross or sub == "cross"
                 z = c[f"{P}{sub}.z"][0, :, pos]  # (H, d_v)
                 H, dv = z.shape
                 W = module.out_proj.weight.double().view(-1, H, dv)  # (C, H, d_v): W_O^h
+                # ln1_post's gain, frozen at the attention's whole output, scales each head
+                gain = _rms_gain(block.ln1_post, at(f"{P}{sub}.out")) if block.post_norms else 1.0
                 for h in range(H):
-                    parts.add(f"{P}{sub}.head{h}", W[:, h] @ z[h])
+                    parts.add(f"{P}{sub}.head{h}", gain * (W[:, h] @ z[h]))
                 if module.out_proj.bias is not None:
-                    parts.add(f"{P}{sub}.bias", module.out_proj.bias)
+                    parts.add(f"{P}{sub}.bias", gain * module.out_proj.bias.double())
                 group = sub if not stack else (f"{stack} self" if sub == "attn" else sub)
                 heads.setdefault(group, []).append((i, sub, H))
                 out = at(f"{P}{sub}.out")
@@ -222,7 +230,11 @@ def direct_logit_attribution(
     last = at(f"{root}{len(blocks) - 1}.resid_post")
     prefix = f"{stack}." if stack else ""
     if parts.layer_norm(model.final_norm(), last, prefix + "ln_f.bias"):
-        frozen.append(f"the final LayerNorm's scale ({prefix}ln_f)")
+        kind = "RMSNorm" if isinstance(model.final_norm(), RMSNorm) else "LayerNorm"
+        frozen.append(f"the final {kind}'s scale ({prefix}ln_f)")
+    if post_norms:
+        frozen.append("each block's norms on the attention's and MLP's outputs (ln1_post, "
+                      "ln2_post) at their scales, the heads sharing the attention's")  # fmt: skip
     if post_norm:
         frozen.append("every post-norm LayerNorm's scale on the residual stream (each block's "
                       "ln1, ln2" + (", ln_cross" if cross else "") + ")")  # fmt: skip
@@ -269,5 +281,10 @@ def _readout(parts: _Parts, steps: list, t: int, f: int | None, frozen: list[str
         else:  # Unembed: the last step
             if step.bias is not None:
                 extra.append((step.bias_name, float(diff(step.bias[:, None])[0])))
-            return diff(step.weight), extra
+            W = step.weight.double()
+            if step.softcap is not None:  # Gemma 2: capped logits, the cap frozen as a gate
+                cap = step.softcap
+                W = _gate(lambda z, cap=cap: cap * torch.tanh(z / cap), W @ cur)[:, None] * W
+                frozen.append(f"the final logit softcap as its gate softcap(z)/z (cap {cap:g})")
+            return diff(W), extra
     raise ValueError("a model's dla_readout must end with an Unembed step")

@@ -164,11 +164,13 @@ class Norm:
 
 @dataclass(frozen=True)
 class Unembed:
-    """The last step: logit(t) = W[t] . h (+ b[t], named ``bias_name``)."""
+    """The last step: logit(t) = W[t] . h (+ b[t], named ``bias_name``); with ``softcap``,
+    cap tanh(logit / cap) (Gemma 2's final logits; DLA freezes it as a gate)."""
 
     weight: Tensor
     bias: Tensor | None = None
     bias_name: str = ""
+    softcap: float | None = None
 
 
 # ---------------------------------------------------------------------------------------------

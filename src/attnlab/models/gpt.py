@@ -13,18 +13,22 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.attention import KVCache, RingKVCache, from_hf_attention_mask
-from attnlab.blocks import ACTIVATIONS, block_parameters, block_stack
+from attnlab.attention import KVCache, from_hf_attention_mask, softcap
+from attnlab.blocks import ACTIVATIONS, FFNS, Block
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
-from attnlab.models.declare import ModelKind, register
-from attnlab.positional import POSITIONAL, Rotary
+from attnlab.models.declare import ModelKind, Unembed, register
+from attnlab.norms import NORMS, make_norm
+from attnlab.positional import POSITIONAL, RopeScaling, Rotary, RotaryHalf
 
 POSITIONS = ("learned", "sinusoidal", "rotary")
+ROTARY_LAYOUTS = ("pairs", "half")  # adjacent pairs (GPT-J, attnlab's own); rotate-half (Llama)
+LAYER_TYPES = ("full", "sliding")  # a layer attends to every earlier position, or a window
 
 
 @dataclasses.dataclass
@@ -43,17 +47,93 @@ class GPTConfig(BaseConfig):
     ln_eps: float = 1e-5
     tie_weights: bool = True
     mlp: bool = True  # False: attention-only blocks (no feed-forward network)
+    # The pieces of today's decoders (Llama, Mistral, Qwen, Gemma, Pythia). Each default keeps
+    # the GPT above, and a field at its default is left out of config.json (see to_dict).
+    norm: str = "layer"  # layer | rms | rms-gemma (RMSNorm times 1 + w): attnlab.norms
+    ffn: str = "mlp"  # mlp | gated: down(act(gate(x)) * up(x)) (SwiGLU with silu, GeGLU)
+    n_kv_heads: int | None = None  # K/V heads shared by groups of query heads; None = n_head
+    head_dim: int | None = None  # each head's width; None = d_model / n_head
+    rotary: str = "pairs"  # with pos="rotary": pairs (2i, 2i+1) or half (i, i + D/2)
+    rot_dim: int | None = None  # channels of each head that rotate (Pythia); None = all
+    rope_base: float = 10000.0
+    rope_scaling: dict | None = None  # RopeScaling's fields: {"kind": "llama3", "factor": 8, ...}
+    local_rope_base: float | None = None  # the base of sliding layers, where it differs (Gemma 3)
+    sliding_window: int | None = None  # a sliding layer's query sees the last this many tokens
+    layer_types: list | None = None  # full | sliding, layer i the (i mod len)-th: a pattern
+    #       (Gemma 2: [sliding, full]) or one per layer; None = all sliding when sliding_window
+    #       is set (Mistral), else all full
+    qk_norm: bool = False  # an RMSNorm of this model's kind on each head's q and k (Qwen3)
+    qkv_bias: bool | None = None  # None = bias (Qwen2: q/k/v biases only)
+    out_bias: bool | None = None  # None = bias
+    attn_scale: float | None = None  # factor on q.k; None = 1/sqrt(head width)
+    attn_softcap: float | None = None  # scores -> cap tanh(scores / cap) (Gemma 2)
+    final_softcap: float | None = None  # logits -> cap tanh(logits / cap) (Gemma 2)
+    parallel: bool = False  # x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, Pythia)
+    post_norms: bool = False  # a norm on each sublayer's output too (Gemma 2, 3)
+    embed_scale: bool = False  # token embeddings times sqrt(d_model) (Gemma)
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
-        self._positive_or_none("d_ff")
-        self._divisible("d_model", "n_head")
+        self._positive_or_none("d_ff", "n_kv_heads", "head_dim", "rot_dim", "sliding_window")
+        self._positive_or_none("attn_scale", "attn_softcap", "final_softcap", "local_rope_base")
+        if self.head_dim is None:
+            self._divisible("d_model", "n_head")
         self._one_of("pos", POSITIONS)
-        if self.pos == "rotary" and (self.d_model // self.n_head) % 2:
+        hd = self.head_width
+        if self.pos == "rotary" and (self.rot_dim or hd) % 2:
             raise ConfigError("rotary positions need an even head width (d_model / n_head)")
         self._one_of("activation", ACTIVATIONS)
         self._fraction("dropout")
-        self._positive("ln_eps")
+        self._positive("ln_eps", "rope_base")
+        self._one_of("norm", NORMS)
+        self._one_of("ffn", FFNS)
+        self._one_of("rotary", ROTARY_LAYOUTS)
+        if self.n_head % (self.n_kv_heads or self.n_head):
+            raise ConfigError(f"n_kv_heads ({self.n_kv_heads}) must divide n_head ({self.n_head})")
+        if (self.rotary != "pairs" or self.rot_dim or self.rope_scaling) and self.pos != "rotary":
+            raise ConfigError("rotary, rot_dim and rope_scaling need pos='rotary'")
+        if self.rotary == "pairs" and (self.rot_dim or self.rope_scaling or self.local_rope_base):
+            raise ConfigError("rot_dim, rope_scaling and local_rope_base need rotary='half'")
+        if self.rot_dim is not None and self.rot_dim > hd:
+            raise ConfigError(f"rot_dim ({self.rot_dim}) exceeds the head width ({hd})")
+        if self.rope_scaling is not None:
+            try:
+                RopeScaling(**self.rope_scaling)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"rope_scaling: {e}") from None
+        if self.layer_types is not None:
+            if not self.layer_types or not set(self.layer_types) <= {*LAYER_TYPES}:
+                raise ConfigError(f"layer_types: a list of {', '.join(LAYER_TYPES)}")
+            if "sliding" in self.layer_types and self.sliding_window is None:
+                raise ConfigError("sliding layers need a sliding_window")
+        if (self.qk_norm or self.norm != "layer") and not self.norm_first:
+            raise ConfigError("qk_norm and RMS norms are built pre-norm (norm_first)")
+        if self.qk_norm and self.norm == "layer":
+            raise ConfigError("qk_norm is an RMSNorm: choose norm rms or rms-gemma")
+        if (self.parallel or self.post_norms) and (not self.norm_first or not self.mlp):
+            raise ConfigError("parallel and post_norms blocks are pre-norm with a feed-forward")
+        if self.parallel and self.post_norms:
+            raise ConfigError("a block is parallel or has post_norms, not both")
+
+    @property
+    def head_width(self) -> int:
+        return self.head_dim or self.d_model // self.n_head
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of layer ``layer``, or None where it sees every earlier token."""
+        types = self.layer_types
+        kind = types[layer % len(types)] if types else "sliding"
+        return self.sliding_window if kind == "sliding" else None
+
+    def to_dict(self) -> dict:
+        """Every field, less the modern-decoder ones at their defaults: the config.json of a
+        run written before they existed is unchanged (from_dict fills them back in)."""
+        d = super().to_dict()
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name in list(d)[list(d).index("norm") :]:
+            if d[name] == defaults[name]:
+                del d[name]
+        return d
 
     def estimate_parameters(self) -> int:
         """About how many parameters a GPT of this config has, from its sizes alone (building
@@ -61,7 +141,10 @@ class GPTConfig(BaseConfig):
         learned position embeddings, and the output layer when it is not tied."""
         c = self.d_model
         ff = (self.d_ff or 4 * c) if self.mlp else 0
-        n = self.n_layer * block_parameters(c, ff) + self.vocab_size * c
+        hd, kv = self.head_width, self.n_kv_heads or self.n_head
+        attn = 2 * c * self.n_head * hd + 2 * c * kv * hd  # W_Q and W_O; W_K and W_V (GQA)
+        ffn = (3 if self.ffn == "gated" else 2) * c * ff  # a gated FFN has gate, up and down
+        n = self.n_layer * (attn + ffn) + self.vocab_size * c
         n += self.block_size * c if self.pos == "learned" else 0
         return n + (0 if self.tie_weights else self.vocab_size * c)
 
@@ -82,6 +165,62 @@ PRESETS: dict[str, dict] = {
 }
 
 
+def _decoder_blocks(c: GPTConfig) -> nn.ModuleList:
+    """The n_layer causal Blocks a GPTConfig describes, each with its rotary module (shared by
+    the layers of one base) and its window."""
+    hd = c.head_width
+    rotary = {}
+    if c.pos == "rotary" and c.rotary == "pairs":
+        rotary = {"full": Rotary(hd, c.block_size, c.rope_base)}
+    elif c.pos == "rotary":
+        scaling = RopeScaling(**c.rope_scaling) if c.rope_scaling else None
+        rotary = {"full": RotaryHalf(hd, c.block_size, c.rope_base, c.rot_dim, scaling)}
+        if c.local_rope_base is not None:  # Gemma 3: sliding layers turn at their own base
+            rotary["sliding"] = RotaryHalf(hd, c.block_size, c.local_rope_base, c.rot_dim)
+    blocks = []
+    for i in range(c.n_layer):
+        window = c.window_of(i)
+        attn = dict(n_kv_heads=c.n_kv_heads, qkv_bias=c.qkv_bias, out_bias=c.out_bias,
+                    qk_norm=c.norm if c.qk_norm else None, qk_norm_eps=c.ln_eps,
+                    scale=c.attn_scale, softcap=c.attn_softcap, window=window)  # fmt: skip
+        if c.head_dim is not None:
+            attn.update(d_k=c.head_dim, d_v=c.head_dim)
+        rot = rotary.get("sliding" if window else "full", rotary.get("full"))
+        blocks.append(Block(c.d_model, c.n_head, c.d_ff, c.dropout, causal=True,
+                            norm_first=c.norm_first, activation=c.activation, ln_eps=c.ln_eps,
+                            bias=c.bias, rotary=rot, mlp=c.mlp, norm=c.norm, ffn=c.ffn,
+                            parallel=c.parallel, post_norms=c.post_norms,
+                            attn_options=attn))  # fmt: skip
+    return nn.ModuleList(blocks)
+
+
+# Architectures a GPTConfig can take: the fields each sets over the size preset. ``llama``:
+# Llama's shape (RMSNorm, SwiGLU, rotate-half rotary, K/V heads shared by pairs of query heads,
+# no biases, an untied head, a feed-forward of ~8/3 the width instead of 4x).
+ARCHS: dict[str, dict] = {
+    "gpt": {},
+    "llama": dict(
+        norm="rms",
+        ffn="gated",
+        activation="silu",
+        pos="rotary",
+        rotary="half",
+        bias=False,
+        tie_weights=False,
+    ),  # fmt: skip
+}
+FFN_KINDS = {"mlp": ("mlp", None), "swiglu": ("gated", "silu"), "geglu": ("gated", "gelu_tanh")}
+
+
+def arch_fields(arch: str, d_model: int, n_head: int) -> dict:
+    """The GPTConfig fields ``arch`` sets for a model of this width and head count."""
+    fields = dict(ARCHS[arch])
+    if arch == "llama":
+        fields["d_ff"] = -(-8 * d_model // 3 // 32) * 32  # 8/3 C, rounded up to 32
+        fields["n_kv_heads"] = n_head // 2 if n_head % 2 == 0 else n_head
+    return fields
+
+
 @register
 class GPT(ModelKind, nn.Module):
     """Decoder-only transformer. ``forward(ids)`` returns logits (B, T, vocab).
@@ -92,9 +231,48 @@ class GPT(ModelKind, nn.Module):
     config_class = GPTConfig
     model_type = "gpt"
     decodes = kv_cache = True
-    examples = (
+    examples = (  # fmt: skip
         dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0),
         dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0, mlp=False, pos="rotary"),
+        # Llama's pieces; Gemma 2/3's (four norms, softcaps, windows by layer, QK-norm, MQA)
+        dict(
+            n_layer=2,
+            n_head=4,
+            d_model=16,
+            block_size=32,
+            dropout=0.0,
+            norm="rms",
+            ffn="gated",
+            activation="silu",
+            pos="rotary",
+            rotary="half",
+            n_kv_heads=2,
+            bias=False,
+            tie_weights=False,
+        ),
+        dict(
+            n_layer=2,
+            n_head=2,
+            d_model=16,
+            block_size=32,
+            dropout=0.0,
+            norm="rms-gemma",
+            ffn="gated",
+            activation="gelu_tanh",
+            pos="rotary",
+            rotary="half",
+            n_kv_heads=1,
+            head_dim=12,
+            bias=False,
+            qk_norm=True,
+            post_norms=True,
+            embed_scale=True,
+            attn_softcap=5.0,
+            final_softcap=3.0,
+            sliding_window=3,
+            layer_types=["sliding", "full"],
+            local_rope_base=100.0,
+        ),
     )
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
     causal = True  # output t depends on ids 0..t only (checked by `attnlab check`)
@@ -105,13 +283,11 @@ class GPT(ModelKind, nn.Module):
         super().__init__()
         self.config = c = config
         self.tok_embed = nn.Embedding(c.vocab_size, c.d_model)
-        head_dim = c.d_model // c.n_head
-        rotary = Rotary(head_dim, c.block_size) if c.pos == "rotary" else None
         self.pos_embed = POSITIONAL[c.pos](c.block_size, c.d_model) if c.pos in POSITIONAL else None
         self.drop = nn.Dropout(c.dropout)
-        self.blocks = block_stack(c, causal=True, rotary=rotary)
+        self.blocks = _decoder_blocks(c)
         self.ln_f = (
-            nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias) if c.norm_first else nn.Identity()
+            make_norm(c.norm, c.d_model, c.ln_eps, c.bias) if c.norm_first else nn.Identity()
         )
         self.lm_head = nn.Linear(c.d_model, c.vocab_size, bias=False)
         if c.tie_weights:
@@ -124,7 +300,7 @@ class GPT(ModelKind, nn.Module):
         )
         self.apply(self._init_weights)
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
-            if name.endswith(("out_proj.weight", "fc2.weight")):
+            if name.endswith(("out_proj.weight", "fc2.weight", "mlp.down.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
 
     @staticmethod
@@ -149,11 +325,9 @@ class GPT(ModelKind, nn.Module):
         ``RingKVCache``, which keeps the last ``max_len`` positions)."""
         c, p = self.config, next(self.parameters())
         max_len = max_len or c.block_size
-        hd = c.d_model // c.n_head
-        kind = RingKVCache if ring else KVCache
         return [
-            kind(batch, max_len, c.n_head, hd, hd, dtype=p.dtype, device=p.device)
-            for _ in self.blocks
+            b.attn.new_cache(batch, max_len, ring, dtype=p.dtype, device=p.device)
+            for b in self.blocks
         ]
 
     def forward(
@@ -181,7 +355,10 @@ class GPT(ModelKind, nn.Module):
             raise ValueError(
                 f"sequence of {offset + T} tokens exceeds block_size {self.config.block_size}"
             )
-        x = self.hook_embed(self.tok_embed(ids))  # (B, T, C) one vector per token
+        x = self.tok_embed(ids)  # (B, T, C) one vector per token
+        if self.config.embed_scale:  # Gemma: times sqrt(C), rounded to the activations' dtype
+            x = x * torch.tensor(self.config.d_model**0.5, dtype=x.dtype)
+        x = self.hook_embed(x)
         if self.pos_embed is not None:
             x = x + self.hook_pos(self.pos_embed(T, offset))  # (T, C) broadcast over the batch
         x = self.drop(x)
@@ -191,16 +368,58 @@ class GPT(ModelKind, nn.Module):
         x = self.hook_ln_f(self.ln_f(x))
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
-        return self.hook_logits(self.lm_head(x))  # (B, T, vocab)
+        logits = self.lm_head(x)  # (B, T, vocab)
+        if self.config.final_softcap is not None:  # Gemma 2: squashed into (-cap, cap)
+            logits = softcap(logits, self.config.final_softcap)
+        return self.hook_logits(logits)
+
+    def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        """A residual stream h (B, T, C) -> logits (B, T, vocab): the final norm, the LM head
+        and the final softcap (the logit lens; on the last block's output, the model's logits)."""
+        logits = self.lm_head(self.ln_f(h))
+        cap = self.config.final_softcap
+        return logits if cap is None else softcap(logits, cap)
+
+    def dla_readout(self) -> list:
+        """The head after ln_f: the LM head, its logits capped where final_softcap is set."""
+        return [Unembed(self.lm_head.weight, softcap=self.config.final_softcap)]
 
     kind = "gpt"  # what predict, eval and the look-inside verbs call this model
 
     def describe(self) -> str:
         """What this model is, in one sentence (the look-inside verbs start with it)."""
         c = self.config
+        pieces = "".join(f", {p}" for p in self._pieces())
         return (f"GPT: a causal decoder-only language model ({c.n_layer} layers, {c.n_head} "
-                f"heads, width {c.d_model}, {c.pos} positions); each token attends only to itself "
-                "and the tokens before it, and the model predicts the next token")  # fmt: skip
+                f"heads, width {c.d_model}, {c.pos} positions{pieces}); each token attends only "
+                "to itself and the tokens before it, and the model predicts the next token")  # fmt: skip
+
+    def _pieces(self) -> list[str]:
+        """The modern-decoder options this GPT is built with, in words (none for a GPT-2)."""
+        c, out = self.config, []
+        if c.pos == "rotary" and c.rotary == "half":
+            out.append("rotate-half rotary" + (f" on {c.rot_dim} channels" if c.rot_dim else ""))
+        if c.norm != "layer":
+            out.append({"rms": "RMSNorm", "rms-gemma": "RMSNorm times (1 + w)"}[c.norm])
+        if c.ffn == "gated":
+            out.append(f"gated feed-forward ({c.activation})")
+        if c.n_kv_heads and c.n_kv_heads < c.n_head:
+            out.append(
+                f"{c.n_kv_heads} K/V heads shared by {c.n_head // c.n_kv_heads} query heads each"
+            )
+        if c.qk_norm:
+            out.append("QK-norm")
+        if c.sliding_window:
+            out.append(
+                f"sliding window {c.sliding_window}" + (" on some layers" if c.layer_types else "")
+            )
+        if c.attn_softcap or c.final_softcap:
+            out.append("softcapped " + " and ".join(
+                n for n, v in (("scores", c.attn_softcap), ("logits", c.final_softcap)) if v))  # fmt: skip
+        out += [n for n, on in (("parallel attention and MLP", c.parallel),
+                                ("norms after each sublayer", c.post_norms),
+                                ("embeddings times sqrt(width)", c.embed_scale)) if on]  # fmt: skip
+        return out
 
     def loss(self, ids: Tensor, targets: Tensor) -> Tensor:
         """Mean cross-entropy of predicting ``targets`` (B, T) from ``ids`` (B, T)."""

@@ -28,11 +28,12 @@ from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import beating
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
-from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+from attnlab.models.gpt import ARCHS, FFN_KINDS, GPT, PRESETS, GPTConfig, arch_fields
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import Tokenizer, build_tokenizer
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
+DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm")  # the modern-decoder pieces
 
 # How a preset is trained when it is not the TrainConfig default. ``fast``: the quickest way
 # found to val <= 1.88 on tiny Shakespeare (nanoGPT's CPU run reaches 1.886 in 2000 steps at lr
@@ -111,8 +112,18 @@ class LMOptions(BaseConfig):
     block_size: int | None = None
     dropout: float | None = None  # None: 0
     pos: str | None = None  # learned (GPT-2), sinusoidal, rotary
-    norm: str | None = None  # pre (GPT-2) or post
+    norm: str | None = None  # pre (GPT-2), post, or rms (pre-norm RMSNorm)
+    arch: str | None = None  # gpt (default) or llama (attnlab.models.gpt.ARCHS)
+    ffn: str | None = None  # mlp, swiglu or geglu
+    kv_heads: int | None = None  # K/V heads shared by groups of query heads (GQA)
+    qk_norm: bool | None = None  # an RMSNorm on each head's queries and keys
     token_cache: str | None = None  # stream the tokens through shards cached here
+
+    def to_dict(self) -> dict:
+        """Every option, less the modern-decoder ones not given: a run's config.json is what
+        it was before they existed."""
+        d = super().to_dict()
+        return {k: v for k, v in d.items() if not (k in DECODER_OPTIONS and v is None)}
 
     def validate(self) -> None:
         self._one_of("tokenizer", ("char", "word", "bpe"))
@@ -127,10 +138,27 @@ class LMOptions(BaseConfig):
             raise ConfigError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
         fields = {"dropout": 0.0, **PRESETS[self.preset]}
         fields.update({k: getattr(self, k) for k in MODEL_OPTIONS if getattr(self, k) is not None})
+        if self.arch is not None:  # the architecture's pieces, over the preset's
+            self._one_of("arch", ARCHS)
+            fields.update(arch_fields(self.arch, fields["d_model"], fields["n_head"]))
+            if self.pos not in (None, "rotary") and fields.get("rotary") == "half":
+                fields.update(pos=self.pos, rotary="pairs")  # --pos learned beside --arch llama
         if self.norm is not None:
-            self._one_of("norm", ("pre", "post"))
-            fields["norm_first"] = self.norm == "pre"
-        return GPTConfig(vocab_size=vocab_size, **fields)
+            self._one_of("norm", ("pre", "post", "rms"))
+            fields["norm_first"] = self.norm != "post"
+            fields["norm"] = "rms" if self.norm == "rms" else "layer"
+        if self.ffn is not None:
+            self._one_of("ffn", FFN_KINDS)
+            fields["ffn"], act = FFN_KINDS[self.ffn]
+            fields["activation"] = act or fields.get("activation", "gelu")
+        if self.kv_heads is not None:
+            fields["n_kv_heads"] = self.kv_heads
+        if self.qk_norm:
+            fields["qk_norm"] = True
+        try:
+            return GPTConfig(vocab_size=vocab_size, **fields)
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("n_kv_heads", "kv_heads")) from None
 
 
 class LanguageModel(Task):
@@ -173,6 +201,8 @@ class LanguageModel(Task):
     def redirect(cls, given: dict) -> type[Task]:
         if given.get("arch") == "vit":
             raise ConfigError("--arch vit trains an image classifier: use --task classify")
+        if given.get("arch") not in (None, *ARCHS):
+            raise ConfigError(f"--arch {given['arch']} is an encoder-decoder: use --task seq2seq")
         return cls
 
     @classmethod
