@@ -123,7 +123,34 @@ def conformance(capsys, path: Path, data: Path | None = None) -> dict[str, dict]
     return out
 
 
+def trace_sums_hold(steps: list[dict], atol: float) -> int:
+    """Every trace step whose title reads as a sum ("a + b") names the steps it adds
+    (``sum_of``), and its numbers are their elementwise sum; returns how many sums it checked."""
+    import re
+
+    import numpy as np
+
+    by_name = {s["name"]: s for s in steps}
+    checked = 0
+    for s in steps:
+        title = s["title"].replace("(+ bias)", "")
+        parts = s.get("sum_of")
+        if s["name"].rsplit(".", 1)[-1] in ("resid_mid", "resid", "block_output"):
+            # a residual stream point is a sum, the norm of one, or (no FFN) the point before
+            assert parts or "layer norm" in title or "no feed-forward" in s["meaning"], s
+        assert bool(parts) == bool(re.search(r"\S \+ \S", title)), (s["name"], s["title"])
+        if not parts:
+            continue
+        total = sum(np.asarray(by_name[p]["values"], dtype=np.float64) for p in parts)
+        np.testing.assert_allclose(np.asarray(s["values"], dtype=np.float64), total, atol=atol,
+                                   err_msg=f"{s['name']} != {' + '.join(parts)}")  # fmt: skip
+        checked += 1
+    return checked
+
+
 def _identities(model, out: dict[str, dict], same: list[int]) -> None:
+    if "trace" in out and model.residual:  # JSON values carry 5 decimals: 3 roundings at most
+        assert trace_sums_hold(out["trace"]["steps"], atol=1e-5 + 3 * 5e-6) >= 1
     if "dla" in out:
         d = out["dla"]
         assert abs(d["sum"] - d["logit"]) < 1e-6, d["error"]
@@ -186,3 +213,26 @@ def test_load_run_is_the_one_door_and_reads_config_json_once(tmp_path, monkeypat
     run.record("the bank")
     run.subject.prepare("the bank")
     assert len(reads) == 1 and model is run.model and tokenizer is run.tokenizer
+
+
+NORM_PLACEMENTS = EXAMPLES + [  # the other norm placement of the kinds that have both
+    pytest.param(cls, {**cfg, "norm_first": not cls.config_class.norm_first}, id=f"{t}-flipped")
+    for t, cls, cfg in ((t, c, c.examples[0]) for t, c in sorted(registered().items()))
+    if hasattr(cls.config_class, "norm_first")
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("cls, cfg", NORM_PLACEMENTS)
+def test_every_trace_step_labelled_a_sum_is_that_sum(cls, cfg, tmp_path):
+    """Issue 24.8: a post-norm step "residual plus FFN update" omitted the norm, and "embedding
+    + position" included the embedding LayerNorm. Checked on the steps' own numbers, at 1e-5,
+    on every kind and both norm placements (pre-norm GPT and ViT, post-norm BERT and seq2seq)."""
+    from attnlab.inspect import trace
+
+    run = load_run(build_run(cls, cfg, tmp_path / "run"))
+    if not run.model.residual:
+        pytest.skip("no residual stream: the trace shows no sums")
+    for layer in range(2):
+        t = trace(run.model, run.tokenizer, INPUTS[run.model.reads][0], layer=layer)
+        steps = [{**s.to_dict(), "values": s.value} for s in t.steps]
+        assert trace_sums_hold(steps, atol=1e-5) >= 1
