@@ -112,6 +112,11 @@ def conformance(capsys, path: Path, data: Path | None = None) -> dict[str, dict]
         verb("ablate", heads, "ablate", path, clean, "--context", "--json")
     verb("importance", residual and heads, "heads", path, clean, "--importance", "--json")
     verb("check", True, "check", path, "--json")
+    for name in ("similarity", "influence"):  # before/after each layer: where there are layers
+        verb(name, residual, name, path, clean, "--json")
+        if not residual:  # the one-line refusal names verbs that work here (issue 24.14)
+            _, _, err = run_main(capsys, name, path, clean)
+            assert "try `trace`" in err and ("`attention`" in err) == heads, err
     verb("predict", model.predicts != "nothing", "predict", path, clean, "--json")
     if data is not None:
         verb("eval", True, "eval", path, "--data", data, "--json")

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.inspect.recording import InspectError, Recording
-from attnlab.inspect.similarity import layer_label
+from attnlab.inspect.recording import Recording
+from attnlab.inspect.similarity import layer_label, no_layers
 from attnlab.render.display import (
     Result,
     heatmap_html,
@@ -324,11 +324,7 @@ def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influ
     """Per token and block: relative change, cosine, sublayer shares and top source tokens."""
     prefixes = rec.blocks()
     if not prefixes:
-        raise InspectError(
-            "this model has no transformer blocks (no resid_pre/resid_post recorded): "
-            "an LSTM has no residual stream to measure; try trace"
-            + (" or attention" if rec.maps() else "")
-        )
+        raise no_layers(rec, "influence")
     c = rec.cache
     rows, labels, tokens = [], [], {}
     for b, p in enumerate(prefixes):
