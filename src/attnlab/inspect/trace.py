@@ -249,6 +249,10 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
                        "N x M embedding matrix (one row per token).")  # fmt: skip
         add(Step(prefix_name + "embedding", "patch embedding" if vit else "embedding matrix",
                  e.shape, meaning, e))  # fmt: skip
+    if root + "embed_cls" in c:
+        e = _np(c[root + "embed_cls"][0])
+        add(Step(prefix_name + "embedding_cls", "[CLS] then the patch embeddings", e.shape,
+                 "the learned [CLS] vector as row 0, the patch embeddings after it.", e))  # fmt: skip
     if root + "pos" in c:
         p = _np(c[root + "pos"])
         p = p[0] if p.ndim == 3 else p
@@ -259,10 +263,6 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
         add(Step(prefix_name + "positional", "positional encoding (rotary)", (),
                  "positions are not added here: they rotate pairs of channels of Q and K inside "
                  "attention, by position x frequency."))  # fmt: skip
-    if root + "embed_cls" in c:
-        e = _np(c[root + "embed_cls"][0])
-        add(Step(prefix_name + "embedding_cls", "[CLS] then the patch embeddings", e.shape,
-                 "the learned [CLS] vector as row 0, the patch embeddings after it.", e))  # fmt: skip
     if root + "type" in c:
         t = _np(c[root + "type"][0])
         add(Step(prefix_name + "token_type", "token-type embedding", t.shape,
@@ -458,12 +458,13 @@ def _block_steps(
                      "this model normalises the FFN's output again before adding it.", m))  # fmt: skip
             ffn_update = n + "mlp_post"
         normed = prefix + "mlp_sum" in c
-        residual(n + "block_output", f"output of layer {info.layer} = residual + FFN update",
-                 "mlp_sum", "resid_post", cur, ffn_update,
+        title = ("residual connection: h + FFN update" if normed  # the norm makes the output
+                 else f"output of layer {info.layer} = residual + FFN update")  # fmt: skip
+        residual(n + "block_output", title, "mlp_sum", "resid_post", cur, ffn_update,
                  "h + FFN(h)" if normed else "h + FFN(LN(h))",
                  f"output of layer {info.layer}: layer norm of the sum above",
-                 "the FFN's update added to the residual stream: the token vectors handed to "
-                 "the next layer")  # fmt: skip
+                 "the FFN's update added to the residual stream"
+                 + ("" if normed else ": the token vectors handed to the next layer"))  # fmt: skip
     elif prefix + "resid_post" in c:  # attention only: the block's output is resid_mid
         r = _np(c[prefix + "resid_post"][0])
         add(Step(n + "block_output", f"output of layer {info.layer}", r.shape,
