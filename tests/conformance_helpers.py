@@ -117,6 +117,11 @@ def conformance(capsys, path: Path, data: Path | None = None, only=None) -> dict
         verb("ablate", heads, "ablate", path, clean, "--context", "--json")
     verb("importance", residual and heads, "heads", path, clean, "--importance", "--json")
     verb("check", True, "check", path, "--json")
+    for name in ("similarity", "influence"):  # before/after each layer: where there are layers
+        verb(name, residual, name, path, clean, "--json")
+        if not residual:  # the one-line refusal names verbs that work here (issue 24.14)
+            _, _, err = run_main(capsys, name, path, clean)
+            assert "try `trace`" in err and ("`attention`" in err) == heads, err
     verb("predict", model.predicts != "nothing", "predict", path, clean, "--json")
     if data is not None:
         verb("eval", True, "eval", path, "--data", data, "--json")
@@ -128,7 +133,34 @@ def conformance(capsys, path: Path, data: Path | None = None, only=None) -> dict
     return out
 
 
+def trace_sums_hold(steps: list[dict], atol: float) -> int:
+    """Every trace step whose title reads as a sum ("a + b") names the steps it adds
+    (``sum_of``), and its numbers are their elementwise sum; returns how many sums it checked."""
+    import re
+
+    import numpy as np
+
+    by_name = {s["name"]: s for s in steps}
+    checked = 0
+    for s in steps:
+        title = s["title"].replace("(+ bias)", "")
+        parts = s.get("sum_of")
+        if s["name"].rsplit(".", 1)[-1] in ("resid_mid", "resid", "block_output"):
+            # a residual stream point is a sum, the norm of one, or (no FFN) the point before
+            assert parts or "layer norm" in title or "no feed-forward" in s["meaning"], s
+        assert bool(parts) == bool(re.search(r"\S \+ \S", title)), (s["name"], s["title"])
+        if not parts:
+            continue
+        total = sum(np.asarray(by_name[p]["values"], dtype=np.float64) for p in parts)
+        np.testing.assert_allclose(np.asarray(s["values"], dtype=np.float64), total, atol=atol,
+                                   err_msg=f"{s['name']} != {' + '.join(parts)}")  # fmt: skip
+        checked += 1
+    return checked
+
+
 def _identities(model, out: dict[str, dict], same: list[int]) -> None:
+    if "trace" in out and model.residual:  # JSON values carry 5 decimals: 3 roundings at most
+        assert trace_sums_hold(out["trace"]["steps"], atol=1e-5 + 3 * 5e-6) >= 1
     if "dla" in out:
         d = out["dla"]
         assert abs(d["sum"] - d["logit"]) < 1e-6, d["error"]

@@ -101,7 +101,9 @@ class Block(nn.Module):
     Recorded: resid_pre, ln1 (normalised input to attention), attn.*, resid_mid (after
     attention; with ``parallel``, x + attention's output), cross.* and resid_cross when
     cross-attending, ln2, mlp.hidden, mlp_out (with an FFN), attn_post and mlp_post (what
-    ``post_norms`` adds to the residual), resid_post (the block's output).
+    ``post_norms`` adds to the residual), resid_post (the block's output); post-norm blocks
+    also record attn_sum, cross_sum and mlp_sum, each residual sum before the norm that follows
+    it (resid_mid = LN(attn_sum), resid_cross = LN(cross_sum), resid_post = LN(mlp_sum)).
     """
 
     def __init__(
@@ -164,6 +166,12 @@ class Block(nn.Module):
             ("ln2", "mlp_out") if mlp else ()
         )
         names += ("attn_post", "mlp_post") if post_norms else ()
+        if not norm_first:  # post-norm: the sums each norm reads, before it
+            names += (
+                ("attn_sum",)
+                + (("cross_sum",) if cross_attention else ())
+                + (("mlp_sum",) if mlp else ())
+            )
         for name in names:
             setattr(self, f"hook_{name}", Hook())
 
@@ -202,11 +210,11 @@ class Block(nn.Module):
             if self.mlp is not None:
                 x = x + drop(mlp(self.hook_ln2(self.ln2(x))))
         else:
-            x = self.hook_resid_mid(self.ln1(x + drop(attn(x))))
+            x = self.hook_resid_mid(self.ln1(self.hook_attn_sum(x + drop(attn(x)))))
             if self.cross is not None:
-                x = self.hook_resid_cross(self.ln_cross(x + drop(cross(x))))
+                x = self.hook_resid_cross(self.ln_cross(self.hook_cross_sum(x + drop(cross(x)))))
             if self.mlp is not None:
-                x = self.ln2(x + drop(mlp(x)))
+                x = self.ln2(self.hook_mlp_sum(x + drop(mlp(x))))
         return self.hook_resid_post(x)
 
     def sublayers(self) -> list[tuple[str, nn.Module, str, str]]:

@@ -63,7 +63,11 @@ class Tokenizer:
 
     def tokens(self, text: str) -> list[str]:
         """The text split into the strings of its tokens (for labelling plots and tables)."""
-        return [self.decode([i]) for i in self.encode(text)]
+        return self.labels(self.encode(text))
+
+    def labels(self, ids: Iterable[int]) -> list[str]:
+        """What the model saw at each id, as a label: the vocabulary's token for the id."""
+        return [self.decode([i]) for i in ids]
 
     def to_json(self) -> str:
         raise NotImplementedError
@@ -157,6 +161,24 @@ class WordTokenizer(Tokenizer):
         return json.dumps({"attnlab": {"type": "word", "vocab": self.itos}}, ensure_ascii=False)
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """The printable character byte-level BPE writes for each byte, inverted: bytes that are
+    printable (``!``..``~``, ``¡``..``¬``, ``®``..``ÿ``) stand for themselves, the other 68
+    (space, controls, ...) are written as chr(256 + k), k counting them in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table, shift = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + shift)] = b
+            shift += 1
+    return table
+
+
+_UNICODE_TO_BYTE = _byte_level_alphabet()
+
+
 class HFTokenizer(Tokenizer):
     """A Hugging Face ``tokenizers.Tokenizer`` (byte-level BPE, WordPiece, ...)."""
 
@@ -190,8 +212,28 @@ class HFTokenizer(Tokenizer):
         return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def tokens(self, text: str, add_special_tokens: bool | None = None) -> list[str]:
-        enc = self.tok.encode(text, add_special_tokens=self._special(add_special_tokens))
-        return [text[a:b] if b > a else t for t, (a, b) in zip(enc.tokens, enc.offsets)]
+        return self.labels(self.encode(text, add_special_tokens))
+
+    def labels(self, ids: Iterable[int]) -> list[str]:
+        """The vocabulary's token for each id, not the text it came from (an emoji a WordPiece
+        vocabulary lacks is ``[UNK]``; ``##ing`` continues a word). Byte-level tokens (GPT-2's
+        ``Ġthe``, ``Ã©``) are shown as the text their bytes spell (`` the``, ``é``); bytes that
+        are part of a character split across tokens are shown as ``\\xNN``; a SentencePiece
+        ``▁`` is a space."""
+        from tokenizers import decoders
+
+        byte_level = isinstance(self.tok.decoder, decoders.ByteLevel)
+        out = []
+        for i in ids:
+            t = self.tok.id_to_token(int(i))
+            if t is None:
+                out.append(f"<{int(i)}>")
+            elif byte_level and all(ch in _UNICODE_TO_BYTE for ch in t):
+                raw = bytes(_UNICODE_TO_BYTE[ch] for ch in t)
+                out.append(raw.decode("utf-8", errors="backslashreplace"))
+            else:
+                out.append(t.replace("\u2581", " "))
+        return out
 
     def to_json(self) -> str:
         return self.tok.to_str()
@@ -591,7 +633,7 @@ class PairTokenizer:
     decode = decode_source
 
     def _token_strings(self, tok: Tokenizer, ids: Iterable[int]) -> list[str]:
-        return [self.SPECIALS[i] if i < 3 else tok.decode([i - 3]) for i in map(int, ids)]
+        return [self.SPECIALS[i] if i < 3 else tok.labels([i - 3])[0] for i in map(int, ids)]
 
     def source_tokens(self, ids: Iterable[int]) -> list[str]:
         return self._token_strings(self.source, ids)

@@ -91,7 +91,7 @@ def test_the_walkthrough_renders_to_html_tables_without_ansi_codes(tmp_path):
     assert recording, "the recording's tokens under their positions"
     (report,) = having(["check", "result"])
     assert report[1:] and {r[1]["text"] for r in report[1:]} <= {"PASS", "skip"}
-    assert having(["layer", "pos", "token", "rel change"]), "influence's ranked table"
+    assert having(["layer", "pos", "token", "context", "rel change"]), "influence's ranked table"
     assert having(["figure", "value"]), "the evaluation's figures"
     runs = [t for t in tables if texts(t[0]) == ["run", ""]]
     assert runs and {r[0]["text"] for r in runs[0][1:]} >= {"path", "kind", "parameters"}

@@ -170,7 +170,7 @@ def test_a_folder_of_images_trains_and_classifies(cli, tmp_path):
 
 @pytest.mark.slow
 def test_digits_reach_90_percent_held_out_accuracy_in_bounded_time(cli, tmp_path):
-    """The default config: >= 90% test accuracy (measured 97.5%) in ~20 s on one core."""
+    """The default config: >= 90% test accuracy (measured 96.9%, 348/359; seeds 1 and 2: 93.6%, 96.7%) in ~20 s on one core."""
     start = time.perf_counter()
     r = cli("train", "--task", "classify", "--data", "digits", "--arch", "vit", "--out", "run",
             "--quiet", cwd=tmp_path)  # fmt: skip

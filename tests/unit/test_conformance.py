@@ -12,10 +12,12 @@ from attnlab.run import load_run
 from conformance_helpers import (
     EXAMPLES,
     IDENTITY_VERBS,
+    INPUTS,
     UNIT_KINDS,
     build_run,
     conformance,
     tokenizer_for,
+    trace_sums_hold,
 )
 
 
@@ -58,3 +60,37 @@ def test_load_run_is_the_one_door_and_reads_config_json_once(tmp_path, monkeypat
     run.record("the bank")
     run.subject.prepare("the bank")
     assert len(reads) == 1 and model is run.model and tokenizer is run.tokenizer
+
+
+NORM_PLACEMENTS = EXAMPLES + [  # the other norm placement of the kinds that have both
+    pytest.param(cls, {**cfg, "norm_first": not cls.config_class.norm_first}, id=f"{t}-flipped")
+    for t, cls, cfg in ((t, c, c.examples[0]) for t, c in sorted(registered().items()))
+    if hasattr(cls.config_class, "norm_first")
+]  # fmt: skip
+
+
+def _layers(model) -> dict[str, int]:
+    """Each stack's number of layers (its head groups' layers)."""
+    out: dict[str, int] = {}
+    for g in model.head_groups():
+        key = g.path.split(".blocks")[0]
+        out[key] = max(out.get(key, 0), g.layer + 1)
+    return out or {"": 1}
+
+
+@pytest.mark.parametrize("cls, cfg", NORM_PLACEMENTS)
+def test_every_trace_step_labelled_a_sum_is_that_sum(cls, cfg, tmp_path):
+    """Issue 24.8: a post-norm step "residual plus FFN update" omitted the norm, and "embedding
+    + position" included the embedding LayerNorm. Checked on the steps' own numbers, at 1e-5,
+    on every kind and both norm placements (pre-norm GPT and ViT, post-norm BERT and seq2seq)."""
+    from attnlab.inspect import trace
+
+    run = load_run(build_run(cls, cfg, tmp_path / "run"))
+    if not run.model.residual:
+        pytest.skip("no residual stream: the trace shows no sums")
+    for layer in range(2):
+        if layer and layer >= min(_layers(run.model).values()):
+            break  # a stack with one layer (T5's tiny example): its trace has layer 0 only
+        t = trace(run.model, run.tokenizer, INPUTS[run.model.reads][0], layer=layer)
+        steps = [{**s.to_dict(), "values": s.value} for s in t.steps]
+        assert trace_sums_hold(steps, atol=1e-5) >= 1

@@ -112,11 +112,12 @@ def test_influence_shows_the_change_heatmap_and_the_ranked_table(gpt):
     assert texts(heat[0]) == ["", *inf.layers]  # layer labels as they are, not as tokens
     check_heatmap(heat, list(text), inf.layers, inf.matrix().T, digits=3, col_tokens=False)
     header = texts(ranked[0])
-    assert header[:4] == ["layer", "pos", "token", "rel change"]
+    assert header[:5] == ["layer", "pos", "token", "context", "rel change"]
     assert len(ranked) == 1 + 5
     for tr, r in zip(ranked[1:], inf.rows):
-        layer, pos, token, rel = texts(tr)[:4]
+        layer, pos, token, moved, rel = texts(tr)[:5]
         assert (layer, int(pos), token) == (r.layer, r.position, show_token(r.token))
+        assert float(moved) == pytest.approx(r.context, abs=5e-4)
         assert float(rel) == pytest.approx(r.rel_change, abs=5e-4)
 
 

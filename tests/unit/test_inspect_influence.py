@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from attnlab import hooks
 from attnlab.inspect import influence, similarity
 from attnlab.inspect.recording import record
 from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
@@ -51,8 +52,8 @@ def test_influence_matches_its_definition(deep_run):
     inf = influence(model, rec)
     N = len(SENTENCE)
     assert len(inf.rows) == 3 * N
-    changes = [r.rel_change for r in inf.rows]
-    assert changes == sorted(changes, reverse=True)
+    moved = [r.context for r in inf.rows]  # ranked by context, not by the raw change
+    assert moved == sorted(moved, reverse=True)
     c = rec.cache
     for r in inf.rows[:: max(1, len(inf.rows) // 9)]:
         p = f"blocks.{r.block}."
@@ -116,7 +117,7 @@ def test_influence_cli_writes_the_ranked_csv(deep_run, tmp_path, capsys):
     )
     rows = list(csv.DictReader(io.StringIO(out.read_text(encoding="utf-8-sig"))))
     assert len(rows) == 60 and [int(r["rank"]) for r in rows] == list(range(1, 61))
-    vals = [float(r["rel_change"]) for r in rows]
+    vals = [float(r["context"]) for r in rows]  # ranked by context (issue 24.11)
     assert vals == sorted(vals, reverse=True)
     assert {r["layer"] for r in rows} == {"layer 0", "layer 1", "layer 2"}
     code, stdout, _ = run_main(capsys, "similarity", path, SENTENCE, "--json")
@@ -153,3 +154,74 @@ def test_the_csv_shows_spaces_quotes_commas_and_never_starts_a_formula(tmp_path)
         sources = [s.split(":") for s in row["top_sources"].split("; ")]
         assert [int(s[0]) for s in sources] == [j for j, _, _ in r.sources]
     assert {row["token"] for row in rows} >= {"'=", "'+", "'-", "'@", "␣", ",", '"'}
+
+
+def _one_hot_rows(target: dict[int, int]):
+    """An edit of attention weights (B, H, T, S): every token attends only to itself, except
+    row i, which attends only to target[i]."""
+
+    def edit(w, name):
+        T = w.size(-2)
+        out = torch.zeros_like(w)
+        for i in range(T):
+            out[..., i, target.get(i, i)] = 1.0
+        return out
+
+    return edit
+
+
+def test_a_token_made_to_read_another_ranks_first_by_context():
+    """Issue 24.11: the ranking measured the change against a small embedding, mostly FFN work.
+    Here every token attends only to itself except one, which reads an earlier token: it alone
+    was moved by context, whatever the FFNs and the raw changes say."""
+    tok = char_tokenizer()
+    torch.manual_seed(0)
+    model = tiny_gpt(tok, n_layer=2).eval()
+    with torch.no_grad():
+        model.blocks[0].mlp.fc2.weight.mul_(50.0)  # layer 0's per-token work dominates change
+    text, reader, read = "I like to eat apples", 14, 2
+    edit = {"blocks.0.attn.weights": _one_hot_rows({}),
+            "blocks.1.attn.weights": _one_hot_rows({reader: read})}  # fmt: skip
+    with hooks.record(model, names=[], edit=edit):
+        rec = record(model, tok, text)
+    inf = influence(model, rec)
+    first = inf.rows[0]
+    assert (first.block, first.position) == (1, reader) and first.context > 0.01
+    assert all(r.context == pytest.approx(0.0, abs=1e-12) for r in inf.rows[1:])
+    assert max(inf.rows, key=lambda r: r.rel_change).block == 0  # the old ranking's top
+    assert first.sources[0][0] == read
+
+
+def test_scaling_a_feed_forward_network_leaves_the_context_ranking_alone(run):
+    _, model, tok = run
+    before = influence(model, record(model, tok, SENTENCE))
+    last = model.blocks[-1].mlp.fc2
+    w, b = last.weight.detach().clone(), last.bias.detach().clone()
+    try:
+        with torch.no_grad():
+            last.weight.mul_(30.0)
+            last.bias.mul_(30.0)
+        after = influence(model, record(model, tok, SENTENCE))
+    finally:
+        with torch.no_grad():
+            last.weight.copy_(w)
+            last.bias.copy_(b)
+    key = lambda inf: [(r.block, r.position) for r in inf.rows]  # noqa: E731
+    assert key(after) == key(before)
+    np.testing.assert_allclose([r.context for r in after.rows],
+                               [r.context for r in before.rows], rtol=1e-9)  # fmt: skip
+    top_change = lambda inf: max(inf.rows, key=lambda r: r.rel_change)  # noqa: E731
+    assert top_change(after).block == len(model.blocks) - 1  # the raw change follows the FFN
+    assert top_change(after).ffn_share > 0.8
+
+
+def test_influence_says_what_context_means(run, capsys):
+    path, _, _ = run
+    code, out, err = run_main(capsys, "influence", path, SENTENCE, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["definition"]["ranked_by"] == "context"
+    assert "attention to itself" in d["definition"]["context"]
+    assert all("context" in r and "ffn_share" in r for r in d["rows"])
+    code, out, err = run_main(capsys, "influence", path, SENTENCE)
+    assert code == 0 and "attention to itself" in " ".join(out.split()), out

@@ -12,9 +12,19 @@ For token i and block l, with h_before = resid_pre[i] and h_after = resid_post[i
                      projection that read head h (the size of what j actually sends to i);
                      reported as shares of row i's total.
 
-A small change means the token kept its meaning; a large one means context reshaped it (the
-notes' "contextual influence"). With post-norm blocks the sublayer updates include the layer
-norm's rescaling, so the shares describe the change of the residual stream across each sublayer.
+    context          what the other tokens wrote into token i, relative to its residual stream:
+                     ||sum_h W_O^h sum_{j != i} weight_h[i, j] v_h[j]  (+ cross-attention's
+                     update, every part of which reads another sequence)||
+                     / ||h_before + attention's update (+ cross-attention's)||
+                     Token i's attention to itself and the feed-forward network are per-token
+                     work, not context: they are left out, and the FFN's share is reported
+                     apart. The ranking of "tokens moved most by their context" is by this.
+
+A small change means the token kept its meaning; a large one means the block reshaped it, but
+not necessarily through context: the FFN works on each token alone, and an early layer's
+relative change is a ratio against a small embedding. ``context`` is the notes' "contextual
+influence". With post-norm blocks the sublayer updates include the layer norm's rescaling, so
+the shares describe the change of the residual stream across each sublayer.
 """
 
 from __future__ import annotations
@@ -27,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnlab.inspect.recording import InspectError, Recording
-from attnlab.inspect.similarity import layer_label
+from attnlab.inspect.recording import Recording
+from attnlab.inspect.similarity import layer_label, no_layers
 from attnlab.render.display import (
     Result,
     heatmap_html,
@@ -50,6 +60,7 @@ class InfluenceRow:
     attn_share: float
     ffn_share: float
     cross_share: float | None = None
+    context: float = float("nan")  # see CONTEXT_DEFINITION
     sources: list[tuple[int, str, float]] = field(default_factory=list)  # (position, token, share)
 
     def to_dict(self) -> dict:
@@ -57,6 +68,7 @@ class InfluenceRow:
             "layer": self.layer,
             "position": self.position,
             "token": self.token,
+            "context": self.context,
             "rel_change": self.rel_change,
             "cosine": self.cosine,
             "attn_share": self.attn_share,
@@ -68,9 +80,17 @@ class InfluenceRow:
         return d
 
 
+CONTEXT_DEFINITION = (
+    "context = ||what attention brought from the other tokens (each token's attention to itself "
+    "left out; cross-attention counted whole)|| / ||the residual stream plus attention's "
+    "update||, at that layer; the FFN works on each token alone, so its share of the change is "
+    "reported apart (ffn)"
+)
+
+
 @dataclass
 class Influence(Result):
-    rows: list[InfluenceRow]  # ranked: largest relative change first
+    rows: list[InfluenceRow]  # ranked: most moved by context first (CONTEXT_DEFINITION)
     layers: list[str]  # block labels in order
     tokens: dict[str, list[str]]  # layer label -> its tokens
     top: int = 20  # rows the terminal shows
@@ -108,11 +128,13 @@ class Influence(Result):
         table = FitTable(
             title=f"tokens moved most by their context (top {min(self.top, len(self.rows))} "
             f"of {len(self.rows)})",
+            caption=CONTEXT_DEFINITION,
         )
         cols = [
             "layer",
             "pos",
             "token",
+            "context",
             "rel change",
             "cos",
             "attn",
@@ -135,6 +157,7 @@ class Influence(Result):
                 r.layer,
                 str(r.position),
                 show_token(r.token),
+                f"{r.context:.3f}",
                 f"{r.rel_change:.3f}",
                 f"{r.cosine:.3f}",
                 f"{r.attn_share:.2f}",
@@ -146,7 +169,8 @@ class Influence(Result):
         return Group(*parts)
 
     def to_dict(self) -> dict:
-        return {"layers": self.layers, "rows": [r.to_dict() for r in self.rows]}
+        return {"definition": {"context": CONTEXT_DEFINITION, "ranked_by": "context"},
+                "layers": self.layers, "rows": [r.to_dict() for r in self.rows]}  # fmt: skip
 
     def csv_text(self) -> str:
         """The ranked rows as CSV (RFC 4180: quoted where needed, CRLF rows). Tokens are made
@@ -154,13 +178,15 @@ class Influence(Result):
         read as a formula (one starting with = + - @, a tab or a CR) starts with ' instead."""
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\r\n")
-        w.writerow(["rank", "layer", "position", "token", "rel_change", "cosine", "attn_share",
+        w.writerow(["rank", "layer", "position", "token", "context", "rel_change", "cosine",
+                    "attn_share",
                     "cross_share", "ffn_share", "top_sources"])  # fmt: skip
         for k, r in enumerate(self.rows, 1):
             src = "; ".join(f"{j}:{show_token(t)}:{s:.4f}" for j, t, s in r.sources)
             cross = "" if r.cross_share is None else f"{r.cross_share:.6f}"
             w.writerow([k, spreadsheet_text(r.layer), r.position,
-                        spreadsheet_text(show_token(r.token)), f"{r.rel_change:.6f}",
+                        spreadsheet_text(show_token(r.token)), f"{r.context:.6f}",
+                        f"{r.rel_change:.6f}",
                         f"{r.cosine:.6f}", f"{r.attn_share:.6f}", cross, f"{r.ffn_share:.6f}",
                         spreadsheet_text(src)])  # fmt: skip
         return buf.getvalue()
@@ -178,6 +204,8 @@ class Influence(Result):
     def _repr_html_(self) -> str:
         """The relative-change heatmap (token x layer, when every layer reads the same tokens)
         and the ranked table of the tokens moved most, as the terminal shows them."""
+        import html
+
         first = self.tokens[self.layers[0]]
         parts = []
         if all(self.tokens[ly] == first for ly in self.layers):
@@ -185,13 +213,14 @@ class Influence(Result):
                                       "relative change per token (row) and layer",
                                       digits=3, col_tokens=False))  # fmt: skip
         has_cross = any(r.cross_share is not None for r in self.rows)
-        header = ["layer", "pos", "token", "rel change", "cos", "attn",
+        header = ["layer", "pos", "token", "context", "rel change", "cos", "attn",
                   *(["cross"] if has_cross else []), "ffn", "top sources (share)"]  # fmt: skip
         rows = [
             [
                 r.layer,
                 r.position,
                 show_token(r.token),
+                f"{r.context:.3f}",
                 f"{r.rel_change:.3f}",
                 f"{r.cosine:.3f}",
                 f"{r.attn_share:.2f}",
@@ -208,6 +237,7 @@ class Influence(Result):
         title = (f"tokens moved most by their context (top {min(self.top, len(self.rows))} "
                  f"of {len(self.rows)})")  # fmt: skip
         parts.append(table_html(header, rows, title))
+        parts.append(f"<p><i>{html.escape(CONTEXT_DEFINITION)}</i></p>")
         return "\n".join(parts)
 
 
@@ -252,16 +282,51 @@ def source_contributions(model, rec: Recording, map_name: str) -> np.ndarray:
     return (contrib / torch.where(total == 0, 1.0, total)).numpy()
 
 
+def _out_proj(model, path: str):
+    try:
+        out = model.get_submodule(path).out_proj if model is not None else None
+    except AttributeError:
+        return None
+    return out if isinstance(out, torch.nn.Linear) else None
+
+
+@torch.no_grad()
+def context_moved(model, rec: Recording, prefix: str) -> torch.Tensor:
+    """(T,): for each token, ||what attention brought from the other tokens|| / ||its residual
+    stream plus attention's update|| at block ``prefix`` (CONTEXT_DEFINITION). The self-
+    attention part is sum_h W_O^h sum_{j != i} weight_h[i, j] v_h[j] (no bias: it comes from no
+    token); a cross-attention's whole update (less its bias) reads the other sequence. NaN where
+    the block records no weights and values or has no linear output projection."""
+    c = rec.cache
+    w, v = c.get(prefix + "attn.weights"), c.get(prefix + "attn.v")
+    out_proj = _out_proj(model, prefix + "attn")
+    if w is None or v is None or out_proj is None or prefix + "attn.out" not in c:
+        T = c[prefix + "resid_pre"].shape[1]
+        return torch.full((T,), float("nan"), dtype=torch.float64)
+    w, v = w[0].double(), v[0].double()  # (H, T, S), (H_kv, S, d_v)
+    H, T, S = w.shape
+    v = v.repeat_interleave(H // v.size(0), dim=0)  # (H, S, d_v): each query head's values
+    others = w.clone()
+    if T == S:
+        others.diagonal(dim1=-2, dim2=-1).zero_()  # token i's attention to itself
+    WO = out_proj.weight.detach().double().view(-1, H, v.size(-1))  # (C, H, d_v)
+    z_other = others @ v  # (H, T, d_v): what head h brought to token i from the other tokens
+    ctx = torch.einsum("chd,htd->tc", WO, z_other)  # (T, C)
+    stream = c[prefix + "resid_pre"][0].double() + c[prefix + "attn.out"][0].double()  # (T, C)
+    if prefix + "cross.out" in c:
+        cross = c[prefix + "cross.out"][0].double()
+        bias = getattr(_out_proj(model, prefix + "cross"), "bias", None)
+        ctx = ctx + (cross - bias.detach().double() if bias is not None else cross)
+        stream = stream + cross
+    return _norm(ctx) / _norm(stream).clamp_min(1e-12)
+
+
 @torch.no_grad()
 def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influence:
     """Per token and block: relative change, cosine, sublayer shares and top source tokens."""
     prefixes = rec.blocks()
     if not prefixes:
-        raise InspectError(
-            "this model has no transformer blocks (no resid_pre/resid_post recorded): "
-            "an LSTM has no residual stream to measure; try trace"
-            + (" or attention" if rec.maps() else "")
-        )
+        raise no_layers(rec, "influence")
     c = rec.cache
     rows, labels, tokens = [], [], {}
     for b, p in enumerate(prefixes):
@@ -291,6 +356,7 @@ def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influ
         else:
             a_share = f_share = [float("nan")] * len(toks)
             x_share = [None] * len(toks)
+        moved = context_moved(model, rec, p).tolist()  # (T,)
         src = None
         if p + "attn.weights" in c:
             src = source_contributions(model, rec, p + "attn.weights")  # (T, S)
@@ -311,10 +377,11 @@ def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influ
                     a_share[i],
                     f_share[i],
                     x_share[i],
+                    moved[i],
                     sources,
                 )
             )
-    rows.sort(key=lambda r: -r.rel_change)
+    rows.sort(key=lambda r: (np.nan_to_num(-r.context, nan=np.inf), r.block, r.position))
     result = Influence(rows, labels, tokens, top)
     result.about = rec.about
     return result

@@ -122,15 +122,21 @@ def layer_label(prefix: str) -> str:
     return f"{stack} {where}".strip()
 
 
+def no_layers(rec: Recording, verb: str) -> InspectError:
+    """The one-line refusal of a verb that compares each token's vector before and after a
+    layer, on a model with no such layers (an LSTM's recurrence), naming the verbs that work."""
+    works = "`trace`" + (" or `attention`" if rec.maps() else "")
+    return InspectError(
+        f"{verb} compares each token's vector before and after each layer, and this "
+        f"{rec.about['kind']} run has no layers with a residual stream; try {works}"
+    )
+
+
 def similarity(rec: Recording, layer: int | None = None) -> Similarity:
     """Cosine similarity (T, T) of the residual stream before and after every block."""
     prefixes = rec.blocks()
     if not prefixes:
-        raise InspectError(
-            "this model has no transformer blocks (no resid_pre/resid_post recorded): "
-            "an LSTM has no residual stream to measure; try trace"
-            + (" or attention" if rec.maps() else "")
-        )
+        raise no_layers(rec, "similarity")
     layers = [
         SimilarityLayer(
             p,

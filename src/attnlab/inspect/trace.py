@@ -115,7 +115,8 @@ class Trace(Result):
         parts.append(Text(""))
         for n, s in enumerate(self.steps, 1):
             shape = " x ".join(map(str, s.shape)) if s.shape else "-"
-            parts.append(Text(f"[{n}] {s.title}   shape ({shape})", style="bold cyan"))
+            parts.append(Text(f"[{n}] {s.title}{self._sum_note(s)}   shape ({shape})",
+                              style="bold cyan"))  # fmt: skip
             parts.append(Text(f"    {s.meaning}"))
             if s.lines:
                 parts.append(Text("\n".join("    " + line for line in s.lines)))
@@ -127,6 +128,12 @@ class Trace(Result):
                 parts.append(Preview(s.value))
             parts.append(Text(""))
         return Group(*parts)
+
+    def _sum_note(self, s: Step) -> str:
+        """' = [2] + [3]' for a step that is the sum of earlier steps."""
+        number = {x.name: i for i, x in enumerate(self.steps, 1)}
+        names = s.extra.get("sum_of") or []
+        return (" = " + " + ".join(f"[{number[x]}]" for x in names)) if names else ""
 
     def to_dict(self) -> dict:
         return {
@@ -148,7 +155,8 @@ class Trace(Result):
         for n, s in enumerate(self.steps, 1):
             shape = " x ".join(map(str, s.shape))
             out.append(
-                f"<div><b>[{n}] {html.escape(s.title)}</b> <code>({shape})</code><br>"
+                f"<div><b>[{n}] {html.escape(s.title + self._sum_note(s))}</b> "
+                f"<code>({shape})</code><br>"
                 f"<i>{html.escape(s.meaning)}</i></div>"
             )
             if s.lines:
@@ -241,6 +249,10 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
                        "N x M embedding matrix (one row per token).")  # fmt: skip
         add(Step(prefix_name + "embedding", "patch embedding" if vit else "embedding matrix",
                  e.shape, meaning, e))  # fmt: skip
+    if root + "embed_cls" in c:
+        e = _np(c[root + "embed_cls"][0])
+        add(Step(prefix_name + "embedding_cls", "[CLS] then the patch embeddings", e.shape,
+                 "the learned [CLS] vector as row 0, the patch embeddings after it.", e))  # fmt: skip
     if root + "pos" in c:
         p = _np(c[root + "pos"])
         p = p[0] if p.ndim == 3 else p
@@ -251,14 +263,45 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
         add(Step(prefix_name + "positional", "positional encoding (rotary)", (),
                  "positions are not added here: they rotate pairs of channels of Q and K inside "
                  "attention, by position x frequency."))  # fmt: skip
+    if root + "type" in c:
+        t = _np(c[root + "type"][0])
+        add(Step(prefix_name + "token_type", "token-type embedding", t.shape,
+                 "a learned vector for each token's segment (all segment 0 for one text), "
+                 "added too.", t))  # fmt: skip
+    named = {s.name: s for s in steps}
+    parts = [
+        prefix_name + x
+        for x in ("embedding_cls", "positional", "token_type")
+        if named.get(prefix_name + x) is not None and named[prefix_name + x].value is not None
+    ]
+    if prefix_name + "embedding_cls" not in named and prefix_name + "embedding" in named:
+        parts.insert(0, prefix_name + "embedding")
+    summed = " + ".join(named[x].title.split(" (")[0] for x in parts)
+    if root + "embed_sum" in c:  # the sum goes through a LayerNorm before layer 0
+        e = _np(c[root + "embed_sum"][0])
+        add(Step(prefix_name + "embed_sum", summed, e.shape,
+                 "the embeddings above added together, one M-vector per token (a LayerNorm "
+                 "comes next).", e, extra={"sum_of": parts}))  # fmt: skip
     prefix = info.module_path[: -len("attn")]  # "blocks.0."
     if prefix + "resid_pre" in c:
         x_in = _np(c[prefix + "resid_pre"][0])
-        what = ("embedding + position" if info.layer in (0, None)
-                else f"the output of layer {info.layer - 1}")  # fmt: skip
-        add(Step(prefix_name + "block_input", f"input to {stack + ' ' if stack else ''}layer "
-                 f"{info.layer}", x_in.shape, f"the residual stream entering this layer: {what}, "
-                 "one M-vector per token.", x_in))  # fmt: skip
+        extra, title = {}, f"input to {stack + ' ' if stack else ''}layer {info.layer}"
+        if info.layer not in (0, None):
+            what = f"the output of layer {info.layer - 1}"
+        elif root + "embed_sum" in c:
+            what = (
+                "the embedding sum above through the embedding layer norm (mean 0, "
+                "variance 1 per row, then scaled and shifted by learned weights)"
+            )
+            title = f"{title}: layer norm of the embedding sum"
+        elif len(parts) > 1:
+            what, extra = summed, {"sum_of": parts}
+            title = f"{title} = {summed}"
+        else:
+            what = "the embedding itself"
+        add(Step(prefix_name + "block_input", title, x_in.shape,
+                 f"the residual stream entering this layer: {what}, one M-vector per token.",
+                 x_in, extra=extra))  # fmt: skip
     if prefix + "ln1" in c:
         x = _np(c[prefix + "ln1"][0])
         rms = _norm_words(model.get_submodule(prefix + "ln1"))
@@ -402,31 +445,63 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
              "each token.", out))  # fmt: skip
 
 
-def _block_steps(steps, model, rec, info, prefix_name="", cross_info=None, head=0) -> None:
-    """The residual connection, (cross-attention,) the feed-forward network, the block output
-    and a note on the layers after it."""
+def _block_steps(
+    steps, model, rec, info, prefix_name="", cross_info=None, head=0, input_name=None
+) -> None:
+    """The residual connections, (cross-attention,) the feed-forward network, the block output
+    and a note on the layers after it. Every step that is a sum says which steps it adds
+    (``sum_of``); where a post-norm block normalises a sum, the sum and the norm are two steps.
+    ``input_name`` is the step holding the block's input (default: ``block_input``)."""
     c, add = rec.cache, steps.append
     prefix = info.module_path[: -len("attn")]
     block = model.get_submodule(prefix.rstrip(".")) if prefix else model
     n = prefix_name
-    norm_first = getattr(block, "norm_first", True)
-    if prefix + "resid_mid" in c:
-        h = _np(c[prefix + "resid_mid"][0])
-        how = "x + attention(LN(x))" if norm_first else "LN(x + attention(x))"
-        if getattr(block, "post_norms", False):
-            how = "x + LN_post(attention(LN(x))): the update is normed again before it is added"
-        elif getattr(block, "parallel", False):
-            how = "x + attention(LN1(x)); the MLP reads x too, in parallel, and adds its update"
-        add(Step(n + "resid_mid", "residual connection", h.shape,
-                 f"the update is added to the token's own vector ({how}): attention refines, "
-                 "it does not replace.", h))  # fmt: skip
+    x_in = input_name or n + "block_input"
+
+    def residual(name, title, sum_key, out_key, prev, update, how, normed_title, meaning):
+        """prev + update, then (post-norm) its LayerNorm; returns the step holding the result."""
+        if prefix + sum_key in c:  # post-norm: the sum, then the norm
+            h = _np(c[prefix + sum_key][0])
+            add(Step(n + sum_key, title, h.shape, f"{meaning} ({how}, before its norm).", h,
+                     extra={"sum_of": [prev, update]}))  # fmt: skip
+            if prefix + out_key in c:
+                h = _np(c[prefix + out_key][0])
+                add(Step(name, normed_title, h.shape,
+                         f"LN({how}): the sum normalised per row, then scaled and shifted by "
+                         "learned weights.", h))  # fmt: skip
+            return name
+        if prefix + out_key in c:
+            h = _np(c[prefix + out_key][0])
+            add(Step(name, title, h.shape, f"{meaning} ({how}).", h,
+                     extra={"sum_of": [prev, update]}))  # fmt: skip
+            return name
+        return prev
+
+    attn_update = n + "attn_out"
+    if prefix + "attn_post" in c:  # a second norm on attention's output before it is added
+        a = _np(c[prefix + "attn_post"][0])
+        add(Step(n + "attn_post", "norm of the attention update", a.shape,
+                 "this model normalises attention's output again before adding it.", a))  # fmt: skip
+        attn_update = n + "attn_post"
+    normed = prefix + "attn_sum" in c
+    how = "LN(x + attention(x))" if normed else "x + attention(LN(x))"
+    if getattr(block, "post_norms", False):
+        how = "x + LN_post(attention(LN(x))): the update is normed again before it is added"
+    elif getattr(block, "parallel", False):
+        how = "x + attention(LN1(x)); the MLP reads x too, in parallel, and adds its update"
+    cur = residual(n + "resid_mid", "residual connection: x + attention update", "attn_sum", "resid_mid",
+                   x_in, attn_update, "x + attention(x)" if normed else how,
+                   "layer norm after attention",
+                   "the update is added to the token's own vector: attention refines, it does "
+                   "not replace")  # fmt: skip
     if cross_info is not None:
         _attention_steps(steps, model, rec, cross_info, head, prefix_name="cross.")
-        if prefix + "resid_cross" in c:
-            h = _np(c[prefix + "resid_cross"][0])
-            how = "h + cross(LN(h))" if norm_first else "LN(h + cross(h))"
-            add(Step("cross.resid", "residual connection after cross-attention", h.shape,
-                     f"what the output tokens read from the source is added ({how}).", h))  # fmt: skip
+        normed = prefix + "cross_sum" in c
+        cur = residual("cross.resid", "residual connection: h + cross-attention update", "cross_sum",
+                       "resid_cross", cur, "cross.attn_out",
+                       "h + cross(h)" if normed else "h + cross(LN(h))",
+                       "layer norm after cross-attention",
+                       "what the output tokens read from the source is added")  # fmt: skip
     if prefix + "ln2" in c:
         h = _np(c[prefix + "ln2"][0])
         rms = _norm_words(block.ln2) if block.ln2 is not None else None
@@ -440,17 +515,32 @@ def _block_steps(steps, model, rec, info, prefix_name="", cross_info=None, head=
                      "one through a non-linearity (the gate), multiplied elementwise by the "
                      "other (SwiGLU / GeGLU).", hid))  # fmt: skip
         else:
-            add(Step(n + "ffn_hidden", "feed-forward: widen + activation", hid.shape,
+            add(Step(n + "ffn_hidden", "feed-forward: widen, then the activation", hid.shape,
                      f"each token on its own goes through W_1 (M -> {hid.shape[1]}) and a "
                      "non-linearity.", hid))  # fmt: skip
     if prefix + "mlp_out" in c:
         f = _np(c[prefix + "mlp_out"][0])
         add(Step(n + "ffn_out", "feed-forward: back to M", f.shape,
                  "W_2 maps back to the model width: the FFN's update to each token.", f))  # fmt: skip
-    if prefix + "resid_post" in c:
+        ffn_update = n + "ffn_out"
+        if prefix + "mlp_post" in c:
+            m = _np(c[prefix + "mlp_post"][0])
+            add(Step(n + "mlp_post", "norm of the feed-forward update", m.shape,
+                     "this model normalises the FFN's output again before adding it.", m))  # fmt: skip
+            ffn_update = n + "mlp_post"
+        normed = prefix + "mlp_sum" in c
+        title = ("residual connection: h + FFN update" if normed  # the norm makes the output
+                 else f"output of layer {info.layer} = residual + FFN update")  # fmt: skip
+        residual(n + "block_output", title, "mlp_sum", "resid_post", cur, ffn_update,
+                 "h + FFN(h)" if normed else "h + FFN(LN(h))",
+                 f"output of layer {info.layer}: layer norm of the sum above",
+                 "the FFN's update added to the residual stream"
+                 + ("" if normed else ": the token vectors handed to the next layer"))  # fmt: skip
+    elif prefix + "resid_post" in c:  # attention only: the block's output is resid_mid
         r = _np(c[prefix + "resid_post"][0])
         add(Step(n + "block_output", f"output of layer {info.layer}", r.shape,
-                 "residual plus FFN update: the token vectors handed to the next layer.", r))  # fmt: skip
+                 "this block has no feed-forward network: its output is the residual after "
+                 "attention, handed to the next layer.", r))  # fmt: skip
     n_blocks = len(rec.blocks(info.stack))
     if info.layer is not None and info.layer + 1 < n_blocks:
         N = len(rec.tokens[info.stack])
@@ -581,16 +671,25 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
     cross_maps = [m for m in rec.maps() if m.kind == "cross"]
     if any(m.module_path.endswith(".attn") and ".blocks." in m.module_path for m in self_maps):
         enc = rec.select(layer=layer, name="encoder.blocks")
-        _stack_input(steps, rec, "encoder", enc)
+        enc_in = _stack_input(steps, rec, "encoder", enc)
         _attention_steps(steps, model, rec, enc, head, prefix_name="encoder.")
-        _block_steps(steps, model, rec, enc, prefix_name="encoder.")
+        _block_steps(steps, model, rec, enc, prefix_name="encoder.", input_name=enc_in)
         dec = rec.select(layer=layer, name="decoder.blocks")
         dec = next(m for m in self_maps if m.module_path == dec.module_path.rsplit(".", 1)[0]
                    + ".attn")  # fmt: skip
         cross = next(m for m in cross_maps if m.layer == dec.layer)
-        _stack_input(steps, rec, "decoder", dec)
+        dec_in = _stack_input(steps, rec, "decoder", dec)
         _attention_steps(steps, model, rec, dec, head, prefix_name="decoder.")
-        _block_steps(steps, model, rec, dec, prefix_name="decoder.", cross_info=cross, head=head)
+        _block_steps(
+            steps,
+            model,
+            rec,
+            dec,
+            prefix_name="decoder.",
+            cross_info=cross,
+            head=head,
+            input_name=dec_in,
+        )
         weights, alignment = rec.weights(cross.name)[head], False  # (T, S)
     else:  # kind branch 1 of 2: an LSTM's recurrence, scores and context are no blocks; the
         # walk-through names its formulas (rnn.SCORE_FORMULAS), prose no declaration holds yet
@@ -603,23 +702,39 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
                  rec.about)  # fmt: skip
 
 
-def _stack_input(steps, rec, stack, info) -> None:
-    """An encoder-decoder stack's input (token embedding x sqrt(M) + sinusoidal position) and
-    the residual stream entering the chosen layer."""
+def _stack_input(steps, rec, stack, info) -> str:
+    """An encoder-decoder stack's input (token embedding x sqrt(M), sinusoidal position, their
+    sum) and the residual stream entering the chosen layer; returns the name of the step that
+    holds the block's input."""
     c, add = rec.cache, steps.append
     what = "each source token" if stack == "encoder" else "each output token so far (<bos> first)"
     relative = f"{stack}.position_bias" in c  # T5: positions enter as a bias on the scores
+    name = f"{stack}.embedding"
     if f"{stack}.embed" in c and relative:
         e = _np(c[f"{stack}.embed"][0])
-        add(Step(f"{stack}.embedding", f"{stack} input: token embedding", e.shape,
+        add(Step(name, f"{stack} input: token embedding", e.shape,
                  f"{what} looks up a learned vector (one matrix for both stacks), with no scale "
                  "and no position vector: positions enter as the bias on the attention scores.",
                  e))  # fmt: skip
     elif f"{stack}.embed" in c:
+        parts = []
+        if f"{stack}.token" in c:
+            t = _np(c[f"{stack}.token"][0])
+            add(Step(f"{stack}.token", f"{stack} token embedding x sqrt(M)", t.shape,
+                     f"{what} looks up a learned vector, scaled by sqrt(M) = "
+                     f"{math.sqrt(t.shape[-1]):.3f}.", t))  # fmt: skip
+            parts.append(f"{stack}.token")
+        if f"{stack}.pos" in c:
+            p = _np(c[f"{stack}.pos"])
+            p = p[0] if p.ndim == 3 else p
+            add(Step(f"{stack}.positional", f"{stack} positional encoding", p.shape,
+                     "the sinusoid of each position: attention alone is blind to order.", p))  # fmt: skip
+            parts.append(f"{stack}.positional")
         e = _np(c[f"{stack}.embed"][0])
-        add(Step(f"{stack}.embedding", f"{stack} input: embedding + position", e.shape,
-                 f"{what} looks up a learned vector, scaled by sqrt(M), plus the sinusoid of "
-                 "its position.", e))  # fmt: skip
+        extra = {"sum_of": parts} if len(parts) > 1 else {}
+        add(Step(name, f"{stack} input: " + ("token embedding + position" if extra else
+                 "embedding"), e.shape, "the vectors layer 0 reads, one per token.", e,
+                 extra=extra))  # fmt: skip
     if relative:
         b = _np(c[f"{stack}.position_bias"][0])  # (H, T, S)
         toks = rec.tokens.get(stack)
@@ -636,10 +751,12 @@ def _stack_input(steps, rec, stack, info) -> None:
         x = _np(c[prefix + "resid_pre"][0])
         add(Step(f"{stack}.block_input", f"input to {stack} layer {info.layer}", x.shape,
                  f"the output of {stack} layer {info.layer - 1}.", x))  # fmt: skip
+        name = f"{stack}.block_input"
     if prefix + "ln1" in c:
         x = _np(c[prefix + "ln1"][0])
         add(Step(f"{stack}.ln1", "layer norm before attention", x.shape,
                  "each row normalised: X, the input to attention.", x))  # fmt: skip
+    return name
 
 
 def _lstm_steps(steps, model, rec, src, tgt) -> None:

@@ -179,14 +179,13 @@ class Unembed:
 
 
 def token_strings(tokenizer, text: str, ids: list[int]) -> list[str]:
-    """Labels for ``ids``: the tokenizer's own token strings when they line up, else decode."""
-    try:
-        toks = list(tokenizer.tokens(text))
-    except Exception:
-        toks = []
-    if len(toks) != len(ids):
-        toks = [tokenizer.decode([i]) for i in ids]
-    return toks
+    """Labels for ``ids``: what the model saw, read from the ids (the vocabulary's token for
+    each, ``tokenizer.labels``), never from ``text``: a character the vocabulary lacks is
+    labelled ``[UNK]``, as the model read it."""
+    labels = getattr(tokenizer, "labels", None)
+    if labels is not None:
+        return list(labels(ids))
+    return [tokenizer.decode([i]) for i in ids]
 
 
 def max_positions(model: nn.Module) -> int | None:

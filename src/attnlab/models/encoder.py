@@ -147,7 +147,8 @@ class Encoder(ModelKind, nn.Module):
         if self.mlm is not None and c.tie_weights:
             self.mlm.decoder.weight = self.tok_embed.weight
         self.classifier = nn.Linear(c.d_model, c.num_labels) if c.num_labels else None
-        for name in ("embed", "pos", "type", "ln_f", "pooled", "mlm_logits", "class_logits"):
+        names = ("embed", "pos", "type", "ln_f", "pooled", "mlm_logits", "class_logits")
+        for name in names + (("embed_sum",) if c.embed_norm else ()):
             setattr(self, f"hook_{name}", Hook())
         self.apply(self._init_weights)
 
@@ -185,6 +186,7 @@ class Encoder(ModelKind, nn.Module):
         "embed": "token embeddings (B, T, C)",
         "pos": "position embeddings (T, C)",
         "type": "token-type (segment) embeddings (B, T, C)",
+        "embed_sum": "embed + pos + type, before the embedding LayerNorm (with embed_norm)",
         "blocks.{i}.resid_pre": "the residual stream entering block i",
         "blocks.{i}.attn.weights": "attention probabilities (B, H, T, T), padding masked",
         "blocks.{i}.attn.z": "each head's output before the projection (B, H, T, d_v)",
@@ -352,6 +354,8 @@ class Encoder(ModelKind, nn.Module):
         if self.type_embed is not None:
             types = torch.zeros_like(ids) if token_type_ids is None else token_type_ids
             x = x + self.hook_type(self.type_embed(types))  # (B, T, C)
+        if self.config.embed_norm:
+            x = self.hook_embed_sum(x)  # (B, T, C) the sum, before the embedding LayerNorm
         x = self.drop(self.embed_ln(x))
         mask = (
             None if attention_mask is None else from_hf_attention_mask(attention_mask)

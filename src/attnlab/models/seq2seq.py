@@ -126,10 +126,12 @@ class _Stack(nn.Module):
         )  # fmt: skip
         self.ln_f = nn.LayerNorm(c.d_model) if c.norm_first else nn.Identity()
         self.hook_embed, self.hook_out = Hook(), Hook()
+        self.hook_token, self.hook_pos = Hook(), Hook()
 
     def embed(self, ids: Tensor, offset: int = 0) -> Tensor:
         T = ids.size(1)
-        x = self.tok_embed(ids) * self.scale + self.pos_embed(T, offset)  # (B, T, C)
+        tok = self.hook_token(self.tok_embed(ids) * self.scale)  # (B, T, C)
+        x = tok + self.hook_pos(self.pos_embed(T, offset))  # (T, C) broadcast over the batch
         return self.drop(self.hook_embed(x))
 
 
@@ -270,6 +272,8 @@ class Seq2SeqTransformer(DecoderProbes, EncoderDecoder, nn.Module):
     examples = (dict(max_len=32, n_encoder_layers=2, n_decoder_layers=2, n_head=2, d_model=16,
                      dropout=0.0),)  # fmt: skip
     hook_points = {
+        "{stack}.token": "token embeddings * sqrt(C) (B, T, C)",
+        "{stack}.pos": "sinusoidal positions (T, C)",
         "encoder.embed": "source token embeddings * sqrt(C) + positions (B, S, C)",
         "encoder.blocks.{i}.attn.weights": "source self-attention (B, H, S, S)",
         "decoder.embed": "target token embeddings * sqrt(C) + positions (B, T, C)",

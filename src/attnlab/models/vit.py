@@ -143,7 +143,7 @@ class ViT(ModelKind, nn.Module):
         self.ln_f = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias)
         self.head = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
         self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
-        for name in ("embed", "pos", "ln_f", "pooled", "class_logits"):
+        for name in ("embed", "embed_cls", "pos", "ln_f", "pooled", "class_logits"):
             setattr(self, f"hook_{name}", Hook())
         self.apply(self._init_weights)
         nn.init.normal_(self.cls_token, std=0.02)
@@ -176,7 +176,8 @@ class ViT(ModelKind, nn.Module):
             )
         B = images.size(0)
         x = self.hook_embed(self.patch_embed(images))  # (B, N, C) one vector per patch
-        x = torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1)  # (B, N + 1, C)
+        x = self.hook_embed_cls(torch.cat([self.cls_token.expand(B, -1, -1), x], dim=1))
+        # (B, N + 1, C): [CLS] first, then the patches
         x = self.drop(x + self.hook_pos(self.pos_embed))  # (1, N + 1, C) broadcast over B
         for block in self.blocks:
             x = block(x)  # no mask: every token attends to all N + 1
@@ -233,6 +234,7 @@ class ViT(ModelKind, nn.Module):
     hook_points = {
         "patch_embed.patches": "the flattened pixels of each patch (B, N, P*P*channels)",
         "embed": "patch embeddings (B, N, C)",
+        "embed_cls": "[CLS] followed by the patch embeddings (B, N + 1, C)",
         "pos": "position embeddings of [CLS] and every patch (1, N + 1, C)",
         "blocks.{i}.resid_pre": "the residual stream entering block i",
         "blocks.{i}.attn.weights": "attention probabilities (B, H, N + 1, N + 1)",

@@ -1,0 +1,65 @@
+"""Token labels are what the model saw, read from the ids, never the raw text (issue 24.12):
+on a WordPiece vocabulary without emoji, an emoji is ``[UNK]``; byte-level BPE tokens read as
+the text their bytes spell."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from attnlab.checkpoint import save_model
+from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.tokenizers import train_bpe
+from intervene_helpers import bert_mlm_run
+from look_helpers import run_main
+
+ACCENTED = "the café is naïve, the café is déjà vu. "
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    pytest.importorskip("transformers")
+    return bert_mlm_run(tmp_path_factory.mktemp("labels"))
+
+
+@pytest.fixture(scope="module")
+def bpe_gpt(tmp_path_factory):
+    """A GPT reading a byte-level BPE vocabulary that has learned the accented words."""
+    tok = train_bpe([ACCENTED * 20], vocab_size=300)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, d_model=16,
+                          block_size=32, dropout=0.0)).eval()  # fmt: skip
+    path = tmp_path_factory.mktemp("labels") / "bpe"
+    save_model(path, model, tok)
+    return path, tok
+
+
+@pytest.mark.parametrize("verb", ["trace", "attention"])
+def test_an_emoji_outside_a_wordpiece_vocabulary_is_labelled_unk(bert, capsys, verb):
+    rc, out, err = run_main(capsys, verb, bert, "the 🙂 bank", "--json")
+    assert rc == 0, err
+    d = json.loads(out)
+    seen = ["[CLS]", "the", "[UNK]", "bank", "[SEP]"]  # id 1 is [UNK] in this vocabulary
+    for key in ("tokens", "queries", "keys"):
+        assert d.get(key, seen) == seen, (key, d.get(key))
+    rc, out, err = run_main(capsys, verb, bert, "the 🙂 bank")  # the terminal table too
+    assert rc == 0 and "[UNK]" in out and "🙂" not in out.split("\n", 1)[1], out
+
+
+def test_byte_level_labels_spell_the_accented_text_they_encode(bpe_gpt, capsys):
+    path, tok = bpe_gpt
+    text = "the café is déjà vu"
+    labels = tok.tokens(text)
+    assert "".join(labels) == text  # whole characters: no Ġ, no Ã©
+    assert any("é" in t for t in labels) and not any("Ġ" in t or "Ã" in t for t in labels)
+    rc, out, err = run_main(capsys, "trace", path, text, "--json")
+    assert rc == 0, err
+    assert json.loads(out)["tokens"] == labels
+
+
+def test_a_character_split_across_byte_tokens_shows_its_bytes():
+    tok = train_bpe(["abc "], vocab_size=260)  # no merge can make é: two byte tokens
+    ids = tok.encode("é")
+    assert len(ids) == 2 and tok.labels(ids) == ["\\xc3", "\\xa9"]
