@@ -58,10 +58,7 @@ class Run:
     @property
     def imported(self) -> str | None:
         """The Hugging Face directory the weights came from, if they were imported."""
-        source = self.config.get("source")
-        if isinstance(source, dict) and source.get("format") == "huggingface":
-            return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
-        return None
+        return _imported(self.config)
 
     def describe(self) -> str:
         """What the model is, in one sentence (and where imported weights came from)."""
@@ -71,8 +68,7 @@ class Run:
     @property
     def about(self) -> dict:
         """{"kind", "model_type", "description"}: what every --json output starts with."""
-        return {"kind": self.kind, "model_type": self.config.get("model_type", ""),
-                "description": self.describe()}  # fmt: skip
+        return about(self.model, self.config)
 
     @property
     def task(self) -> Task:
@@ -121,22 +117,35 @@ class Run:
     def evaluate(self, data: str | None = None, options: EvalOptions | None = None, **given):
         """The task's figures (an ``attnlab.evaluation.Evaluation``) on ``data`` (a file in
         the task's format) or, without it, on the run's held-out split."""
+        options = self.eval_options(data, options, **given)
+        return self.score(self.scoring_task(options), options)
+
+    def eval_options(self, data: str | None = None, options: EvalOptions | None = None,
+                     **given) -> EvalOptions:  # fmt: skip
+        """``options`` with ``data`` and the ``given`` fields put in (what ``evaluate`` takes)."""
         base = options.to_dict() if options is not None else {}
-        options = EvalOptions.from_dict({**base, **given, **({"data": data} if data else {})})
-        if options.data is None:
-            _ = self.task  # an encoder with no head is refused before any data is read
-            if self.imported or not self.config.get("data"):
-                where = f"was imported from {self.imported}" if self.imported else "names no data"
-                raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
-                                    "--data FILE (Python: evaluate(data=...))")  # fmt: skip
-            try:
-                task = open_task(self.path, True, self.config, self.tokenizer)
-            except DataError as e:  # its data moved, changed or was never kept
-                what = ("a text" if self.model.predicts == "next-token"
-                        else "a file in its task's format")  # fmt: skip
-                raise type(e)(f"{e}; score {what} with --data") from None
-        else:
-            task = self.task
+        return EvalOptions.from_dict({**base, **given, **({"data": data} if data else {})})
+
+    def scoring_task(self, options: EvalOptions) -> Task:
+        """The task ``evaluate`` scores with, its data read: a RunError (or DataError) saying
+        what to give instead when the run has nothing to score, before any model runs."""
+        if options.data is not None:
+            return self.task
+        _ = self.task  # an encoder with no head is refused before any data is read
+        if self.imported or not self.config.get("data"):
+            where = f"was imported from {self.imported}" if self.imported else "names no data"
+            raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
+                                "--data FILE (Python: evaluate(data=...))")  # fmt: skip
+        try:
+            return open_task(self.path, True, self.config, self.tokenizer)
+        except DataError as e:  # its data moved, changed or was never kept
+            what = ("a text" if self.model.predicts == "next-token"
+                    else "a file in its task's format")  # fmt: skip
+            raise type(e)(f"{e}; score {what} with --data") from None
+
+    def score(self, task: Task, options: EvalOptions):
+        """``task``'s figures of the model as it runs now (``evaluate`` once the task is open;
+        ``eval --ablate`` calls it with heads ablated, then intact)."""
         with evaluating(self.model), torch.no_grad():
             return task.score(self.model, options)
 
@@ -187,6 +196,28 @@ class Run:
         from attnlab.interventions.subjects import Subject
 
         return Subject(self.model, self.tokenizer, self.config.get("labels"))
+
+
+def _imported(config: dict) -> str | None:
+    source = config.get("source")
+    if isinstance(source, dict) and source.get("format") == "huggingface":
+        return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
+    return None
+
+
+def about(model: nn.Module, config: dict) -> dict:
+    """{"kind", "model_type", "description"} of a model and its run's config.json: what every
+    ``--json`` output starts with."""
+    imported = _imported(config)
+    text = model.describe() + (f" (imported from {imported})" if imported else "")
+    return {"kind": model.kind, "model_type": config.get("model_type", ""), "description": text}
+
+
+def about_run(path: str | Path) -> dict:
+    """``about`` of the run at ``path`` without reading its weights (the model is built on the
+    meta device): for verbs that read a run's files but run no model (timeline, train)."""
+    checked = ckpt.check_run(path)
+    return about(checked.model, checked.config)
 
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> Run:

@@ -24,15 +24,19 @@ def _ints(text: str | None, option: str) -> list[int] | None:
 
 
 def _subject(args):
+    """The run's Subject; the run's ``about`` is kept on ``args`` for the JSON to start with."""
     from attnlab.run import load_run
 
-    return load_run(args.run, args.device).subject
+    run = load_run(args.run, args.device)
+    args._about = run.about
+    return run.subject
 
 
 def _show(result, args) -> int:
     """Write --png (before printing, so a failed write prints only its error), then print."""
     from attnlab.render.display import console
 
+    result.about = getattr(args, "_about", None) or result.about
     png = getattr(args, "_png", None)
     if png is not None:
         result.save_png(png)
@@ -110,7 +114,8 @@ def cmd_lens(args) -> int:
             print(f"wrote {f}", file=sys.stderr)
         if args.text is None:
             if args.json:
-                sys.stdout.write(__import__("json").dumps(tuned.meta, indent=2) + "\n")
+                out = {"about": args._about, **tuned.meta}
+                sys.stdout.write(__import__("json").dumps(out, indent=2) + "\n")
             else:
                 print(describe_fit(tuned))
             return 0
@@ -170,7 +175,9 @@ def cmd_heads(args) -> int:
         from attnlab.interventions import Subject, held_out
         from attnlab.run import load_run
 
-        h = held_out(load_run(args.run, args.device))
+        run = load_run(args.run, args.device)
+        args._about = run.about
+        h = held_out(run)
         s = Subject(h.model, h.task.tokenizer)
         result = head_importance(s, h.loss(), args.mode, h.source, prune=not args.no_prune,
                                  quiet=args.quiet)  # fmt: skip
