@@ -40,6 +40,8 @@ def _show(result, args) -> int:
     png = getattr(args, "_png", None)
     if png is not None:
         result.save_png(png)
+    if getattr(result, "warning", None):
+        print(f"attnlab: warning: {result.warning}", file=sys.stderr)
     if args.json:
         sys.stdout.write(result.to_json() + "\n")
     else:
