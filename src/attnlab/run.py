@@ -23,6 +23,7 @@ from torch import nn
 
 from attnlab import checkpoint as ckpt
 from attnlab.data import DataError
+from attnlab.models.declare import InputError
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, PredictOptions, Task, open_task, predict_options
 
@@ -107,6 +108,8 @@ class Run:
         if options.beam != 1 and task.name != "seq2seq":
             raise ckpt.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
         single = isinstance(inputs, str)
+        if any(x == "" for x in ([inputs] if single else inputs)):  # as trace and attention say
+            raise InputError("the text has no tokens")
         preds = task.predict(self.model, [inputs] if single else list(inputs), options)
         return preds[0] if single else preds
 

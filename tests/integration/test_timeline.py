@@ -232,7 +232,7 @@ def test_timeline_and_heads_refuse_in_one_line(data_dir, tmp_path, capsys):
     assert main(train_args("lstm-attention", data_dir, lstm, "--max-iters", "1")) == 0
     capsys.readouterr()
     for argv, msg in (
-        (["timeline", str(run)], "has no snapshots: train it with --snapshot-every N"),
+        (["timeline", str(run)], "has no snapshots: train it again taking them: `attnlab train"),
         (["timeline", str(run), "--png", str(tmp_path / "x.jpg")], "expected a .png"),
         (["timeline", str(tmp_path / "nope")], "no such run directory"),
         (["heads", str(lstm)], "no self-attention heads"),

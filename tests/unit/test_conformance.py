@@ -110,7 +110,8 @@ def conformance(capsys, path: Path, data: Path | None = None) -> dict[str, dict]
         verb("ablate", heads, "ablate", path, clean, "--head", groups[0].label(0), "--json")
     else:
         verb("ablate", heads, "ablate", path, clean, "--context", "--json")
-    verb("importance", residual and heads, "heads", path, clean, "--importance", "--json")
+    verb("importance", residual and heads and model.predicts != "nothing", "heads", path, clean,
+         "--importance", "--json")  # fmt: skip
     verb("check", True, "check", path, "--json")
     verb("predict", model.predicts != "nothing", "predict", path, clean, "--json")
     if data is not None:

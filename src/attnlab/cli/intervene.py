@@ -154,7 +154,7 @@ def cmd_attribute(args) -> int:
 
 def cmd_heads(args) -> int:
     from attnlab.interventions import corpus_loss, head_importance, text_loss
-    from attnlab.interventions.importance import inputs_loss
+    from attnlab.interventions.importance import check_rankable, inputs_loss
 
     if not args.importance:  # every head's scores and kind (cli/timeline.py)
         from attnlab.cli.timeline import cmd_head_scores
@@ -173,18 +173,20 @@ def cmd_heads(args) -> int:
         raise UsageError("--importance measures the loss on TEXT, on --data FILE (a GPT: windows "
                          "of a corpus), on --inputs FILE (one input per line) or, given none, "
                          "on the run's held-out split: give one at most")  # fmt: skip
+    from attnlab.run import load_run
+
+    run = load_run(args.run, args.device)
+    args._about = run.about
+    check_rankable(run.subject)  # nothing to rank, or nothing to rank by: before any data is read
     if not given:  # a trained run: its task's held-out loss, as training measured it
         from attnlab.interventions import Subject, held_out
-        from attnlab.run import load_run
 
-        run = load_run(args.run, args.device)
-        args._about = run.about
         h = held_out(run)
         s = Subject(h.model, h.task.tokenizer)
         result = head_importance(s, h.loss(), args.mode, h.source, prune=not args.no_prune,
                                  quiet=args.quiet)  # fmt: skip
         return _show(result, args)
-    s = _subject(args)
+    s = run.subject
     if args.data is not None:
         from attnlab.cli.limits import check_forward_memory, config_field
 

@@ -185,7 +185,8 @@ def held_out(run) -> HeldOut:
 
     cfg, run_dir = run.config, run.path
     if "task" not in cfg and "train_config" not in cfg:
-        hint = "; score it on a text with --data FILE" if run.model.predicts == "next-token" else ""
+        hint = ("; score it on a text with --data FILE" if run.model.predicts == "next-token"
+                else "; score it on TEXT or on --inputs FILE (one input per line)")  # fmt: skip
         raise InterventionError(f"{run_dir}: weights saved without a training task (imported, "
                                 f"or by save_model): no held-out data to score{hint}")  # fmt: skip
     task = open_task(run_dir, True, run.config, run.tokenizer)
