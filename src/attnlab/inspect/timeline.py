@@ -181,8 +181,10 @@ def no_snapshots_advice(run_dir: Path) -> str:
     checked = ckpt.check_run(run_dir)  # the model on the meta device: its declarations
     model, cfg = checked.model, checked.config
     if not (model.residual and model.head_groups()):
-        return (f"a timeline follows self-attention heads over training, and this {model.kind} "
-                "model has none to follow (its training curve is metrics.jsonl and loss.png)")
+        return (
+            f"a timeline follows self-attention heads over training, and this {model.kind} "
+            "model has none to follow (its training curve is metrics.jsonl and loss.png)"
+        )
     task, data = cfg.get("task"), cfg.get("data")
     if isinstance(task, dict):
         task = task.get("name")
@@ -204,7 +206,7 @@ def retrain_command(run_dir: Path, cfg: dict) -> str:
     options = cfg.get("task_options") or {}
     words = ["attnlab", "train", "--task", task]
     for k, v in options.items():
-        if v is None or isinstance(v, bool) or isinstance(v, (dict, list)):
+        if v is None or isinstance(v, (bool, dict, list)):
             continue
         words += [f"--{k.replace('_', '-')}", str(v)]
     if "data" not in options:
