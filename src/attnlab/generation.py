@@ -177,13 +177,24 @@ def begin(
             raise ValueError("window policies and --no-cache apply to a GPT's context, "
                              "not to an encoder-decoder")  # fmt: skip
         state = dec.start(x, max_len)
-        return dec, state, torch.full((x.size(0),), BOS, dtype=torch.long, device=x.device)
+        start = special_ids(model)[0]
+        return dec, state, torch.full((x.size(0),), start, dtype=torch.long, device=x.device)
     return dec, dec.start(x, max_len, window=window, use_cache=use_cache), x[:, -1]
 
 
-def _forbid_specials(logp: Tensor) -> Tensor:
-    logp[:, PAD] = float("-inf")
-    logp[:, BOS] = float("-inf")
+def special_ids(model: nn.Module) -> tuple[int, int, tuple[int, ...]]:
+    """An encoder-decoder's (start id, end id, ids it never emits): attnlab's pair tokenizers'
+    <bos>, <eos> and (<pad>, <bos>) unless the model names its own (T5: <pad>, </s>, none)."""
+    return (
+        getattr(model, "decoder_start_id", BOS),
+        getattr(model, "end_id", EOS),
+        tuple(getattr(model, "never_emit", (PAD, BOS))),
+    )
+
+
+def _forbid_specials(model: nn.Module, logp: Tensor) -> Tensor:
+    for i in special_ids(model)[2]:
+        logp[:, i] = float("-inf")
     return logp
 
 
@@ -195,7 +206,7 @@ def next_token_logprobs(model: nn.Module, x: Tensor, window: str = "slide") -> T
     x = x.to(next(model.parameters()).device)
     dec, state, tokens = begin(model, x, 1, window)
     logp = dec.step(state, tokens)  # (B, V)
-    return _forbid_specials(logp) if is_encoder_decoder(model) else logp
+    return _forbid_specials(model, logp) if is_encoder_decoder(model) else logp
 
 
 def pad_ids(seqs: list[list[int]], pad: int = PAD, device=None) -> Tensor:
@@ -261,11 +272,11 @@ def generate_ids(
     while n < steps:
         logp = dec.step(state, tokens)  # (B, V)
         if encdec:
-            logp = _forbid_specials(logp)
+            logp = _forbid_specials(model, logp)
         tokens = next_token(logp, cfg, seen, generator)  # (B,)
         if encdec:
             tokens = tokens.masked_fill(done, PAD)
-            done |= tokens == EOS
+            done |= tokens == special_ids(model)[1]
         out[:, n] = tokens
         n += 1
         if seen is not None:
@@ -290,7 +301,8 @@ def greedy(
     rows = ids.tolist()
     if not is_encoder_decoder(model):
         return rows
-    return [row[: row.index(EOS)] if EOS in row else row for row in rows]
+    end = special_ids(model)[1]
+    return [row[: row.index(end)] if end in row else row for row in rows]
 
 
 @dataclasses.dataclass
@@ -337,14 +349,14 @@ def beam_search(
     for step in range(max_len):
         logp = dec.step(state, last)  # (K, V)
         if encdec:
-            logp = _forbid_specials(logp)
+            logp = _forbid_specials(model, logp)
         V = logp.size(-1)
         total = (scores[:, None] + logp).view(-1)  # (K * V,)
         top_scores, top_idx = total.topk(min(2 * beam, int(torch.isfinite(total).sum())))
         origins, new_alive, new_scores, new_last = [], [], [], []
         for s, idx in zip(top_scores.tolist(), top_idx.tolist()):
             k, tok = divmod(idx, V)
-            if encdec and tok == EOS:
+            if encdec and tok == special_ids(model)[1]:
                 n = len(alive[k]) + 1
                 finished.append(Hypothesis(alive[k], s, s / length_penalty(n, alpha), True))
             else:
@@ -414,7 +426,7 @@ def generate(
     encdec = is_encoder_decoder(model)
     if encdec:
         encoded = [tokenizer.encode_source(p) for p in prompts]
-        decode, end = tokenizer.decode_target, EOS
+        decode, end = tokenizer.decode_target, special_ids(model)[1]
     else:
         encoded = [encode_prompt(tokenizer, p) for p in prompts]
         decode, end = tokenizer.decode, None

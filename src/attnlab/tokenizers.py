@@ -217,6 +217,65 @@ def train_bpe(
     return HFTokenizer(tok)
 
 
+class SharedPairTokenizer:
+    """One tokenizer for both sides of an encoder-decoder whose model ids are the tokenizer's
+    own (T5's SentencePiece vocabulary), with that model's reserved ids: ``PAD``, ``BOS`` the
+    decoder's start (T5: <pad>, 0) and ``EOS`` the end (T5: </s>, 1). It speaks
+    ``PairTokenizer``'s methods, so translation and the look-inside verbs read it the same way.
+    Saved as tokenizer.json: {"attnlab": {"type": "shared-pair", ids, "tokenizer": the
+    Hugging Face tokenizer.json}}."""
+
+    kind = "shared-pair"
+
+    def __init__(self, tok: HFTokenizer, pad: int = 0, start: int = 0, end: int = 1):
+        self.tok, self.PAD, self.BOS, self.EOS = tok, pad, start, end
+        self.special_tokens = dict(tok.special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.vocab_size
+
+    src_vocab_size = tgt_vocab_size = vocab_size
+
+    def encode_source(self, text: str) -> list[int]:
+        """Source ids, ending with the end id (T5's tokenizer appends </s> itself)."""
+        ids = self.tok.encode(text)
+        return ids if ids and ids[-1] == self.EOS else [*ids, self.EOS]
+
+    def encode_target(self, text: str) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=False)
+
+    encode = encode_source
+
+    def _strip(self, ids: Iterable[int]) -> list[int]:
+        out = []
+        for i in map(int, ids):
+            if i == self.EOS:
+                break
+            if i not in (self.PAD, self.BOS):
+                out.append(i)
+        return out
+
+    def decode_target(self, ids: Iterable[int]) -> str:
+        """Model ids -> text, stopping at the end id and dropping <pad> and the start id."""
+        return self.tok.decode(self._strip(ids))
+
+    decode_source = decode = decode_target
+
+    def source_tokens(self, ids: Iterable[int]) -> list[str]:
+        return [self.tok.tok.id_to_token(int(i)) or str(int(i)) for i in ids]
+
+    target_tokens = source_tokens
+
+    def tokens(self, text: str) -> list[str]:
+        return self.tok.tokens(text)
+
+    def to_json(self) -> str:
+        body = {"type": "shared-pair", "pad": self.PAD, "start": self.BOS, "end": self.EOS,
+                "tokenizer": json.loads(self.tok.to_json())}  # fmt: skip
+        return json.dumps({"attnlab": body}, ensure_ascii=False)
+
+
 def tokenizer_from_json(text: str) -> Tokenizer:
     try:
         data = json.loads(text)
@@ -228,6 +287,16 @@ def tokenizer_from_json(text: str) -> Tokenizer:
             return CharTokenizer(body["vocab"], unk=body.get("unk", False))
         if body.get("type") == "word":
             return WordTokenizer(body["vocab"])
+        if body.get("type") == "shared-pair":  # a T5 run's: one vocabulary, the model's ids
+            inner = tokenizer_from_json(json.dumps(body.get("tokenizer")))
+            if not isinstance(inner, HFTokenizer):
+                raise TokenizerError("tokenizer.json: a shared-pair tokenizer wraps a Hugging "
+                                     "Face tokenizer")  # fmt: skip
+            ids = {k: body.get(k) for k in ("pad", "start", "end")}
+            if not all(isinstance(v, int) for v in ids.values()):
+                raise TokenizerError("tokenizer.json: a shared-pair tokenizer needs pad, start "
+                                     "and end ids")  # fmt: skip
+            return SharedPairTokenizer(inner, **ids)
         if body.get("type") == "image":  # a ViT run's: reads images, see attnlab.data.images
             from attnlab.data.images import ImageTokenizer
 

@@ -22,7 +22,7 @@ import torch
 from attnlab.checkpoint import save_model
 from attnlab.models.declare import registered
 from attnlab.run import load_run
-from attnlab.tokenizers import CharTokenizer, PairTokenizer, build_tokenizer
+from attnlab.tokenizers import CharTokenizer, build_tokenizer
 from intervene_helpers import PAIRS_TEXT, perturb
 from look_helpers import CORPUS, run_main
 
@@ -36,8 +36,8 @@ def tokenizer_for(cls, cfg: dict):
     if cls.reads == "text":  # an encoder's frames its text: [CLS] ... [SEP], and has [MASK]
         return build_tokenizer("char", CORPUS, encoder=True) if not cls.causal else (
             CharTokenizer.from_text(CORPUS))  # fmt: skip
-    if cls.reads == "source":
-        return PairTokenizer(CharTokenizer(PAIRS_TEXT), CharTokenizer(PAIRS_TEXT))
+    if cls.reads == "source":  # the kind's own (T5's ids are its tokenizer's)
+        return cls.example_tokenizer(PAIRS_TEXT)
     from attnlab.data.images import ImageTokenizer
 
     classes = [str(i) for i in range(cfg["n_classes"])]

@@ -28,7 +28,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 LAYERS: list[tuple[str, list[str]]] = [
     # What a user calls: the command line, the demo, and the package root (its lazy exports and
     # TYPE_CHECKING imports name modules of every layer).
-    ("front", ["attnlab", "attnlab.__main__", "attnlab.cli", "attnlab.cli.*", "attnlab.demo"]),
+    ("front", ["attnlab", "attnlab.__main__", "attnlab.cli", "attnlab.cli.*", "attnlab.demo",
+               "attnlab.experiments", "attnlab.experiments.*"]),
     # The doors to a run: Run (open, predict, score, generate), the train verb (it plans a run
     # and wires the Trainer with its callbacks, snapshots included, so it sits above inspect/
     # although it lives in training/), and Hugging Face in and out.

@@ -15,7 +15,8 @@ import sys
 
 from attnlab.errors import AttnlabError
 
-AREAS = ("train", "predict", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline")
+AREAS = ("train", "predict", "lm", "look", "interop", "seq2seq", "vision", "intervene", "timeline",
+         "experiment")
 
 
 class UsageError(AttnlabError):

@@ -225,6 +225,65 @@ def fixed_batches(images: Tensor, labels: Tensor, batch_size: int) -> list:
     ]
 
 
+@dataclasses.dataclass
+class Preprocess:
+    """A Hugging Face image model's preprocessing (``preprocessor_config.json``), in its order:
+    resize to ``size`` (height, width) with PIL's ``resample`` filter on the 8-bit image, then
+    x * ``rescale`` (1/255: pixels to [0, 1]), then (x - mean) / std per channel. Resize works
+    on 8-bit pixels and rescale in float64, as transformers' ViTImageProcessor does, so both
+    give the same numbers."""
+
+    size: tuple[int, int] | None  # (height, width); None = no resize
+    resample: int = 2  # PIL.Image.BILINEAR
+    rescale: float | None = 1 / 255
+    mean: tuple[float, ...] | None = (0.5, 0.5, 0.5)
+    std: tuple[float, ...] | None = (0.5, 0.5, 0.5)
+
+    def __call__(self, image) -> Tensor:
+        """A PIL image or an 8-bit array (H, W[, C]) -> float32 (C, H, W), ready for the model."""
+        from PIL import Image
+
+        pil = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
+        if self.size is not None:
+            h, w = self.size
+            pil = pil.resize((w, h), resample=self.resample)
+        a = np.asarray(pil)
+        a = a[:, :, None] if a.ndim == 2 else a  # (H, W, C)
+        a = a.transpose(2, 0, 1)  # (C, H, W)
+        if self.rescale is not None:
+            a = (a.astype(np.float64) * self.rescale).astype(np.float32)
+        a = a.astype(np.float32)
+        if self.mean is not None and self.std is not None:
+            mean = np.array(self.mean, dtype=np.float32)[:, None, None]  # (C, 1, 1)
+            std = np.array(self.std, dtype=np.float32)[:, None, None]
+            a = (a - mean) / std
+        return torch.from_numpy(np.ascontiguousarray(a))
+
+    def read(self, path: str | Path, channels: int) -> Tensor:
+        """An image file -> (C, H, W) preprocessed; RGB (or grayscale for a 1-channel model)."""
+        from PIL import Image, UnidentifiedImageError
+
+        path = Path(path)
+        if not path.is_file():
+            raise DataError(f"{path}: no such image file")
+        try:
+            with Image.open(path) as img:
+                img = img.convert("RGB" if channels == 3 else "L")
+        except (OSError, UnidentifiedImageError) as e:
+            raise DataError(f"{path}: cannot read as an image ({type(e).__name__})") from None
+        return self(img)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Preprocess:
+        d = dict(d)
+        for k in ("size", "mean", "std"):
+            d[k] = tuple(d[k]) if d.get(k) is not None else None
+        return cls(**d)
+
+
 class ImageTokenizer:
     """The "tokenizer" of a ViT run: where its images come from, and how to read one more.
 
@@ -246,10 +305,14 @@ class ImageTokenizer:
         seed: int,
         val_fraction: float,
         test_fraction: float = TEST_FRACTION,
+        preprocess: Preprocess | dict | None = None,
     ):
         self.source, self.classes = source, list(classes)
         self.image_size, self.channels = image_size, channels
         self.seed, self.val_fraction, self.test_fraction = seed, val_fraction, test_fraction
+        if isinstance(preprocess, dict):
+            preprocess = Preprocess.from_dict(preprocess)
+        self.preprocess = preprocess  # an imported model's (resize, rescale, normalise)
 
     @property
     def vocab_size(self) -> int:
@@ -280,6 +343,8 @@ class ImageTokenizer:
                     f"(test:0 .. test:{len(test) - 1})"
                 )
             return test.images[int(n)], self.classes[int(test.labels[int(n)])]
+        if self.preprocess is not None:  # any size: resized as the imported model expects
+            return self.preprocess.read(text, self.channels), None
         img = read_image(text)
         if self.channels == 1 and img.size(0) == 3 and bool((img == img[:1]).all()):
             img = img[:1]  # a gray image stored as RGB (R = G = B), as matplotlib saves one
@@ -301,7 +366,7 @@ class ImageTokenizer:
             "seed": self.seed,
             "val_fraction": self.val_fraction,
             "test_fraction": self.test_fraction,
-        }
+        } | ({"preprocess": self.preprocess.to_dict()} if self.preprocess is not None else {})
 
     @classmethod
     def from_dict(cls, d: dict) -> ImageTokenizer:

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from attnlab.data.corpus import DataError
-from attnlab.tokenizers import BOS, EOS, PAD, PairTokenizer
+from attnlab.tokenizers import BOS, PAD, PairTokenizer
 
 Pair = tuple[str, str]
 
@@ -315,12 +315,16 @@ def rebuild(recipe: dict) -> Seq2SeqData:
 
 
 def encode_pairs(tokenizer: PairTokenizer, pairs: list[Pair]) -> list[tuple[list[int], list[int]]]:
-    """Pairs -> (source ids + <eos>, target ids + <eos>)."""
-    return [(tokenizer.encode_source(s), tokenizer.encode_target(t) + [EOS]) for s, t in pairs]
+    """Pairs -> (source ids + <eos>, target ids + <eos>), <eos> being the tokenizer's end id."""
+    end = tokenizer.EOS  # attnlab's pair tokenizers: EOS; T5's (SharedPairTokenizer): </s>
+    return [(tokenizer.encode_source(s), tokenizer.encode_target(t) + [end]) for s, t in pairs]
 
 
-def collate(examples: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, ...]:
-    """-> src (B, S), tgt_in (B, T) = <bos> y, tgt_out (B, T) = y <eos>; <pad> = 0 fills."""
+def collate(
+    examples: list[tuple[list[int], list[int]]], start: int = BOS
+) -> tuple[torch.Tensor, ...]:
+    """-> src (B, S), tgt_in (B, T) = <bos> y, tgt_out (B, T) = y <eos>; <pad> = 0 fills.
+    ``start`` is the decoder's first input (<bos>; T5's is <pad>)."""
     B = len(examples)
     S = max(len(s) for s, _ in examples)
     T = max(len(t) for _, t in examples)
@@ -330,6 +334,6 @@ def collate(examples: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, 
     for i, (s, t) in enumerate(examples):
         src[i, : len(s)] = torch.tensor(s)
         tgt_out[i, : len(t)] = torch.tensor(t)
-        tgt_in[i, 0] = BOS
+        tgt_in[i, 0] = start
         tgt_in[i, 1 : len(t)] = torch.tensor(t[:-1])
     return src, tgt_in, tgt_out

@@ -304,9 +304,21 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
              "entry (i, j) is the dot product of query i and key j: how well token j matches "
              "what token i is looking for.", raw, q_lab, k_lab))  # fmt: skip
     scaled = _np(c[f"{path}.scores"][0, head])
-    add(Step(n + "scaled_scores", f"scaled by 1/sqrt(d_k) = 1/sqrt({dk}) = {1 / math.sqrt(dk):.4f}",
-             scaled.shape, "dividing by sqrt(d_k) keeps the scores' spread near 1 so the "
-             "softmax does not saturate.", scaled, q_lab, k_lab))  # fmt: skip
+    bias = not cross and f"{path.split('.')[0]}.position_bias" in c  # T5's relative bias
+    scale = attn.scale if attn.scale is not None else 1 / math.sqrt(dk)
+    if attn.scale is None:
+        title = f"scaled by 1/sqrt(d_k) = 1/sqrt({dk}) = {scale:.4f}"
+        meaning = "dividing by sqrt(d_k) keeps the scores' spread near 1 so the softmax does not saturate."
+    else:
+        title = f"scaled by {scale:.4g}" if scale != 1 else "not scaled"
+        meaning = (f"this model multiplies the scores by {scale:.4g} instead of 1/sqrt(d_k)"
+                   + (" (T5 folds the scale into W_Q's initialisation)" if scale == 1 else "")
+                   + ".")  # fmt: skip
+    if bias:
+        title += ", plus the relative position bias"
+        meaning += (" The stack's relative position bias (shown above) is added: entry (i, j) "
+                    "gains the learned number of head and distance j - i.")  # fmt: skip
+    add(Step(n + "scaled_scores", title, scaled.shape, meaning, scaled, q_lab, k_lab))
     prefix = path.rsplit(".", 1)[0]  # the block
     block = model.get_submodule(prefix) if prefix else model
     causal = not cross and bool(getattr(block, "causal", getattr(model, "causal", False)))
@@ -536,11 +548,29 @@ def _stack_input(steps, rec, stack, info) -> None:
     the residual stream entering the chosen layer."""
     c, add = rec.cache, steps.append
     what = "each source token" if stack == "encoder" else "each output token so far (<bos> first)"
-    if f"{stack}.embed" in c:
+    relative = f"{stack}.position_bias" in c  # T5: positions enter as a bias on the scores
+    if f"{stack}.embed" in c and relative:
+        e = _np(c[f"{stack}.embed"][0])
+        add(Step(f"{stack}.embedding", f"{stack} input: token embedding", e.shape,
+                 f"{what} looks up a learned vector (one matrix for both stacks), with no scale "
+                 "and no position vector: positions enter as the bias on the attention scores.",
+                 e))  # fmt: skip
+    elif f"{stack}.embed" in c:
         e = _np(c[f"{stack}.embed"][0])
         add(Step(f"{stack}.embedding", f"{stack} input: embedding + position", e.shape,
                  f"{what} looks up a learned vector, scaled by sqrt(M), plus the sinusoid of "
                  "its position.", e))  # fmt: skip
+    if relative:
+        b = _np(c[f"{stack}.position_bias"][0])  # (H, T, S)
+        toks = rec.tokens.get(stack)
+        add(Step(f"{stack}.position_bias", "relative position bias (head 0)", b[0].shape,
+                 "a learned number per head and relative distance key - query, added to every "
+                 "attention score of this stack: distances are bucketed (the near ones exactly, "
+                 "the far ones in log-spaced buckets up to a maximum distance), computed once "
+                 "in the first layer and shared by every layer; "
+                 + ("the encoder's looks both ways." if stack == "encoder" else
+                    "the decoder's sees only earlier positions (causal)."),
+                 b[0], rows=toks, cols=toks))  # fmt: skip
     prefix = info.module_path[: -len("attn")]
     if info.layer and prefix + "resid_pre" in c:
         x = _np(c[prefix + "resid_pre"][0])
@@ -600,14 +630,13 @@ def _decoder_step_predictions(steps, tokenizer, rec, weights, top_k, head, align
              f"each output step scores all {lg.shape[-1]} target-vocabulary entries for the "
              "next output token.", lg))  # fmt: skip
     src, tgt = rec.tokens["encoder"], rec.tokens["decoder"]
-    target = tokenizer.target if hasattr(tokenizer, "target") else None
+    named = hasattr(tokenizer, "target_tokens")  # a pair tokenizer names the output ids
     rows, lines = [], []
     for t in range(lg.shape[0]):
         probs = torch.softmax(torch.as_tensor(lg[t], dtype=torch.float64), -1)
         top = []
         for p, i in _top(probs, top_k):
-            tok = ("<pad>", "<bos>", "<eos>")[i] if i < 3 else (
-                target.decode([i - 3]) if target is not None else str(i))  # fmt: skip
+            tok = tokenizer.target_tokens([int(i)])[0] if named else str(i)
             top.append({"id": int(i), "token": tok, "prob": float(p)})
         row = {"step": t, "fed": tgt[t], "next": top}
         if weights is not None:

@@ -130,6 +130,8 @@ def _convert(how: str, t: Tensor) -> Tensor:
         return t
     if how == "conv1d":  # Conv1D (in, out) -> Linear (out, in)
         return t.t()
+    if how == "conv2d_flatten":  # a patch Conv2d (d, C, P, P) -> the Linear (d, C*P*P) (ViT)
+        return t.reshape(t.size(0), -1)
     if how.startswith("conv1d_"):  # c_attn (C, 3C): q | k | v side by side, then transpose
         return t.chunk(3, dim=-1)["qkv".index(how[-1])].t()
     if how.startswith("qkv_bias_"):  # c_attn bias (3C,): q | k | v
@@ -545,11 +547,20 @@ def _json_or_empty(path: Path) -> dict:
 # Whole directories
 # ---------------------------------------------------------------------------------------------
 
+
+# model_type -> loader (hf_dir, hf) -> model. A family in a module of its own (interop/t5.py,
+# interop/vit.py) adds itself here when attnlab.interop is imported.
 LOADERS = {"gpt2": load_gpt2, "bert": load_bert}
+# files a model_type cannot be imported without (its text or image reader)
+REQUIRED_FILES: dict[str, str] = {}
+# model_type -> reader of its "tokenizer" (hf_dir, hf, model) -> (tokenizer, source); the rest
+# read tokenizer.json / vocab files (load_hf_tokenizer)
+TOKENIZER_READERS: dict = {}
 
 
 def load_hf(hf_dir: str | Path):
-    """(model, tokenizer, provenance) for a HF GPT-2 or BERT directory, in eval mode."""
+    """(model, tokenizer, provenance) for a HF directory of a model type in ``LOADERS``, in
+    eval mode."""
     hf_dir = Path(hf_dir)
     hf = read_hf_config(hf_dir)
     files = weight_files(hf_dir)  # refuses a directory of pickles before anything else
@@ -558,9 +569,16 @@ def load_hf(hf_dir: str | Path):
         raise RunError(
             f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports {', '.join(LOADERS)}"
         )
+    need = REQUIRED_FILES.get(kind)
+    if need and not (hf_dir / need).is_file():
+        raise RunError(f"{hf_dir}: no {need}, which a {kind} model needs to read its input")
     model = LOADERS[kind](hf_dir, hf)
-    tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
-    if tokenizer is not None and tokenizer.vocab_size > model.config.vocab_size:
+    if kind in TOKENIZER_READERS:
+        tokenizer, tok_source = TOKENIZER_READERS[kind](hf_dir, hf, model)
+    else:
+        tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
+    vocab = getattr(model.config, "vocab_size", None)
+    if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
         raise RunError(
             f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
             f"only {model.config.vocab_size}"

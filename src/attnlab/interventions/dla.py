@@ -29,6 +29,7 @@ from attnlab import hooks
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Subject
 from attnlab.models.declare import Gate, Linear, Norm
+from attnlab.norms import RMSNorm
 from attnlab.render.display import Result, show_token
 
 TOL = 1e-7  # the running sum must match each recorded residual point (float64)
@@ -136,6 +137,11 @@ class _Parts:
 
     def layer_norm(self, ln: nn.Module, u: Tensor, bias_name: str) -> bool:
         """Apply ``ln`` to the parts with its scale frozen at ``u``'s (the pre-norm sum)."""
+        if isinstance(ln, RMSNorm):  # x / rms(u) * (offset + w): no centring, no bias
+            rms = torch.sqrt(u.double().pow(2).mean() + ln.eps)
+            gamma = ln.offset + ln.weight.double()
+            self.map(lambda x: gamma * x / rms)
+            return True
         if not isinstance(ln, nn.LayerNorm):
             return False
         sigma = torch.sqrt(u.double().var(unbiased=False) + ln.eps)

@@ -6,7 +6,7 @@ the interventions, ``Run``, the checkpoint loader and the CLI read these declara
 ask which model they hold:
 
     what it is      kind (the project's one vocabulary: gpt, mlm, text-classifier, encoder,
-                    seq2seq-transformer, lstm-attention, lstm, vit), describe(), model_type and
+                    seq2seq-transformer, t5, lstm-attention, lstm, vit), describe(), model_type and
                     config_class (config.json), tokenizer_fields (what the tokenizer must match)
     its structure   stacks, output_stack, input_stack, memory_stack; head_groups(); points();
                     hook_points (name pattern -> meaning); residual (has a residual stream)
@@ -434,17 +434,29 @@ class EncoderDecoder(ModelKind):
         ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
     )
     gradient_site = "encoder.embed"
+    # the decoder's first input, the id that ends an output, and ids never emitted: attnlab's
+    # pair tokenizers' <bos>, <eos> and (<pad>, <bos>) (``attnlab.tokenizers``); T5 has its own
+    decoder_start_id, end_id, never_emit = 1, 2, (0, 1)
 
     @classmethod
     def default_task(cls, config: dict) -> str | None:
         return "seq2seq"
 
+    @classmethod
+    def example_tokenizer(cls, text: str):
+        """A tokenizer of the characters of ``text`` for a test run of this kind: attnlab's
+        pair tokenizer (<pad>, <bos>, <eos> in front of each side's ids)."""
+        from attnlab.tokenizers import CharTokenizer, PairTokenizer
+
+        return PairTokenizer(CharTokenizer(text), CharTokenizer(text))
+
     def prepare(self, tokenizer, text: str, like: Prepared | None = None, decode=None) -> Prepared:
         """The source ids (1, S) and the decoder's input (1, T): <bos> + the greedy
         translation of ``text`` (``decode(model, src)``: the caller's greedy decoder, which
         lives above the models), or the same decoder input as ``like``."""
-        from attnlab.tokenizers import BOS, EOS, PAD
+        from attnlab.tokenizers import PAD
 
+        BOS, EOS = self.decoder_start_id, self.end_id
         if tokenizer is None:
             raise InputError("this run has no tokenizer.json, so it cannot read text")
         dev = _device(self)

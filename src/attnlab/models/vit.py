@@ -36,7 +36,7 @@ class ViTConfig(BaseConfig):
     image_size: int = 8  # square images, image_size x image_size pixels
     patch_size: int = 2  # square patches; image_size must be a multiple of it
     channels: int = 1  # 1 = grayscale, 3 = RGB
-    n_classes: int = 10
+    n_classes: int = 10  # 0: no classifier (Hugging Face's ViTModel), the output is a vector
     n_layer: int = 2
     n_head: int = 4
     d_model: int = 64
@@ -46,13 +46,15 @@ class ViTConfig(BaseConfig):
     norm_first: bool = True  # ViT is pre-norm
     activation: str = "gelu"
     ln_eps: float = 1e-6
+    pooler: bool = False  # tanh(W h_[CLS] + b) after the final norm (Hugging Face's ViTModel)
 
     def validate(self) -> None:
         self._positive("image_size", "patch_size", "channels", "n_layer", "n_head", "d_model")
         self._positive_or_none("d_ff")
         self._divisible("image_size", "patch_size")
-        if self.n_classes < 2:
-            raise ConfigError(f"n_classes must be at least 2, got {self.n_classes}")
+        if self.n_classes < 2 and self.n_classes != 0:
+            raise ConfigError(f"n_classes must be 0 (no classifier) or at least 2, "
+                              f"got {self.n_classes}")  # fmt: skip
         self._divisible("d_model", "n_head")
         self._one_of("activation", ACTIVATIONS)
         self._fraction("dropout")
@@ -131,8 +133,9 @@ class ViT(ModelKind, nn.Module):
         self.drop = nn.Dropout(c.dropout)
         self.blocks = block_stack(c, causal=False)
         self.ln_f = nn.LayerNorm(c.d_model, eps=c.ln_eps, bias=c.bias)
-        self.head = nn.Linear(c.d_model, c.n_classes)
-        for name in ("embed", "pos", "ln_f", "class_logits"):
+        self.head = nn.Linear(c.d_model, c.n_classes) if c.n_classes else None
+        self.pooler = nn.Linear(c.d_model, c.d_model) if c.pooler else None
+        for name in ("embed", "pos", "ln_f", "pooled", "class_logits"):
             setattr(self, f"hook_{name}", Hook())
         self.apply(self._init_weights)
         nn.init.normal_(self.cls_token, std=0.02)
@@ -149,7 +152,10 @@ class ViT(ModelKind, nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, images: Tensor, record: bool = False):
-        """images (B, C, H, W) -> logits (B, n_classes); with ``record=True``, (logits, cache)."""
+        """images (B, C, H, W) -> logits (B, n_classes); with ``record=True``, (logits, cache).
+
+        Without a classifier (``n_classes`` 0) the output is the [CLS] vector (B, C): pooled,
+        tanh(W h + b), when the model has a pooler, else the final norm's."""
         if record:
             with hooks.record(self) as acts:
                 logits = self.forward(images)
@@ -167,7 +173,11 @@ class ViT(ModelKind, nn.Module):
         for block in self.blocks:
             x = block(x)  # no mask: every token attends to all N + 1
         x = self.hook_ln_f(self.ln_f(x))
-        return self.hook_class_logits(self.head(x[:, 0]))  # (B, n_classes) from [CLS] alone
+        if self.head is not None:
+            return self.hook_class_logits(self.head(x[:, 0]))  # (B, n_classes) from [CLS] alone
+        if self.pooler is not None:
+            return self.hook_pooled(torch.tanh(self.pooler(x[:, 0])))  # (B, C)
+        return x[:, 0]  # (B, C)
 
     kind = "vit"
 
@@ -191,7 +201,12 @@ class ViT(ModelKind, nn.Module):
     # -- the declaration (attnlab.models.declare) ---------------------------------------------
 
     reads = "image"  # a file path, or test:N for the N-th image of the run's test split
-    predicts = "class"
+
+    @property
+    def predicts(self) -> str:
+        """A class, or nothing for a ViT without a classifier (Hugging Face's ViTModel)."""
+        return "class" if self.head is not None else "nothing"
+
     tokenizer_fields = (  # a ViT's "tokenizer" reads images and names the classes (data.images)
         ("n_classes", "vocab_size", "tokenizer.json"),
         ("image_size", "image_size", "tokenizer.json"),
@@ -239,22 +254,41 @@ class ViT(ModelKind, nn.Module):
                      {"": labels}, {"": list(range(n))},
                      {"image": image.cpu(), "patch_size": self.config.patch_size,
                       "truth": label, "classes": classes})  # fmt: skip
+        if self.head is None:
+            return p  # no classifier: nothing to predict, no target
         with torch.no_grad():
             pred = int(self.forward_logits(x)[0, 0].argmax())
         truth = classes.index(label) if label is not None and classes else pred
         p.targets = torch.tensor([truth])
         return p
 
+    def _no_head(self) -> InputError:
+        return InputError("this ViT has no classifier (a Hugging Face ViTModel): it predicts "
+                          "nothing; trace, attention, similarity, influence and explore read "
+                          "it")  # fmt: skip
+
     def forward_logits(self, images: Tensor) -> Tensor:
+        if self.head is None:
+            raise self._no_head()
         return self(images)[:, None]  # (B, 1, n_classes): one output position, [CLS]
 
+    def record_logits(self, args: tuple) -> Tensor | None:
+        if self.head is None:
+            self(*args)  # runs (and records) the blocks; the output is no prediction
+            return None
+        return self.forward_logits(*args)
+
     def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
+        if self.head is None:
+            raise self._no_head()
         return self.head(self.ln_f(h)[:, 0])[:, None]
 
     def dla_embeddings(self, cache, position: int) -> list[tuple[str, Tensor]]:
         return [("cls_token", self.cls_token[0, 0]), ("pos", self.pos_embed[0, 0])]
 
     def dla_readout(self) -> list:
+        if self.head is None:
+            raise self._no_head()
         return [Unembed(self.head.weight, self.head.bias, "head.bias")]
 
     def output_name(self, tokenizer, classes, i: int) -> str:

@@ -41,7 +41,6 @@ from attnlab.models.seq2seq import Seq2SeqConfig
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import (
-    EOS,
     PAD,
     CharTokenizer,
     PairTokenizer,
@@ -138,7 +137,7 @@ def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[st
     with evaluating(model):
         for i in range(0, len(encoded), batch_size):
             chunk = encoded[i : i + batch_size]
-            src, tgt_in, tgt_out = (t.to(device) for t in collate(chunk))
+            src, tgt_in, tgt_out = (t.to(device) for t in collate(chunk, tokenizer.BOS))
             logits = model(src, tgt_in)  # (B, T, V)
             keep = tgt_out != PAD
             correct += int(((logits.argmax(-1) == tgt_out) & keep).sum())
@@ -149,7 +148,7 @@ def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[st
             else:
                 outs = [beam_search(model, pad_ids([s], device=device), beam, alpha)[0].tokens
                         for s, _ in chunk]  # fmt: skip
-            exact += sum(o == t[: t.index(EOS)] for o, (_, t) in zip(outs, chunk))
+            exact += sum(o == t[: t.index(tokenizer.EOS)] for o, (_, t) in zip(outs, chunk))
             decoded += [tokenizer.decode_target(o) for o in outs]
             count_done(len(decoded), len(encoded), "pairs")  # a Heartbeat around this shows it
     n, tokens = max(len(encoded), 1), max(total, 1)
@@ -227,13 +226,14 @@ class Seq2Seq(Task):
 
     def train_batches(self, batch_size, seed, rank=0, world_size=1):
         def make(idx: list[int]):
-            return collate([self.train_set[i] for i in idx])
+            return collate([self.train_set[i] for i in idx], self.tokenizer.BOS)
 
         return EpochBatches(len(self.train_set), make, batch_size, seed, rank, world_size)
 
     def val_batches(self, batch_size, eval_iters):
         enc = encode_pairs(self.tokenizer, self.val_pairs)
-        return [collate(enc[i : i + EVAL_BATCH]) for i in range(0, len(enc), EVAL_BATCH)]
+        start = self.tokenizer.BOS
+        return [collate(enc[i : i + EVAL_BATCH], start) for i in range(0, len(enc), EVAL_BATCH)]
 
     def loss(self, model, batch):
         src, tgt_in, tgt_out = batch

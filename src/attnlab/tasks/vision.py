@@ -187,6 +187,9 @@ class ImageClassifier(Task):
         """Each image's (a file, or ``test:N``) ``top_k`` classes with probabilities."""
         top_k = predict_options(options, given).top_k
         classes = self.tokenizer.classes
+        if not model.config.n_classes:
+            raise ConfigError("this ViT has no classifier (a Hugging Face ViTModel): it predicts "
+                              "no class; trace, attention, similarity and explore read it")  # fmt: skip
         device = next(model.parameters()).device
         out = []
         for text in inputs:

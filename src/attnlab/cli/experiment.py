@@ -1,0 +1,60 @@
+"""`attnlab experiment NAME --out DIR`: a classic result on attention, rerun on models it trains
+(``attnlab.experiments``). Prints the summary (published beside measured) on stdout, writes
+DIR/report.html, DIR/figures.json and the runs under DIR/runs/."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def seeds(text: str) -> list[int]:
+    """'1,2,3' -> [1, 2, 3] (argparse turns the error into exit 2)."""
+    try:
+        out = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers separated by commas, got {text!r}"
+        ) from None
+    if not out or any(s < 0 for s in out) or len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"expected distinct non-negative integers, got {text!r}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from attnlab.experiments import run_experiment
+
+    report = run_experiment(args.name, args.out, quick=args.quick, seeds=args.seeds,
+                            device=args.device)  # fmt: skip
+    if args.json:
+        print(json.dumps({"report": f"{args.out}/report.html",
+                          "figures": f"{args.out}/figures.json",
+                          "claims": [c.to_dict() for c in report.claims]}, ensure_ascii=False))  # fmt: skip
+        return 0
+    print("\n".join(report.lines(80)))
+    print(f"report: {args.out}/report.html  figures: {args.out}/figures.json")
+    return 0
+
+
+def register(sub) -> None:
+    from attnlab.experiments import NAMES
+
+    p = sub.add_parser(
+        "experiment",
+        help="rerun a classic experiment on attention and compare with the paper",
+        description="Train the models an experiment needs (run directories under OUT/runs/), "
+        "measure, and write OUT/report.html and OUT/figures.json: each published figure beside "
+        "attnlab's, over several seeds, with the criterion that decides whether it reproduces. "
+        "pruning: Michel et al. 2019 (head importance, pruning curves). rollout-and-flow: Abnar "
+        "& Zuidema 2020 (raw attention, rollout and flow against blank-out and gradients). "
+        "attention-vs-importance: Jain & Wallace 2019 and Wiegreffe & Pinter 2019 (attention "
+        "against gradient and leave-one-out importance; permuted, adversarial, uniform "
+        "attention).",
+    )
+    p.set_defaults(func=run)
+    p.add_argument("name", choices=list(NAMES), metavar="NAME", help=f"one of {', '.join(NAMES)}")
+    p.add_argument("--out", required=True, help="directory to write the report and runs into")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller models and fewer steps: under a minute (what CI runs)")  # fmt: skip
+    p.add_argument("--seeds", type=seeds, default="1,2,3",
+                   help="seeds to train and measure with, comma separated")  # fmt: skip

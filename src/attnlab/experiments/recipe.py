@@ -1,0 +1,75 @@
+"""What a recipe is given (``Context``: where to write, how big to run, the seeds, a way to
+train a run) and what it is registered as (``Experiment``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from attnlab.errors import AttnlabError
+from attnlab.experiments.report import Report
+
+
+class ExperimentError(AttnlabError):
+    """An experiment that cannot run as asked (unknown name, bad seeds): one line, exit 2."""
+
+
+@dataclass
+class Context:
+    """What a recipe is given: where to write, how big to run, the seeds, and a log."""
+
+    out: Path
+    quick: bool
+    seeds: list[int]
+    device: str = "cpu"
+    threads: int | None = None
+    log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
+
+    def train(self, name: str, given: dict):
+        """A run trained with ``attnlab train``'s options ``given`` into OUT/runs/NAME, loaded
+        (an ``attnlab.run.Run``). A finished run already there with the same options is reused,
+        so a second call of the experiment only measures again."""
+        from attnlab import checkpoint as ckpt
+        from attnlab.run import load_run
+        from attnlab.training.run import plan, train
+
+        path = self.out / "runs" / name
+        if str(given.get("data", "")).startswith("examples/"):
+            given = {**given, "data": str(example_file(given["data"]))}
+        p = plan({**given, "out": str(path), "quiet": True, "device": self.device,
+                  "threads": self.threads})  # fmt: skip
+        if (path / "config.json").is_file():
+            cfg = ckpt.read_run_config(path)
+            same = cfg.get("task_options") == p.options.to_dict() and (
+                (cfg.get("train_config") or {}).get("seed") == p.config.seed)  # fmt: skip
+            if "metrics" in cfg and same:
+                self.log(f"experiment: reusing {path}")
+                return load_run(path, self.device)
+            raise ExperimentError(f"{path} holds another run (or an unfinished one): give the "
+                                  "experiment a new --out")  # fmt: skip
+        t = time.time()
+        outcome = train(p, log=self.log)
+        self.log(f"experiment: trained {name} in {time.time() - t:.0f} s: {outcome.summary}")
+        return load_run(path, self.device)
+
+
+def example_file(name: str) -> Path:
+    """A file of the repository's examples/ folder (``examples/language_en_es.tsv``), found
+    beside the source tree whatever the working directory."""
+    path = Path(__file__).resolve().parents[3] / "examples" / Path(name).name
+    if not path.is_file():
+        raise ExperimentError(f"{path}: not found (the experiments read attnlab's examples/ "
+                              "folder from a source checkout)")  # fmt: skip
+    return path
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str
+    summary: str  # one line for --help and the list
+    citation: str
+    recipe: Callable[[Context], Report]

@@ -1,0 +1,53 @@
+"""`attnlab experiment NAME --quick` end to end, as CI runs it: the page and the JSON are
+written, every published figure stands beside attnlab's over three seeds, every sentence says
+what its numbers say, every model is a run directory any verb opens, and the terminal summary
+fits 80 columns."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.slow  # each trains six small models (about 20 to 40 s on 2 cores)
+
+
+@pytest.mark.parametrize("name", ["pruning", "rollout-and-flow", "attention-vs-importance"])
+def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path):
+    out = tmp_path / "report"
+    r = cli("experiment", name, "--quick", "--out", out, "--seeds", "1,2,3", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    assert all(len(line) <= 80 for line in r.stdout.splitlines()[:-1]), r.stdout
+    d = json.loads((out / "figures.json").read_text())
+    assert d["experiment"] == name and d["settings"]["quick"] is True
+    assert d["claims"]
+    for c in d["claims"]:
+        assert c["published"] and c["criterion"]
+        assert sorted(c["measured"]["per_seed"]) == ["1", "2", "3"]
+        assert c["measured"]["min"] <= c["measured"]["mean"] <= c["measured"]["max"]
+        # the verdict is the criterion applied to the numbers, and the sentence says it
+        values = [v for v in c["measured"]["per_seed"].values() if v is not None]
+        t = c["threshold"]
+        ops = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__, "<=": float.__le__}
+        met = [ops[c["op"]](float(v), float(t)) for v in values]
+        assert c["reproduces"] == (len(values) == 3 and all(met))
+        assert ("does not reproduce" in c["sentence"]) == (not c["reproduces"])
+        assert c["sentence"] in r.stdout.replace("\n  ", " ").replace("attnlab:   ", "")
+    page = (out / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<table" in page
+    for c in d["claims"]:
+        assert c["sentence"].replace("'", "&#x27;") in page
+    assert d["runs"] and len(d["runs"]) % 3 == 0
+    for run in d["runs"]:
+        assert (out / run["path"] / "model.safetensors").is_file()
+    first = out / d["runs"][0]["path"]
+    ev = cli("eval", first, "--json")  # a run any verb opens
+    assert ev.returncode == 0, ev.stderr
+
+
+def test_unknown_experiment_and_bad_seeds_exit_2_with_one_line(cli, tmp_path):
+    r = cli("experiment", "prunning", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "did you mean 'pruning'" in r.stderr
+    r = cli("experiment", "pruning", "--out", tmp_path / "x", "--seeds", "1,1")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "x").exists()

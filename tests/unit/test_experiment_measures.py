@@ -1,0 +1,181 @@
+"""The experiments' measurement functions and the report's sentences, on inputs whose answers
+are known: rank correlations by hand, pruning bookkeeping, blank-out on a tiny model, and
+sentences that follow the numbers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnlab.experiments import pruning, rollout_flow
+from attnlab.experiments.report import Claim, Report, Table, value_range
+from attnlab.experiments.stats import kendall, mean_defined, spearman, spread
+
+
+def test_spearman_and_kendall_match_hand_computed_values():
+    a, b = [1, 2, 3, 4, 5], [2, 1, 4, 3, 5]
+    # Spearman: d = (-1, 1, -1, 1, 0), 1 - 6 * 4 / (5 * 24) = 0.8
+    assert spearman(a, b) == pytest.approx(0.8)
+    # Kendall: 10 pairs, 2 discordant ((1, 2) and (3, 4)): (8 - 2) / 10
+    assert kendall(a, b) == pytest.approx(0.6)
+    assert spearman(a, a[::-1]) == pytest.approx(-1.0)
+    assert kendall([3, 1, 2], [30, 10, 20]) == pytest.approx(1.0)
+
+
+def test_rank_correlations_are_invariant_under_monotone_maps():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        a, b = rng.normal(size=12), rng.normal(size=12)
+        assert spearman(a, b) == pytest.approx(spearman(np.exp(a), b**3))
+        assert kendall(a, b) == pytest.approx(kendall(np.exp(a), b**3))
+
+
+def test_a_constant_vector_has_no_correlation_and_is_left_out_of_means():
+    assert math.isnan(spearman([1, 1, 1], [1, 2, 3]))
+    assert math.isnan(kendall([1, 2, 3], [0, 0, 0]))
+    assert mean_defined([0.5, math.nan, 0.1]) == (pytest.approx(0.3), 2)
+    assert spread([0.2, math.nan, 0.4])["n"] == 2
+    with pytest.raises(ValueError):
+        spearman([1, 2], [1, 2, 3])
+
+
+def claim(values: dict) -> Claim:
+    return Claim("k", "the share of heads removable", "40% (a paper)", values, ">=", 0.2, "%")
+
+
+def test_the_sentence_follows_the_numbers():
+    good = claim({1: 0.3, 2: 0.25, 3: 0.4})
+    assert good.reproduces and good.verdict == "reproduces"
+    assert "25% to 40% (mean 32%)" in good.sentence()
+    assert "3 of 3 at least 20%" in good.sentence()
+    assert "does not" not in good.sentence()
+    flipped = claim({1: 0.3, 2: 0.1, 3: 0.4})  # one seed below the threshold
+    assert not flipped.reproduces
+    assert "2 of 3 at least 20%" in flipped.sentence()
+    assert "does not reproduce" in flipped.sentence()
+    assert "10% to 40%" in flipped.sentence()
+    assert flipped.to_dict()["reproduces"] is False
+    assert flipped.to_dict()["measured"]["per_seed"] == {"1": 0.3, "2": 0.1, "3": 0.4}
+
+
+def test_a_nan_never_meets_a_criterion():
+    assert not claim({1: math.nan, 2: 0.5}).reproduces
+
+
+def test_report_writes_json_and_an_offline_page_with_the_sentences(tmp_path):
+    r = Report("x", "Title", "A & B (2020)", "how", claims=[claim({1: 0.3, 2: 0.1})],
+               tables=[Table("t", ["a", "b"], [[1, 2]])], runs=[("a run", "runs/a")])  # fmt: skip
+    js, page = r.write(tmp_path)
+    import json
+
+    d = json.loads(js.read_text())
+    assert d["claims"][0]["published"] == "40% (a paper)"
+    assert d["claims"][0]["measured"]["min"] == 0.1
+    text = page.read_text()
+    assert "does not reproduce" in text and 'href="runs/a/config.json"' in text
+    assert "http://" not in text and "https://" not in text
+    assert all(len(line) <= 80 for line in r.lines(80))
+
+
+def test_value_range_of_one_value_is_that_value():
+    assert value_range([0.5, 0.5], "%") == "50%"
+    assert value_range([math.nan]) == "n/a"
+
+
+def test_pruning_bookkeeping():
+    assert pruning.within(0.99, 1.0, True) and not pruning.within(0.98, 1.0, True)
+    assert pruning.within(10.1, 10.0, False) and not pruning.within(10.2, 10.0, False)
+    # accuracy curve: leaves the 1% band at the third removal
+    assert pruning.prunable([0, 1, 2, 3], [0.9, 0.9, 0.895, 0.5], 0.9, True) == 2
+    assert pruning.prunable([0, 1, 2], [0.9, 0.5, 0.9], 0.9, True) == 0  # the first leaving ends it
+    assert pruning.retained([1.0, 0.5], 1.0, True) == pytest.approx(0.75)
+    assert pruning.retained([10.0, 20.0], 10.0, False) == pytest.approx(0.75)
+    assert pruning.steps_for(8) == list(range(9))
+    assert pruning.steps_for(72) == [0, 7, 14, 22, 29, 36, 43, 50, 58, 65, 72]
+
+
+@pytest.fixture
+def tiny_gpt():
+    from attnlab.interventions.subjects import Subject
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.tokenizers import CharTokenizer
+
+    tok = CharTokenizer.from_text("abcdefgh ")
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=2, n_head=2, d_model=16,
+                          block_size=16)).eval()  # fmt: skip
+    return Subject(model, tok)
+
+
+def test_blank_out_follows_causality_and_is_zero_for_the_same_token(tiny_gpt):
+    p = tiny_gpt.prepare("abcdefg")
+    _, blank = rollout_flow.blank_token(tiny_gpt.tokenizer)
+    assert blank == tiny_gpt.tokenizer.stoi[" "]  # a character vocabulary: a space
+    values, y = rollout_flow.blank_out(tiny_gpt, p, 2, blank)
+    assert values.shape == (7,) and (values >= 0).all()
+    assert np.all(values[3:] == 0)  # position 2 cannot see tokens 3..6
+    assert values[:3].max() > 0
+    same, _ = rollout_flow.blank_out(tiny_gpt, p, 6, int(p.args[0][0, 0]))
+    assert same[0] == 0  # "blanking" token 0 with itself changes nothing
+
+
+def test_per_layer_measures_read_the_output_row(tiny_gpt):
+    from attnlab.interventions import flow, rollout
+
+    p = tiny_gpt.prepare("abcdefg")
+    attn = rollout_flow.attention_maps(tiny_gpt, p)  # (L, T, T)
+    assert attn.shape == (2, 7, 7)
+    np.testing.assert_allclose(attn.sum(-1), 1.0, atol=1e-6)
+    m = rollout_flow.per_layer_measures(attn, 6)
+    np.testing.assert_allclose(m["raw"][1], attn[1, 6])
+    np.testing.assert_allclose(m["rollout"][0], 0.5 * attn[0, 6] + 0.5 * np.eye(7)[6])
+    np.testing.assert_allclose(m["rollout"][1], rollout(attn)[6])
+    np.testing.assert_allclose(m["flow"][1], flow(attn, 6), atol=1e-6)
+
+
+def test_correlations_of_a_measure_with_itself_are_one_on_the_kept_tokens():
+    v = np.array([0.9, 0.1, 0.5, 0.3])
+    keep = np.array([False, True, True, True])
+    out = rollout_flow.correlations({"raw": [v]}, {"blank-out": v.copy()}, keep)
+    assert out["blank-out"]["raw"][0] == pytest.approx(1.0)
+    rows = [out, {"blank-out": {"raw": [math.nan]}}]
+    assert rollout_flow.averaged(rows)["blank-out"]["raw"][0] == pytest.approx(1.0)
+
+
+def test_tvd_and_jsd_of_known_distributions():
+    from attnlab.experiments.attention_importance import jsd, tvd
+
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    assert float(tvd(a, b)) == pytest.approx(1.0)
+    assert float(jsd(a, b)) == pytest.approx(math.log(2), abs=1e-6)
+    p = torch.tensor([0.2, 0.3, 0.5])
+    assert float(jsd(p, p)) == pytest.approx(0.0, abs=1e-9)
+    assert float(tvd(p, torch.tensor([0.3, 0.3, 0.4]))) == pytest.approx(0.1)
+
+
+def test_the_generated_task_puts_its_decisive_word_where_it_says():
+    from attnlab.experiments.attention_importance import CUES, FILLER, cue_examples
+
+    rows = cue_examples(50, seed=3)
+    assert rows == cue_examples(50, seed=3)  # the same every time
+    for label, text, at in rows:
+        words = text.split()
+        assert words[at] in CUES[label]
+        assert sum(w not in FILLER for w in words) == 1  # only the cue decides
+
+
+def test_the_word_order_probe_data_pairs_each_sentence_with_its_words_shuffled():
+    train, test = pruning.word_order_data(1)
+    assert len(test) == 2 * pruning.PROBE_SENTENCES and len(train) > len(test)
+    for (a, ya), (b, yb) in zip(test[::2], test[1::2]):
+        assert (ya, yb) == (1, 0)
+        assert a != b and sorted(a.split()) == sorted(b.split())
+    assert {t for t, _ in train}.isdisjoint(t for t, _ in test)
+
+
+def test_a_table_cell_gives_the_range_without_the_mean():
+    assert value_range([0.1, 0.3], "signed", short=True) == "+0.100..+0.300"
+    assert value_range([0.1, 0.3], "signed") == "+0.100 to +0.300 (mean +0.200)"
