@@ -16,6 +16,9 @@ from task_helpers import train_args, write_task_data
 # verb -> (run, arguments after the run); "{lm}" etc. name the runs of the fixture below
 ARGS = {
     "train": None,  # run by the fixture itself (its --json is checked there)
+    # trains its own models for a minute or more: its JSON's about names the experiment
+    # (tests/acceptance of the experiments run it)
+    "experiment": None,
     "predict": ("lm", ["First"]),
     "eval": ("lm", []),
     "generate": ("lm", ["First", "--max-new-tokens", "3"]),
