@@ -115,7 +115,8 @@ def conformance(capsys, path: Path, data: Path | None = None, only=None) -> dict
         verb("ablate", heads, "ablate", path, clean, "--head", groups[0].label(0), "--json")
     else:
         verb("ablate", heads, "ablate", path, clean, "--context", "--json")
-    verb("importance", residual and heads, "heads", path, clean, "--importance", "--json")
+    verb("importance", residual and heads and model.predicts != "nothing", "heads", path, clean,
+         "--importance", "--json")  # fmt: skip
     verb("check", True, "check", path, "--json")
     for name in ("similarity", "influence"):  # before/after each layer: where there are layers
         verb(name, residual, name, path, clean, "--json")

@@ -118,6 +118,38 @@ def real_model() -> None:
     print(f"[demo] its heatmap   : {path}")
 
 
+def attnlab_command() -> str:
+    """How to type ``attnlab`` here: the bare name when the shell finds this installation's
+    command, else its path (``.venv/bin/attnlab``, relative when under the current directory),
+    else ``python -m attnlab`` with this interpreter."""
+    import os
+    import shlex
+    import shutil
+
+    script = Path(sys.executable).parent / "attnlab"
+    found = shutil.which("attnlab")
+    if found and script.is_file() and Path(found).resolve() == script.resolve():
+        return "attnlab"
+    if script.is_file() and os.access(script, os.X_OK):
+        try:
+            return shlex.quote(str(script.absolute().relative_to(Path.cwd())))
+        except ValueError:
+            return shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m attnlab"
+
+
+def hints(run: Path) -> list[str]:
+    """The demo's closing hints: commands that run as typed, on the demo's own run."""
+    import shlex
+
+    a, r = attnlab_command(), shlex.quote(str(run))
+    return [
+        f"[demo] sample more   : {a} generate {r} --prompt 'JULIET:' --max-new-tokens 300",
+        f"[demo] evaluate      : {a} eval {r}",
+        f"[demo] step by step  : {a} trace {r} '{SENTENCE}'",
+    ]
+
+
 def main() -> None:
     from attnlab import load_run
     from attnlab.generation import SamplingConfig, generate
@@ -131,8 +163,8 @@ def main() -> None:
     print("\n")
     print(f"[demo] run directory : {RUN}/ (config.json, model.safetensors, tokenizer.json, best/)")
     print(f"[demo] loss curve    : {RUN / 'loss.png'}   metrics: {RUN / 'metrics.jsonl'}")
-    print(f"[demo] sample more   : attnlab generate {RUN} --prompt 'JULIET:' --max-new-tokens 300")
-    print(f"[demo] evaluate      : attnlab eval {RUN} --data /path/to/text.txt")
+    for line in hints(RUN):
+        print(line)
     look_inside(model, tokenizer)
     real_model()
 

@@ -23,6 +23,7 @@ from torch import nn
 
 from attnlab import checkpoint as ckpt
 from attnlab.data import DataError
+from attnlab.models.declare import InputError
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, PredictOptions, Task, open_task, predict_options
 
@@ -58,10 +59,7 @@ class Run:
     @property
     def imported(self) -> str | None:
         """The Hugging Face directory the weights came from, if they were imported."""
-        source = self.config.get("source")
-        if isinstance(source, dict) and source.get("format") == "huggingface":
-            return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
-        return None
+        return _imported(self.config)
 
     def describe(self) -> str:
         """What the model is, in one sentence (and where imported weights came from)."""
@@ -71,8 +69,7 @@ class Run:
     @property
     def about(self) -> dict:
         """{"kind", "model_type", "description"}: what every --json output starts with."""
-        return {"kind": self.kind, "model_type": self.config.get("model_type", ""),
-                "description": self.describe()}  # fmt: skip
+        return about(self.model, self.config)
 
     @property
     def task(self) -> Task:
@@ -111,6 +108,8 @@ class Run:
         if options.beam != 1 and task.name != "seq2seq":
             raise ckpt.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
         single = isinstance(inputs, str)
+        if any(x == "" for x in ([inputs] if single else inputs)):  # as trace and attention say
+            raise InputError("the text has no tokens")
         preds = task.predict(self.model, [inputs] if single else list(inputs), options)
         return preds[0] if single else preds
 
@@ -121,22 +120,35 @@ class Run:
     def evaluate(self, data: str | None = None, options: EvalOptions | None = None, **given):
         """The task's figures (an ``attnlab.evaluation.Evaluation``) on ``data`` (a file in
         the task's format) or, without it, on the run's held-out split."""
+        options = self.eval_options(data, options, **given)
+        return self.score(self.scoring_task(options), options)
+
+    def eval_options(self, data: str | None = None, options: EvalOptions | None = None,
+                     **given) -> EvalOptions:  # fmt: skip
+        """``options`` with ``data`` and the ``given`` fields put in (what ``evaluate`` takes)."""
         base = options.to_dict() if options is not None else {}
-        options = EvalOptions.from_dict({**base, **given, **({"data": data} if data else {})})
-        if options.data is None:
-            _ = self.task  # an encoder with no head is refused before any data is read
-            if self.imported or not self.config.get("data"):
-                where = f"was imported from {self.imported}" if self.imported else "names no data"
-                raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
-                                    "--data FILE (Python: evaluate(data=...))")  # fmt: skip
-            try:
-                task = open_task(self.path, True, self.config, self.tokenizer)
-            except DataError as e:  # its data moved, changed or was never kept
-                what = ("a text" if self.model.predicts == "next-token"
-                        else "a file in its task's format")  # fmt: skip
-                raise type(e)(f"{e}; score {what} with --data") from None
-        else:
-            task = self.task
+        return EvalOptions.from_dict({**base, **given, **({"data": data} if data else {})})
+
+    def scoring_task(self, options: EvalOptions) -> Task:
+        """The task ``evaluate`` scores with, its data read: a RunError (or DataError) saying
+        what to give instead when the run has nothing to score, before any model runs."""
+        if options.data is not None:
+            return self.task
+        _ = self.task  # an encoder with no head is refused before any data is read
+        if self.imported or not self.config.get("data"):
+            where = f"was imported from {self.imported}" if self.imported else "names no data"
+            raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
+                                "--data FILE (Python: evaluate(data=...))")  # fmt: skip
+        try:
+            return open_task(self.path, True, self.config, self.tokenizer)
+        except DataError as e:  # its data moved, changed or was never kept
+            what = ("a text" if self.model.predicts == "next-token"
+                    else "a file in its task's format")  # fmt: skip
+            raise type(e)(f"{e}; score {what} with --data") from None
+
+    def score(self, task: Task, options: EvalOptions):
+        """``task``'s figures of the model as it runs now (``evaluate`` once the task is open;
+        ``eval --ablate`` calls it with heads ablated, then intact)."""
         with evaluating(self.model), torch.no_grad():
             return task.score(self.model, options)
 
@@ -180,6 +192,139 @@ class Run:
             rec.extra["classes"] = list(self.config["labels"])
         return rec
 
+    # -- interventions: what `attnlab ablate | patch | lens | attribute | heads` print -----------
+    # Each returns the result the verb prints, its JSON (``result.to_json()``) the verb's
+    # ``--json``, starting with ``about``; a notebook draws it (``_repr_html_``). The defaults
+    # are the verbs' own (tests/integration/test_run_interventions.py checks both agree).
+
+    def _about(self, result):
+        result.about = self.about
+        return result
+
+    def ablate(self, text: str, heads: str | None = None, *, site: str | None = None,
+               context: bool = False, positions: list[int] | None = None,
+               neurons: list[int] | None = None, mode: str = "zero",
+               reference: str | None = None, top: int = 5, position: int | None = None):  # fmt: skip
+        """As ``attnlab ablate RUN TEXT``: heads ("1.2,0.3"; "decoder.0.1"), an LSTM's
+        ``context`` vector, or any hook ``site`` (with ``neurons``), ablated by ``mode`` (zero,
+        mean, resample from ``reference``); the loss change and the top predictions."""
+        from attnlab.interventions import InterventionError, ablation
+
+        if sum(bool(x) for x in (heads, site, context)) != 1:
+            raise InterventionError("say what to ablate: --head L.H[,L.H...], --site HOOK_NAME "
+                                    "or --context")  # fmt: skip
+        if neurons is not None and site is None:
+            raise InterventionError("--neurons picks units of one activation: give it with --site")
+        s = self.subject
+        if context:
+            if s.model.residual:  # the context vector is the attention of an LSTM
+                raise InterventionError("--context ablates an LSTM decoder's context vector; "
+                                        f"this run is a {s.kind} model: use --head")  # fmt: skip
+            heads = "context"
+        elif heads and not s.model.residual:
+            raise InterventionError("an LSTM has no heads: its attention is one context vector, "
+                                    "ablate it with --context")  # fmt: skip
+        return self._about(ablation(s, text, heads=heads, site=site, positions=positions,
+                                    neurons=neurons, mode=mode, reference_text=reference,
+                                    top=top, position=position))  # fmt: skip
+
+    def patch(self, clean: str, corrupt: str, target: str, *, foil: str | None = None,
+              by: str = "position", position: int | None = None, reverse: bool = False,
+              positions: list[int] | None = None):  # fmt: skip
+        """As ``attnlab patch RUN --clean A --corrupt B --target T``: activation patching (by
+        layer x position or layer x head), with attribution patching beside it."""
+        from attnlab.interventions import patch
+
+        return self._about(patch(self.subject, clean, corrupt, target, foil=foil, by=by,
+                                 position=position, reverse=reverse, positions=positions))  # fmt: skip
+
+    def lens(self, text: str, *, tuned: bool = False):
+        """As ``attnlab lens RUN TEXT``: the logit lens (``tuned``: the run's tuned lens)."""
+        from attnlab.interventions import TunedLens, logit_lens
+
+        s = self.subject
+        return self._about(logit_lens(s, text, TunedLens.load(self.path, s) if tuned else None))
+
+    def attribute(self, text: str, method: str, target: str | None = None, *,
+                  foil: str | None = None, position: int | None = None, steps: int = 64,
+                  rule: str = "gauss-legendre", stack: str | None = None,
+                  residual: float = 0.5):  # fmt: skip
+        """As ``attnlab attribute RUN TEXT --method M``: dla, rollout, flow, ig or grad."""
+        from attnlab.interventions import (
+            InterventionError,
+            attention_paths,
+            direct_logit_attribution,
+            input_attribution,
+        )
+
+        s = self.subject
+        if method in ("dla", "ig", "grad") and target is None:
+            raise InterventionError(f"--method {method} attributes a token's logit: give "
+                                    "--target TOKEN")  # fmt: skip
+        if method == "dla":
+            result = direct_logit_attribution(s, text, target, foil, position)
+        elif method in ("rollout", "flow"):
+            result = attention_paths(s, text, method, position, stack, residual)
+        elif method in ("ig", "grad"):
+            result = input_attribution(s, text, target, foil, method, steps, position, rule)
+        else:
+            raise InterventionError(f"unknown method {method!r}: dla, rollout, flow, ig or grad")
+        return self._about(result)
+
+    def heads(self, text: str | None = None, *, importance: bool = False,
+              data: str | None = None, inputs: str | None = None, windows: int = 16,
+              mode: str = "zero", prune: bool = True, sequences: int = 16, seed: int = 0,
+              quiet: bool = True):  # fmt: skip
+        """As ``attnlab heads RUN``: every head's scores and kind (the JSON of ``--json
+        --all``); ``importance=True``: the loss change per ablated head and the pruning curve,
+        on ``text``, ``data`` (a GPT's corpus windows), ``inputs`` (one per line) or, given
+        none, the run's held-out split."""
+        from attnlab import interventions as iv
+        from attnlab.interventions.importance import check_rankable, inputs_loss
+
+        if not importance:
+            from attnlab.inspect.heads import heads_of_run
+
+            return self._about(heads_of_run(self, n=sequences, seed=seed))
+        check_rankable(self.subject)  # nothing to rank, or nothing to rank by
+        if data is not None:
+            s = self.subject
+            evaluate, source = iv.corpus_loss(s, data, windows), f"{windows} windows of {data}"
+        elif inputs is not None:
+            s = self.subject
+            evaluate, n = inputs_loss(s, inputs)
+            source = f"{n} inputs of {inputs}"
+        elif text is not None:
+            s = self.subject
+            evaluate, source = iv.text_loss(s, [text]), repr(text)
+        else:  # a trained run: its task's held-out loss, as training measured it
+            h = iv.held_out(self)
+            s = iv.Subject(h.model, h.task.tokenizer)
+            evaluate, source = h.loss(), h.source
+        return self._about(iv.head_importance(s, evaluate, mode, source, prune=prune,
+                                              quiet=quiet))  # fmt: skip
+
+    def hooks(self, text: str, names: list[str] | None = None,
+              edit: dict | None = None):  # fmt: skip
+        """One forward pass over ``text`` recording the named activations (``names``; None:
+        every hook point) while ``edit`` (hook name -> f(tensor, name) -> tensor) replaces
+        others: a ``Hooked`` (its ``cache``, ``logits``, and how many values each edit
+        changed). An unknown name, or an edit that never fired, is an InterventionError.
+
+            run.hooks("I like", ["blocks.0.attn.weights"]).cache["blocks.0.attn.weights"]
+            run.hooks("I like", edit={"blocks.0.attn.z": lambda x, n: 0 * x}).logits
+        """
+        from attnlab import hooks
+        from attnlab.interventions import edited
+        from attnlab.interventions.hooked import Hooked
+
+        s = self.subject
+        names = list(hooks.hook_points(self.model)) if names is None else list(names)
+        p = s.prepare(text)
+        with torch.no_grad(), edited(self.model, dict(edit or {}), names) as (cache, log):
+            logits = s.logits(p)
+        return self._about(Hooked(text, list(p.input_tokens), dict(cache), logits, log))
+
     @property
     def subject(self):
         """The model, its tokenizer and its class names as every intervention reads them (an
@@ -187,6 +332,28 @@ class Run:
         from attnlab.interventions.subjects import Subject
 
         return Subject(self.model, self.tokenizer, self.config.get("labels"))
+
+
+def _imported(config: dict) -> str | None:
+    source = config.get("source")
+    if isinstance(source, dict) and source.get("format") == "huggingface":
+        return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
+    return None
+
+
+def about(model: nn.Module, config: dict) -> dict:
+    """{"kind", "model_type", "description"} of a model and its run's config.json: what every
+    ``--json`` output starts with."""
+    imported = _imported(config)
+    text = model.describe() + (f" (imported from {imported})" if imported else "")
+    return {"kind": model.kind, "model_type": config.get("model_type", ""), "description": text}
+
+
+def about_run(path: str | Path) -> dict:
+    """``about`` of the run at ``path`` without reading its weights (the model is built on the
+    meta device): for verbs that read a run's files but run no model (timeline, train)."""
+    checked = ckpt.check_run(path)
+    return about(checked.model, checked.config)
 
 
 def load_run(path: str | Path, device: str | torch.device = "cpu") -> Run:

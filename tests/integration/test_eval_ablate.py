@@ -1,6 +1,7 @@
-"""``eval RUN --ablate``, ``heads RUN --importance`` on the run's own held-out split: through
-the Task interface, so every task (language model, masked LM, classifier, Transformer and LSTM
-encoder-decoders, ViT) is scored with heads ablated the way its training scored it."""
+"""``eval RUN --ablate``: ``eval``'s own figures (same split, batches and limits, same words),
+intact and with heads ablated, for every task (language model, masked LM, classifier,
+Transformer and LSTM encoder-decoders, ViT); ``heads RUN --importance`` on the run's own
+held-out split, as its training scored it."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.interventions import Subject, held_out, task_figures
+from attnlab.interventions import Subject, held_out
 from attnlab.run import load_run
 from intervene_helpers import bert_mlm_run, rnn_run
 from look_helpers import run_main
@@ -66,6 +67,12 @@ def zero_head_weights(model: torch.nn.Module, spec: str) -> None:
         attn.out_proj.weight[:, ref.head * d : (ref.head + 1) * d] = 0.0
 
 
+def figures(d: dict) -> dict:
+    """eval --json's figures: what is neither its header nor a classifier's tables."""
+    skip = {"about", "task", "data", "per_class", "classes", "confusion", "mistakes"}
+    return {k: v for k, v in d.items() if k not in skip}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id", [t for t in HEADS if t != "lstm-attention"])
 def test_ablated_eval_of_every_task_equals_the_head_removed_from_the_weights(
@@ -73,25 +80,45 @@ def test_ablated_eval_of_every_task_equals_the_head_removed_from_the_weights(
 ):
     run = trained(task_id)
     d = eval_json(capsys, run, "--ablate", HEADS[task_id])
-    recorded = json.loads((run / "config.json").read_text())["metrics"]
-    for k, v in d["intact"].items():  # intact: what training logged for this model
-        assert v == pytest.approx(recorded[k], abs=1e-5), k
-    h = held_out(load_run(run))
-    zero_head_weights(h.model, HEADS[task_id])
-    by_weights = task_figures(h.task, h.model, h.batch_size, h.eval_iters)
+    assert list(d)[0] == "about" and d["about"]["kind"]
+    plain = figures(eval_json(capsys, run))  # the intact column is eval's own figures
+    assert d["intact"] == plain
+    r = load_run(run)
+    zero_head_weights(r.model, HEADS[task_id])
+    by_weights = {f.key: f.value for f in r.evaluate().figures}
     assert by_weights.keys() == d["ablated"].keys()
     for k, v in d["ablated"].items():
         assert v == pytest.approx(by_weights[k], abs=1e-5), k
-    assert d["ablated"]["val_loss"] != d["intact"]["val_loss"]
+    assert d["ablated"] != d["intact"]
     (edit,) = d["edits"].values()
     assert 0 < edit["changed"] <= edit["values"] // 2  # one head of two (or more) was changed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("task_id", ["lm", "transformer"])
+def test_ablated_eval_prints_evals_words_and_takes_its_options(capsys, trained, task_id):
+    """The table's rows are eval's labels and formats (a percentage as eval prints it), and
+    --split / --limit / --beam score the same examples as eval with them."""
+    run = trained(task_id)
+    more = ["--limit", "5"] + (["--split", "val", "--beam", "2"] if task_id != "lm" else [])
+    capsys.readouterr()
+    code, out, err = run_main(capsys, "eval", run, *more)
+    assert code == 0, err
+    code, table, err = run_main(capsys, "eval", run, "--ablate", HEADS[task_id], *more)
+    assert code == 0, err
+    plain = load_run(run).evaluate(limit=5, **({} if task_id == "lm" else {"split": "val",
+                                                                          "beam": 2}))  # fmt: skip
+    for f in plain.figures:  # eval's words and eval's formatting, on one row
+        assert f"{f.label:<{max(len(g.label) for g in plain.figures)}}  {f.text()}" in out
+        assert any(f.label in ln and f.text() in ln for ln in table.splitlines()), (f, table)
+    assert "val_" not in table
 
 
 @pytest.mark.slow
 def test_ablated_eval_of_an_lstm_changes_its_whole_context_vector(capsys, trained):
     run = trained("lstm-attention")
     d = eval_json(capsys, run, "--ablate", "context", "--mode", "mean")
-    assert d["heads"] == ["context"] and d["intact"]["val_loss"] != d["ablated"]["val_loss"]
+    assert d["heads"] == ["context"] and d["intact"]["loss"] != d["ablated"]["loss"]
     edit = d["edits"]["decoder.attn.z"]
     assert edit["changed"] == edit["values"] > 0  # one head: the whole context vector
     assert any("mean" in n for n in d["notes"])
@@ -101,20 +128,18 @@ def test_ablated_eval_refuses_what_it_cannot_score_in_one_line(capsys, trained, 
     lm = trained("lm")
     assert "no head 5" in one_line_error(capsys, "eval", lm, "--ablate", "0.5")
     assert "no layer 3" in one_line_error(capsys, "eval", lm, "--ablate", "3.0")
-    s2s = rnn_run(tmp_path / "rnn-none", attention="none")  # saved without a task
-    assert "no held-out data" in one_line_error(capsys, "eval", s2s, "--ablate", "context")
+    s2s = rnn_run(tmp_path / "rnn-dot", attention="dot")  # saved without a task
+    assert "held-out" in one_line_error(capsys, "eval", s2s, "--ablate", "context")
     bert = bert_mlm_run(tmp_path / "bert")  # imported
-    assert "no held-out data" in one_line_error(capsys, "eval", bert, "--ablate", "0.0")
+    assert "--data" in one_line_error(capsys, "eval", bert, "--ablate", "0.0")
 
 
 @pytest.mark.slow
-def test_ablated_eval_refuses_options_of_other_scorings(capsys, trained, tmp_path):
+def test_ablated_eval_refuses_heads_the_model_lacks_and_a_png(capsys, trained, tmp_path):
     s2s = trained("transformer")
-    assert "--beam" in one_line_error(capsys, "eval", s2s, "--ablate", "decoder.0.0", "--beam", "2")
     assert "cross.LAYER.HEAD" in one_line_error(capsys, "eval", s2s, "--ablate", "0.0")
-    text = tmp_path / "t.txt"
-    text.write_text("some text\n" * 50)
-    assert "GPT" in one_line_error(capsys, "eval", s2s, "--ablate", "decoder.0.0", "--data", text)
+    png = tmp_path / "c.png"
+    assert "--png" in one_line_error(capsys, "eval", s2s, "--ablate", "decoder.0.0", "--png", png)
 
 
 @pytest.mark.slow

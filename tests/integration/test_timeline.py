@@ -232,7 +232,7 @@ def test_timeline_and_heads_refuse_in_one_line(data_dir, tmp_path, capsys):
     assert main(train_args("lstm-attention", data_dir, lstm, "--max-iters", "1")) == 0
     capsys.readouterr()
     for argv, msg in (
-        (["timeline", str(run)], "has no snapshots: train it with --snapshot-every N"),
+        (["timeline", str(run)], "has no snapshots: train it again taking them: `attnlab train"),
         (["timeline", str(run), "--png", str(tmp_path / "x.jpg")], "expected a .png"),
         (["timeline", str(tmp_path / "nope")], "no such run directory"),
         (["heads", str(lstm)], "no self-attention heads"),
@@ -249,7 +249,9 @@ def test_timeline_and_heads_refuse_in_one_line(data_dir, tmp_path, capsys):
 @pytest.mark.slow
 def test_heads_verb_lists_every_head_with_scores_in_zero_one(whole, capsys):
     assert main(["heads", str(whole), "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
+    d = json.loads(capsys.readouterr().out)
+    assert list(d) == ["about", "heads"]  # what the model is, then the list of heads
+    rows = d["heads"]
     assert [(r["layer"], r["head"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     for r in rows:
         assert set(r) >= {"layer", "head", "scores", "kind"}

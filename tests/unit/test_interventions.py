@@ -270,6 +270,21 @@ def test_patch_json_lists_layer_position_or_head_and_recovered(gpt):
     assert d["attribution_error"]["max"] >= 0
 
 
+def test_patch_warns_when_clean_minus_corrupt_is_noise_against_the_logits_spread(gpt):
+    """Issue 24 (9): a denominator of -0.0021 made the whole table noise, with no warning."""
+    from attnlab.interventions.patching import SMALL_SPAN, small_span
+
+    assert "noise" in small_span(-0.0021, 1.3) and "--foil" in small_span(-0.0021, 1.3)
+    assert small_span(0.5, 1.3) is None and small_span(-0.5, 1.3) is None
+    for corrupt in (CORRUPT, CLEAN[:-2] + CORRUPT[-2:], "a" + CLEAN[1:]):
+        r = patch(gpt, CLEAN, corrupt, target="s")
+        noise = abs(r.clean - r.corrupt) < SMALL_SPAN * r.scale
+        assert (r.warning is not None) == noise and r.scale > 0
+        d = r.to_dict()
+        assert d["warning"] == r.warning and d["metric_scale"] == r.scale
+        assert ("warning:" in str(r)) == noise
+
+
 def test_attribution_patching_is_exact_for_a_tiny_change(gpt):
     """The gradient approximation is first order: for patches between nearly equal inputs it
     must agree with exact patching to second order."""

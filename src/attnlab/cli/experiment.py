@@ -27,7 +27,10 @@ def run(args: argparse.Namespace) -> int:
     report = run_experiment(args.name, args.out, quick=args.quick, seeds=args.seeds,
                             device=args.device)  # fmt: skip
     if args.json:
-        print(json.dumps({"report": f"{args.out}/report.html",
+        # what it is, as every --json starts: an experiment trains its own models
+        about = {"kind": "experiment", "model_type": report.name,
+                 "description": f"{report.title} ({report.citation})"}  # fmt: skip
+        print(json.dumps({"about": about, "report": f"{args.out}/report.html",
                           "figures": f"{args.out}/figures.json",
                           "claims": [c.to_dict() for c in report.claims]}, ensure_ascii=False))  # fmt: skip
         return 0

@@ -23,10 +23,11 @@ def _ints(text: str | None, option: str) -> list[int] | None:
         raise UsageError(f"{option} {text!r}: expected integers separated by commas") from None
 
 
-def _subject(args):
+def _run(args):
+    """The run (``attnlab.run.Run``): each verb calls its method, which the Python API shares."""
     from attnlab.run import load_run
 
-    return load_run(args.run, args.device).subject
+    return load_run(args.run, args.device)
 
 
 def _show(result, args) -> int:
@@ -36,6 +37,8 @@ def _show(result, args) -> int:
     png = getattr(args, "_png", None)
     if png is not None:
         result.save_png(png)
+    if getattr(result, "warning", None):
+        print(f"attnlab: warning: {result.warning}", file=sys.stderr)
     if args.json:
         sys.stdout.write(result.to_json() + "\n")
     else:
@@ -46,7 +49,6 @@ def _show(result, args) -> int:
 
 
 def cmd_ablate(args) -> int:
-    from attnlab.interventions import ablation
 
     args._png = output_file(args.png, ".png", "--png")
     chosen = [x for x in (args.head, args.site, args.context or None) if x]
@@ -55,35 +57,22 @@ def cmd_ablate(args) -> int:
     positions, neurons = _ints(args.positions, "--positions"), _ints(args.neurons, "--neurons")
     if neurons is not None and args.site is None:
         raise UsageError("--neurons picks units of one activation: give it with --site")
-    s = _subject(args)
-    heads = args.head
-    if args.context:
-        if s.model.residual:  # the context vector is the attention of an LSTM
-            raise UsageError("--context ablates an LSTM decoder's context vector; this run is "
-                             f"a {s.kind} model: use --head")  # fmt: skip
-        heads = "context"
-    elif heads and not s.model.residual:
-        raise UsageError("an LSTM has no heads: its attention is one context vector, ablate it "
-                         "with --context")  # fmt: skip
-    result = ablation(s, args.text, heads=heads, site=args.site, positions=positions,
-                      neurons=neurons, mode=args.mode, reference_text=args.reference,
-                      top=args.top, position=args.position)  # fmt: skip
+    result = _run(args).ablate(args.text, args.head, site=args.site, context=args.context,
+                               positions=positions, neurons=neurons, mode=args.mode,
+                               reference=args.reference, top=args.top, position=args.position)  # fmt: skip
     return _show(result, args)
 
 
 def cmd_patch(args) -> int:
-    from attnlab.interventions import patch
-
     args._png = output_file(args.png, ".png", "--png")
-    s = _subject(args)
-    result = patch(s, args.clean, args.corrupt, args.target, foil=args.foil, by=args.by,
-                   position=args.position, reverse=args.reverse,
-                   positions=_ints(args.positions, "--positions"))  # fmt: skip
+    result = _run(args).patch(args.clean, args.corrupt, args.target, foil=args.foil, by=args.by,
+                              position=args.position, reverse=args.reverse,
+                              positions=_ints(args.positions, "--positions"))  # fmt: skip
     return _show(result, args)
 
 
 def cmd_lens(args) -> int:
-    from attnlab.interventions import TunedLens, fit_tuned_lens, logit_lens
+    from attnlab.interventions import fit_tuned_lens
     from attnlab.interventions.lens import describe_fit
 
     args._png = output_file(args.png, ".png", "--png")
@@ -100,28 +89,25 @@ def cmd_lens(args) -> int:
         raise UsageError("give TEXT to read with the lens (or --train-tuned --data FILE)")
     elif args.data is not None:
         raise UsageError("--data is for --train-tuned")
-    s = _subject(args)
-    tuned = None
+    run = _run(args)
     if args.train_tuned:
-        tuned = fit_tuned_lens(s, args.data, args.max_tokens, args.ridge, quiet=args.quiet)
+        tuned = fit_tuned_lens(run.subject, args.data, args.max_tokens, args.ridge,
+                               quiet=args.quiet)  # fmt: skip
         files = tuned.save(args.run)
         print("held-out mean KL(final || lens), nats:\n" + describe_fit(tuned), file=sys.stderr)
         for f in files:
             print(f"wrote {f}", file=sys.stderr)
         if args.text is None:
             if args.json:
-                sys.stdout.write(__import__("json").dumps(tuned.meta, indent=2) + "\n")
+                out = {"about": run.about, **tuned.meta}
+                sys.stdout.write(__import__("json").dumps(out, indent=2) + "\n")
             else:
                 print(describe_fit(tuned))
             return 0
-    elif args.tuned:
-        tuned = TunedLens.load(args.run, s)
-    return _show(logit_lens(s, args.text, tuned), args)
+    return _show(run.lens(args.text, tuned=args.tuned or args.train_tuned), args)
 
 
 def cmd_attribute(args) -> int:
-    from attnlab.interventions import attention_paths, direct_logit_attribution, input_attribution
-
     args._png = output_file(args.png, ".png", "--png")
     if args.method in ("dla", "ig", "grad") and args.target is None:
         raise UsageError(f"--method {args.method} attributes a token's logit: give --target TOKEN")
@@ -133,22 +119,13 @@ def cmd_attribute(args) -> int:
     if args.method in ("rollout", "flow") and (args.target or args.foil):
         raise UsageError(f"--method {args.method} follows attention only: it takes no --target "
                          "(pick the output with --position)")  # fmt: skip
-    s = _subject(args)
-    if args.method == "dla":
-        result = direct_logit_attribution(s, args.text, args.target, args.foil, args.position)
-    elif args.method in ("rollout", "flow"):
-        result = attention_paths(s, args.text, args.method, args.position, args.stack,
-                                 args.residual)  # fmt: skip
-    else:
-        result = input_attribution(s, args.text, args.target, args.foil, args.method,
-                                   args.steps, args.position, args.rule)  # fmt: skip
+    result = _run(args).attribute(args.text, args.method, args.target, foil=args.foil,
+                                  position=args.position, steps=args.steps, rule=args.rule,
+                                  stack=args.stack, residual=args.residual)  # fmt: skip
     return _show(result, args)
 
 
 def cmd_heads(args) -> int:
-    from attnlab.interventions import corpus_loss, head_importance, text_loss
-    from attnlab.interventions.importance import inputs_loss
-
     if not args.importance:  # every head's scores and kind (cli/timeline.py)
         from attnlab.cli.timeline import cmd_head_scores
 
@@ -166,32 +143,19 @@ def cmd_heads(args) -> int:
         raise UsageError("--importance measures the loss on TEXT, on --data FILE (a GPT: windows "
                          "of a corpus), on --inputs FILE (one input per line) or, given none, "
                          "on the run's held-out split: give one at most")  # fmt: skip
-    if not given:  # a trained run: its task's held-out loss, as training measured it
-        from attnlab.interventions import Subject, held_out
-        from attnlab.run import load_run
+    run = _run(args)
+    from attnlab.interventions.importance import check_rankable
 
-        h = held_out(load_run(args.run, args.device))
-        s = Subject(h.model, h.task.tokenizer)
-        result = head_importance(s, h.loss(), args.mode, h.source, prune=not args.no_prune,
-                                 quiet=args.quiet)  # fmt: skip
-        return _show(result, args)
-    s = _subject(args)
+    check_rankable(run.subject)  # nothing to rank, or nothing to rank by: before any data is read
     if args.data is not None:
         from attnlab.cli.limits import check_forward_memory, config_field
 
-        c = s.model.config
-        check_forward_memory(
-            c, s.device, args.windows, config_field(c, "block_size") or 1, "--windows"
-        )
-        evaluate = corpus_loss(s, args.data, args.windows)
-        source = f"{args.windows} windows of {args.data}"
-    elif args.inputs is not None:
-        evaluate, n = inputs_loss(s, args.inputs)
-        source = f"{n} inputs of {args.inputs}"
-    else:
-        evaluate, source = text_loss(s, [args.text]), repr(args.text)
-    result = head_importance(s, evaluate, args.mode, source, prune=not args.no_prune,
-                             quiet=args.quiet)  # fmt: skip
+        c = run.model.config
+        check_forward_memory(c, next(run.model.parameters()).device, args.windows,
+                             config_field(c, "block_size") or 1, "--windows")  # fmt: skip
+    result = run.heads(args.text, importance=True, data=args.data, inputs=args.inputs,
+                       windows=args.windows, mode=args.mode, prune=not args.no_prune,
+                       quiet=args.quiet)  # fmt: skip
     return _show(result, args)
 
 

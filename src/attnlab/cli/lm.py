@@ -22,7 +22,7 @@ from attnlab.decoding import WINDOWS, decoder_for
 
 
 def _load_gpt(run: str, device_name: str):
-    """(model, tokenizer) of a GPT run, refused otherwise in one line saying what to use."""
+    """A GPT run (an ``attnlab.run.Run``), refused otherwise in one line saying what to use."""
     from attnlab.cli.predict import open_run
 
     r = open_run(run, device_name)
@@ -34,7 +34,7 @@ def _load_gpt(run: str, device_name: str):
                          f"{r.kind} ({type(r.model).__name__}): use `attnlab predict`")  # fmt: skip
     if r.tokenizer is None:
         raise ckpt.RunError(f"{run}: no tokenizer.json")
-    return r.model, r.tokenizer
+    return r
 
 
 SAMPLING_OPTIONS = ("temperature", "top_k", "top_p", "repetition_penalty", "seed", "stop")
@@ -123,7 +123,8 @@ def generate(args: argparse.Namespace) -> int:
 
     cfg = decoding_settings(args, args.max_new_tokens)
     prompts = [*args.text, *(args.prompt or [])] or ["\n"]
-    model, tokenizer = _load_gpt(args.run, args.device)
+    run = _load_gpt(args.run, args.device)
+    model, tokenizer = run.model, run.tokenizer
     try:
         decoder_for(model).check_window(args.window, use_cache=not args.no_cache)
     except ValueError as e:
@@ -138,7 +139,7 @@ def generate(args: argparse.Namespace) -> int:
                              use_cache=not args.no_cache)  # fmt: skip
         found = [s for row in best for s in row]
         if args.json:
-            return _print_json(found)
+            return _print_json(run, found)
         print(("\n" + "-" * 40 + "\n").join(s.prompt + s.text for s in found))
         return 0
     single = len(prompts) == 1 and args.num_samples == 1 and not args.json
@@ -164,7 +165,7 @@ def generate(args: argparse.Namespace) -> int:
         stream("\n")
         return 0
     if args.json:
-        return _print_json(samples)
+        return _print_json(run, samples)
     for n, s in enumerate(samples):
         if n:
             print("-" * 40)
@@ -172,12 +173,13 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_json(samples) -> int:
-    """--json: one object, a list of {prompt, text} (the continuation without the prompt)."""
+def _print_json(run, samples) -> int:
+    """--json: one object, what the model is (``about``) and a list of {prompt, text} (the
+    continuation without the prompt)."""
     import json
 
     rows = [{"prompt": s.prompt, "text": s.text} for s in samples]
-    print(json.dumps({"samples": rows}, ensure_ascii=False))
+    print(json.dumps({"about": run.about, "samples": rows}, ensure_ascii=False))
     return 0
 
 

@@ -174,11 +174,13 @@ def _intervention_tabs(run, args) -> dict[str, str]:
 def cmd_check(args) -> int:
     from attnlab.inspect.check import check
 
-    model = _load(args).model
+    run = _load(args)
+    model = run.model
     longest = config_field(model.config, "block_size", "max_len") or args.length
     check_forward_memory(model.config, next(model.parameters()).device, args.batch,
                          min(args.length, longest), "--batch", record=True)  # fmt: skip
     report = check(model, length=args.length, batch=args.batch, seed=args.seed)
+    report.about = run.about
     _print(report, args.json)
     return 0 if report.ok else 1
 

@@ -110,41 +110,30 @@ def _check_batch(run, batch_size: int) -> None:
     check_forward_memory(c, device, batch_size, tokens, "--batch-size")
 
 
-HELD_OUT_ONLY = ("--split", "--beam", "--alpha", "--limit", "--png")
-
-
 def _eval_ablated(args: argparse.Namespace, options) -> int:
-    """``eval RUN --ablate L.H[,...] [--mode M]``: the run's figures intact and with those heads
-    ablated (``attnlab.interventions.ablated_eval``). With ``--data`` a GPT's figures are
-    ``eval``'s own on that text; without, any run's held-out split is scored as training
-    scored it (``interventions.held_out``)."""
-    from attnlab.data import open_corpus
-    from attnlab.interventions import ablated_eval, held_out
+    """``eval RUN --ablate L.H[,...] [--mode M]``: ``eval``'s own figures (the same data, split,
+    batches and limits: ``Run.evaluate`` with the same options), intact and with those heads
+    ablated (``attnlab.interventions.ablated_eval``), in ``eval``'s words."""
+    from attnlab.interventions import ablated_eval
     from attnlab.render.display import console
 
-    given = [o for o in HELD_OUT_ONLY if any(a.split("=")[0] == o for a in args._argv)]
+    if args.png is not None:
+        raise UsageError("--png draws eval's confusion matrix; it does not apply to --ablate")
+    run = open_run(args.run, args.device)
+    _check_batch(run, options.batch_size)
     if args.data is not None:
-        run = open_run(args.run, args.device)
-        _check_batch(run, options.batch_size)
-        if run.model.predicts != "next-token":
-            raise UsageError(f"--data with --ablate scores a GPT on a text; this is a {run.kind} "
-                             "run: without --data it is scored on its own held-out split")  # fmt: skip
-        if given:
-            raise UsageError(f"{given[0]} does not apply to --ablate on a text")
+        from attnlab.data import open_corpus
+
         open_corpus(args.data, args.encoding)  # a missing or binary file: refused before scoring
+    task = run.scoring_task(options)  # nothing to score: refused before anything runs
+    scored = []
 
-        def score() -> dict:
-            ev = run.evaluate(options=options)
-            return {f.key: f.value for f in ev.figures if f.key != "chars_per_token"}
+    def score():
+        scored.append(run.score(task, options))
+        return scored[-1]
 
-        model, source = run.model, str(args.data)
-    else:
-        if given:
-            raise UsageError(f"{given[0]} does not apply to --ablate: the run is scored on the "
-                             "held-out split it was trained with, as training scored it")  # fmt: skip
-        h = held_out(open_run(args.run, args.device))
-        model, score, source = h.model, h.figures, h.source
-    result = ablated_eval(model, score, args.ablate, args.mode, source, quiet=False)
+    result = ablated_eval(run.model, score, args.ablate, args.mode, quiet=False)
+    result.source, result.about = scored[-1].data, run.about
     if args.json:
         print(result.to_json())
     else:
@@ -208,8 +197,8 @@ def register(sub) -> None:
                    help="score only the first N examples (0 = all)")  # fmt: skip
     e.add_argument("--ablate", metavar="L.H[,L.H...]",
                    help="the figures intact and with these heads ablated (1.2; decoder.0.1, "
-                   "cross.1.0, encoder.0.3 in an encoder-decoder; context for an LSTM): on the "
-                   "run's held-out split, for every task, or a GPT on --data")  # fmt: skip
+                   "cross.1.0, encoder.0.3 in an encoder-decoder; context for an LSTM): eval's "
+                   "own figures, on the data, split and limits eval scores")  # fmt: skip
     e.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
                    help="--ablate: how")  # fmt: skip
     e.set_defaults(func=eval_)

@@ -61,7 +61,7 @@ def translate(args: argparse.Namespace) -> int:
         sources = texts
     if args.json:
         rows = [{"source": src, "output": out} for src, out in zip(sources, lines)]
-        print(json.dumps({"outputs": rows}, ensure_ascii=False))
+        print(json.dumps({"about": run.about, "outputs": rows}, ensure_ascii=False))
         return 0
     for line in lines:
         print(line)

@@ -26,7 +26,10 @@ def cmd_timeline(args) -> int:
     from attnlab.inspect.timeline import timeline
 
     png = output_file(args.png, ".png", "--png")
+    from attnlab.run import about_run
+
     tl = timeline(args.run, args.probe)
+    tl.about = about_run(args.run)
     if png is not None:  # written before anything is printed
         tl.save_png(png)
     _show(tl, args.json)
@@ -46,10 +49,11 @@ def cmd_head_scores(args) -> int:
     c = read_run_config(args.run).get("config") or {}  # sized before the model is loaded
     check_forward_memory(c, resolve_device(args.device), args.sequences,
                          config_field(c, "block_size", "max_len") or 1, "--sequences", record=True)  # fmt: skip
-    report = heads_of_run(load_run(args.run, args.device), n=args.sequences, seed=args.seed)
-    if args.json:  # the list of heads, as the issue specifies; everything else with --all
-        out = report.to_dict() if args.all else report.rows
-        sys.stdout.write(json.dumps(out, indent=2) + "\n")
+    run = load_run(args.run, args.device)
+    report = heads_of_run(run, n=args.sequences, seed=args.seed)
+    if args.json:  # what the model is, then the list of heads; everything else with --all
+        out = report.to_dict() if args.all else {"heads": report.rows}
+        sys.stdout.write(json.dumps({"about": run.about, **out}, indent=2) + "\n")
     else:
         _show(report, False)
     return 0

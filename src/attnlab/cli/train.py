@@ -31,7 +31,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)  # fmt: skip
         return 130 if r.interrupted == "SIGINT" else 143
     if args.json:
-        print(json.dumps(outcome.to_dict(), ensure_ascii=False))
+        from attnlab.run import about_run
+
+        print(json.dumps({"about": about_run(p.out), **outcome.to_dict()}, ensure_ascii=False))
         return 0
     print(outcome.summary)
     print(f"run: {p.out}  (model.safetensors, metrics.jsonl, loss.png; best/ holds the best model)")

@@ -174,6 +174,51 @@ class Timeline(Result):
         return path
 
 
+def no_snapshots_advice(run_dir: Path) -> str:
+    """What to do about a run without snapshots, that works when followed: read from the
+    model's declarations (snapshots score self-attention heads) and its config.json (a run
+    trained here can be trained again with them; imported weights have no training)."""
+    checked = ckpt.check_run(run_dir)  # the model on the meta device: its declarations
+    model, cfg = checked.model, checked.config
+    if not (model.residual and model.head_groups()):
+        return (
+            f"a timeline follows self-attention heads over training, and this {model.kind} "
+            "model has none to follow (its training curve is metrics.jsonl and loss.png)"
+        )
+    task, data = cfg.get("task"), cfg.get("data")
+    if isinstance(task, dict):
+        task = task.get("name")
+    if not isinstance(task, str) or not isinstance(data, str):  # imported, or saved by hand
+        return ("it was not trained here, so there is no training to replay; a run of your "
+                "own shows one: `attnlab train --task induction --out runs/induction`, then "
+                "`attnlab timeline runs/induction`")  # fmt: skip
+    return f"train it again taking them: `{retrain_command(run_dir, cfg)}`"
+
+
+def retrain_command(run_dir: Path, cfg: dict) -> str:
+    """``attnlab train`` with the options this run was trained with (its config.json's
+    task_options and max_iters), taking snapshots about 40 times, into a new directory."""
+    import shlex
+
+    from attnlab.train_config import default_snapshot_interval
+
+    task = cfg["task"]
+    options = cfg.get("task_options") or {}
+    words = ["attnlab", "train", "--task", task]
+    for k, v in options.items():
+        if v is None or isinstance(v, (bool, dict, list)):
+            continue
+        words += [f"--{k.replace('_', '-')}", str(v)]
+    if "data" not in options:
+        words += ["--data", str(cfg["data"])]
+    iters = int((cfg.get("train_config") or {}).get("max_iters") or 0)
+    if iters:
+        words += ["--max-iters", str(iters)]
+    words += ["--snapshot-every", str(default_snapshot_interval(iters) if iters else 50)]
+    words += ["--out", f"{run_dir}-snapshots"]
+    return shlex.join(words)
+
+
 def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
     """Read every snapshot of a run (its scores only; the patterns stay on disk) and its
     metrics, and find where each series changed fastest; the scores are those on ``probe``
@@ -186,8 +231,7 @@ def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
     snapshots = RunDir(run_dir, writer=False)
     steps = snapshots.snapshot_steps()
     if not steps:
-        raise InspectError(f"{run_dir} has no snapshots: train it with --snapshot-every N "
-                           "(--task induction takes them by default)")  # fmt: skip
+        raise InspectError(f"{run_dir} has no snapshots: {no_snapshots_advice(run_dir)}")
     rows, every, maps = [], None, None
     for s in steps:
         meta, tensors = snapshots.read_snapshot(s, keys=(f"scores.{probe}.",))

@@ -3,7 +3,8 @@
     change(figure) = figure(heads ablated) - figure(intact)
 
 Any evaluation that returns figures can be compared (``ablated_eval`` takes it as a function
-to call twice). ``task_figures`` is the one a run's task gives: the mean ``task.loss`` over
+to call twice, returning a dict of figures or an ``Evaluation``: ``attnlab eval --ablate``
+passes ``run.evaluate``, so its intact column is ``attnlab eval``'s own figures, in its words). ``task_figures`` is the one a run's task gives: the mean ``task.loss`` over
 its fixed held-out batches (``val_loss``) and the task's own figures (``task.evaluate``), as
 the Trainer logs them at each evaluation. So every task whose evaluation runs the model (the
 GPT language model, the masked LM, classifiers, encoder-decoders, the ViT, and any task added
@@ -43,6 +44,9 @@ class AblatedEval(Result):
     ablated: dict[str, float]
     log: EditLog
     notes: list[str] = field(default_factory=list)
+    # key -> (words, unit) of each figure, as ``attnlab eval`` prints it (``Figure``); a key
+    # without one is printed as it is
+    words: dict[str, tuple[str, str]] = field(default_factory=dict)
 
     @property
     def change(self) -> dict[str, float]:
@@ -61,8 +65,9 @@ class AblatedEval(Result):
             t.add_column(c, justify="right")
         change = self.change
         for k, v in self.intact.items():
+            label, unit = self.words.get(k, (k, ""))
             a = self.ablated.get(k, math.nan)
-            t.add_row(k, _fmt(v), _fmt(a), _fmt(change.get(k, math.nan), "+"))
+            t.add_row(label, _fmt(v, unit), _fmt(a, unit), _fmt(change.get(k, math.nan), unit, "+"))
         parts = [head, t, Text(f"edit: {self.log.describe()}", style="dim")]
         parts += [Text(f"note: {n}", style="dim") for n in self.notes]
         return Group(*parts)
@@ -75,10 +80,20 @@ class AblatedEval(Result):
         }  # fmt: skip
 
 
-def _fmt(v: float, sign: str = "") -> str:
-    if isinstance(v, int):  # a count (examples right)
-        return f"{v:{sign},}"
-    return f"{v:{sign}.4f}" if math.isfinite(v) else str(v)
+def _fmt(v: float, unit: str = "", sign: str = "") -> str:
+    """A figure as ``attnlab eval`` prints it (``Figure.text``); a change (``sign="+"``) of a
+    percentage is in percentage points."""
+    from attnlab.evaluation import Figure
+
+    if not math.isfinite(v):
+        return str(v)
+    if isinstance(v, int) or unit == "count":  # a count (examples right)
+        return f"{int(v):{sign},}"
+    if sign and unit == "%":
+        return f"{100 * v:+.2f} pp"
+    if sign:
+        return f"{v:+.2f}" if unit == "/100" else f"{v:+.4f}"
+    return Figure("", "", v, unit).text()
 
 
 def ablated_eval(
@@ -105,16 +120,25 @@ def ablated_eval(
 
     say(f"scoring with {', '.join(labels)} ablated ({mode}) ...")
     with ablate(model, heads=heads, mode=mode) as log:
-        ablated = score()
+        ablated, words = _figures(score())
     say("scoring intact ...")
-    intact = score()
+    intact, _ = _figures(score())
     notes = []
     if mode == "mean":
         notes.append("mean: each head's output averaged over the rows and positions of the "
                      "batch being scored")  # fmt: skip
     elif mode == "resample":
         notes.append("resample: each row takes the head's output on the next row of its batch")
-    return AblatedEval(labels, mode, source, intact, ablated, log, notes)
+    return AblatedEval(labels, mode, source, intact, ablated, log, notes, words)
+
+
+def _figures(scored) -> tuple[dict[str, float], dict[str, tuple[str, str]]]:
+    """A score's figures by key, and each one's words and unit: ``scored`` is a dict of
+    figures, or an ``attnlab.evaluation.Evaluation`` (what ``attnlab eval`` prints)."""
+    if isinstance(scored, dict):
+        return scored, {}
+    figures = scored.figures
+    return ({f.key: f.value for f in figures}, {f.key: (f.label, f.unit) for f in figures})
 
 
 @torch.no_grad()
@@ -161,7 +185,8 @@ def held_out(run) -> HeldOut:
 
     cfg, run_dir = run.config, run.path
     if "task" not in cfg and "train_config" not in cfg:
-        hint = "; score it on a text with --data FILE" if run.model.predicts == "next-token" else ""
+        hint = ("; score it on a text with --data FILE" if run.model.predicts == "next-token"
+                else "; score it on TEXT or on --inputs FILE (one input per line)")  # fmt: skip
         raise InterventionError(f"{run_dir}: weights saved without a training task (imported, "
                                 f"or by save_model): no held-out data to score{hint}")  # fmt: skip
     task = open_task(run_dir, True, run.config, run.tokenizer)

@@ -106,6 +106,27 @@ class ImportanceResult(Result):
                             diverging=True) + figure_html(self.figure())  # fmt: skip
 
 
+def check_rankable(subject: Subject) -> None:
+    """An InterventionError, naming what works instead, when ``subject`` has no heads to rank
+    or no loss to rank them by (read from its declarations: ``predicts``, its head groups)."""
+    model = subject.model
+    if model.predicts == "nothing":  # an encoder with no head: its "loss" reads the embedding
+        raise InterventionError(
+            f"this {model.kind} predicts nothing (no prediction head), so it has no loss to rank "
+            "heads by (a loss read through its token embedding falls as heads are removed): "
+            "`attnlab heads RUN` scores what each head attends to instead"
+        )
+    if subject.head_groups() and model.residual:
+        return
+    try:
+        subject.parse_heads("context")
+    except InterventionError:  # no attention at all
+        raise InterventionError(f"this {model.kind} model has no attention heads to rank: "
+                                "`attnlab eval RUN` scores it whole") from None  # fmt: skip
+    raise InterventionError("this model's attention is one context vector, not heads: "
+                            "`attnlab eval RUN --ablate context` scores the run without it")  # fmt: skip
+
+
 def text_loss(subject: Subject, texts: list[str]) -> Callable[[], float]:
     """The mean loss over ``texts`` (see ``Subject.loss``), as a function to call repeatedly."""
     prepared = [subject.prepare(t) for t in texts]
@@ -171,10 +192,8 @@ def head_importance(
 ) -> ImportanceResult:
     """Loss change per ablated head, then the pruning curve (module doc). ``evaluate`` returns
     the loss of the model as it runs now (``text_loss``, ``corpus_loss``, or your own)."""
+    check_rankable(subject)
     groups = subject.head_groups()
-    if not groups or not subject.model.residual:
-        raise InterventionError("an LSTM's attention is one context vector, not heads: ablate it "
-                                "with `attnlab ablate RUN TEXT --context`")  # fmt: skip
     refs = [HeadRef(g, h) for g in groups for h in range(g.n_heads)]
     means = None
     if mode == "mean":  # every mean from the intact run, recorded before any ablation

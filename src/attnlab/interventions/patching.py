@@ -69,6 +69,8 @@ class PatchResult(Result):
     notes: list[str] = field(default_factory=list)
     values_changed: int = 0  # over every patched run
     reverse: bool = False  # True: corrupt activations patched into the clean run
+    scale: float = 0.0  # the metric's scale: the spread (std) of the clean logits over the vocab
+    warning: str | None = None  # clean - corrupt too small against that scale: the table is noise
 
     @property
     def approx_error(self) -> dict:
@@ -104,7 +106,8 @@ class PatchResult(Result):
         src, dst = (("corrupt", self.corrupt_text), ("clean", self.clean_text))[
             :: 1 if self.reverse else -1
         ]
-        parts = [Text(f"patching {src[0]} {src[1]!r} into {dst[0]} {dst[1]!r}", style="bold"),
+        warn = [Text(f"warning: {self.warning}", style="bold red")] if self.warning else []
+        parts = [*warn, Text(f"patching {src[0]} {src[1]!r} into {dst[0]} {dst[1]!r}", style="bold"),
                  Text(f"metric {self.metric} at position {self.position}: clean {self.clean:.4f}, "
                       f"corrupt {self.corrupt:.4f}; " + ("recovered = (patched - clean) / "
                       "(corrupt - clean), the share of the corruption the patch carries"
@@ -128,7 +131,8 @@ class PatchResult(Result):
             "corrupt_metric": self.corrupt, "results": [r.to_dict(self.by) for r in self.rows],
             "attribution_error": self.approx_error, "tokens": self.tokens, "notes": self.notes,
             "direction": "corrupt->clean" if self.reverse else "clean->corrupt",
-            "values_changed": self.values_changed,
+            "values_changed": self.values_changed, "metric_scale": self.scale,
+            "warning": self.warning,
         }  # fmt: skip
 
     def figure(self):
@@ -244,7 +248,9 @@ def patch(
     site_list = sites(subject, by)
     names = [s.name for s in site_list]
     with torch.no_grad(), edited(subject.model, {}, names) as (cc, _):
-        m_clean = float(m(subject.logits_at(clean, pos))[0])
+        clean_logits = subject.logits_at(clean, pos)  # (1, V)
+        m_clean = float(m(clean_logits)[0])
+        scale = float(clean_logits.float().std())
     grabbed: dict[str, torch.Tensor] = {}
 
     def grab(x, name):
@@ -303,7 +309,23 @@ def patch(
         notes.append(f"the decoder reads <bos> + the clean translation "
                      f"{clean.extra['translation']!r} in both runs")  # fmt: skip
     return PatchResult(by, metric_name(subject, t, f), clean_text, corrupt_text, pos, m_clean,
-                       m_corrupt, rows, tokens, notes, changed, reverse)  # fmt: skip
+                       m_corrupt, rows, tokens, notes, changed, reverse, scale,
+                       small_span(span, scale))  # fmt: skip
+
+
+# |clean - corrupt| below this fraction of the metric's scale (the std of the clean logits over
+# the vocabulary) makes every recovered fraction a ratio of noise
+SMALL_SPAN = 0.1
+
+
+def small_span(span: float, scale: float) -> str | None:
+    """The warning for a denominator too small to divide by, or None."""
+    if abs(span) >= SMALL_SPAN * scale:
+        return None
+    return (f"clean - corrupt = {span:+.4f} is under {SMALL_SPAN:g} x the logits' spread "
+            f"({scale:.4f}): the corruption barely moves the metric, so every 'recovered' "
+            "fraction divides by noise; pick a corrupt input that changes the answer, or a "
+            "--target/--foil the two inputs disagree on")  # fmt: skip
 
 
 def metric_name(subject: Subject, t: int, f: int | None) -> str:
