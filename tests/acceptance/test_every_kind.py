@@ -89,7 +89,10 @@ def runs(tmp_path_factory):
 
 def attnlab(capsys, *args) -> tuple[int, str, str]:
     capsys.readouterr()
-    code = main([str(a) for a in args])
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # refused while the options are read (a bounded number, ...)
+        code = e.code
     out, err = capsys.readouterr()
     return code, out, err
 

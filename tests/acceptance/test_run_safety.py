@@ -85,6 +85,13 @@ VARIANTS = {
                                            d_hidden=6, attention="general")),
     "vit": ("vit", dict(image_size=4, patch_size=2, channels=3, n_classes=3, n_layer=2,
                         n_head=2, d_model=8)),
+    "t5 tied": ("t5", dict(vocab_size=11, max_len=8, n_encoder_layers=2, n_decoder_layers=1,
+                           n_head=2, d_model=8, d_kv=3, d_ff=12, num_buckets=4, max_distance=8)),
+    "t5 v1.1 untied gated": ("t5", dict(vocab_size=11, max_len=8, n_encoder_layers=1,
+                                        n_decoder_layers=2, n_head=2, d_model=8, d_kv=4, d_ff=12,
+                                        num_buckets=4, max_distance=8, ffn="gated",
+                                        activation="gelu_new", tie_weights=False,
+                                        scale_output=False)),
 }  # fmt: skip
 
 
@@ -100,6 +107,10 @@ def tokenizer_for(model):
         return chars(c.vocab_size)
     if model.model_type in ("seq2seq", "rnn"):
         return PairTokenizer(chars(c.src_vocab_size - 3), chars(c.tgt_vocab_size - 3))
+    if model.model_type == "t5":  # <pad>, </s>, <unk>, then one id per character
+        return type(model).example_tokenizer(
+            "".join(chr(0x61 + i) for i in range(c.vocab_size - 3))
+        )
     classes = [f"class{i}" for i in range(c.n_classes)]
     return ImageTokenizer("digits", classes, c.image_size, c.channels, seed=0, val_fraction=0.1)
 
@@ -119,6 +130,10 @@ def outputs(model, seed: int = 0) -> list[torch.Tensor]:
         if model.model_type in ("seq2seq", "rnn"):
             src = torch.randint(3, c.src_vocab_size, (2, 6), generator=g)
             tgt = torch.randint(3, c.tgt_vocab_size, (2, 5), generator=g)
+            return [model(src, tgt)]
+        if model.model_type == "t5":  # one vocabulary for both sides
+            src = torch.randint(2, c.vocab_size, (2, 6), generator=g)
+            tgt = torch.randint(2, c.vocab_size, (2, 5), generator=g)
             return [model(src, tgt)]
         return [model(torch.rand(2, c.channels, c.image_size, c.image_size, generator=g))]
 

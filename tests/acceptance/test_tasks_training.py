@@ -216,7 +216,7 @@ def test_unset_options_take_the_tasks_defaults_and_typed_ones_win(tmp_path):
 @pytest.mark.parametrize(
     "opts, needle",
     [
-        ({"data": "x.txt", "arch": "lstm"}, "--arch does not apply to --task lm"),
+        ({"data": "x.txt", "arch": "lstm"}, "--arch lstm is an encoder-decoder: use --task seq2seq"),
         ({"task": "classify", "data": "digits", "preset": "baby"},
          "--preset does not apply to --arch vit (size it with"),
         ({"task": "seq2seq", "data": "dates", "block_size": 8}, "--block-size does not apply"),

@@ -211,10 +211,9 @@ def test_intervention_tabs_switch_in_chromium(run_dir, tmp_path):
 
     if not os.path.exists("/usr/bin/chromium"):
         pytest.skip("no /usr/bin/chromium: the tabs were not tried in a browser")
-    from attnlab.run_dir import load_run
-
     from attnlab.inspect import explore, record
     from attnlab.interventions import explorer_tabs
+    from attnlab.run import load_run
     from cdp import Browser
 
     s = load_run(run_dir).subject

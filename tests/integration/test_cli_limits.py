@@ -47,6 +47,7 @@ BASE = {
     "attribute": ["attribute", "run", "All", "--method", "dla", "--target", "l"],
     "heads": ["heads", "run"],
     "timeline": ["timeline", "run"],
+    "experiment": ["experiment", "pruning", "--out", "out"],
 }
 
 

@@ -116,10 +116,11 @@ def test_blank_out_follows_causality_and_is_zero_for_the_same_token(tiny_gpt):
     assert blank == tiny_gpt.tokenizer.stoi[" "]  # a character vocabulary: a space
     values, y = rollout_flow.blank_out(tiny_gpt, p, 2, blank)
     assert values.shape == (7,) and (values >= 0).all()
-    assert np.all(values[3:] == 0)  # position 2 cannot see tokens 3..6
+    # position 2 cannot see tokens 3..6 (to float rounding: the variants run as one batch)
+    assert np.all(np.abs(values[3:]) < 1e-6)
     assert values[:3].max() > 0
     same, _ = rollout_flow.blank_out(tiny_gpt, p, 6, int(p.args[0][0, 0]))
-    assert same[0] == 0  # "blanking" token 0 with itself changes nothing
+    assert abs(same[0]) < 1e-6  # "blanking" token 0 with itself changes nothing
 
 
 def test_per_layer_measures_read_the_output_row(tiny_gpt):

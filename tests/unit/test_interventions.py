@@ -495,9 +495,14 @@ def test_rollout_and_flow_of_a_model_state_the_residual_term(gpt):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_integrated_gradients_is_complete_within_one_percent_at_64_steps_on_the_baby_model(baby):
-    r = input_attribution(baby, SENTENCE, "s", method="ig", steps=64)
-    assert r.completeness_error < 0.01
+def test_integrated_gradients_converges_to_completeness_on_the_baby_model(baby):
+    """IG's attributions sum to f(x) - f(baseline) as the path is integrated more finely. How
+    many steps it takes depends on the model (the LayerNorm of an embedding near the zero
+    baseline is steep): a briefly trained baby model missed by 2-6% at 64 steps, depending on
+    the threads it trained on, and by under 0.1% at 512."""
+    coarse = input_attribution(baby, SENTENCE, "s", method="ig", steps=16)
+    r = input_attribution(baby, SENTENCE, "s", method="ig", steps=512)
+    assert r.completeness_error < 0.01 and r.completeness_error < coarse.completeness_error
     assert "completeness error" in str(r)
     assert r.to_dict()["completeness_error"] == r.completeness_error
 
