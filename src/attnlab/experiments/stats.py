@@ -26,24 +26,24 @@ def spearman(a, b) -> float:
     """Spearman's rank correlation of two equally long vectors (nan if either is constant)."""
     from scipy.stats import spearmanr
 
-    a, b = _checked(a, b)
-    if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return math.nan
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return float(spearmanr(a, b).statistic)
+    return _rank_correlation(spearmanr, a, b)
 
 
 def kendall(a, b) -> float:
     """Kendall's tau-b of two equally long vectors (nan if either is constant)."""
     from scipy.stats import kendalltau
 
+    return _rank_correlation(kendalltau, a, b)
+
+
+def _rank_correlation(test, a, b) -> float:
+    """``test(a, b).statistic`` (a scipy rank test), nan where a vector is constant or short."""
     a, b = _checked(a, b)
     if a.size < 2 or np.ptp(a) == 0 or np.ptp(b) == 0:
         return math.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return float(kendalltau(a, b).statistic)
+        return float(test(a, b).statistic)
 
 
 def mean_defined(values) -> tuple[float, int]:
