@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -19,3 +21,18 @@ def run(tmp_path_factory):
     from look_helpers import make_run
 
     return make_run(tmp_path_factory.mktemp("look") / "run")
+
+
+@pytest.fixture(scope="module")
+def tiny_trained_run(tmp_path_factory) -> Path:
+    """One tiny GPT run (2 steps) with a full checkpoint, trained by the real CLI."""
+    from cli_helpers import run_cli
+    from lm_helpers import TEXT, TINY_TRAIN
+
+    d = tmp_path_factory.mktemp("trained")
+    (d / "corpus.txt").write_text(TEXT, encoding="utf-8")
+    run = d / "run"
+    r = run_cli("train", "--data", d / "corpus.txt", "--out", run, *TINY_TRAIN,
+                "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return run

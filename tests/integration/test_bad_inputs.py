@@ -28,24 +28,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cli_helpers import SRC, run_cli
+from cli_helpers import SRC
 from lm_helpers import TEXT, TINY_TRAIN
 
 # ---------------------------------------------------------------------------------------------
 # fixtures and helpers
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """One tiny GPT run (2 steps) with a full checkpoint, trained by the real CLI."""
-    d = tmp_path_factory.mktemp("trained")
-    (d / "corpus.txt").write_text(TEXT, encoding="utf-8")
-    run = d / "run"
-    r = run_cli("train", "--data", d / "corpus.txt", "--out", run, *TINY_TRAIN,
-                "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1")  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    return run
 
 
 @pytest.fixture
@@ -59,9 +47,9 @@ def inputs(tmp_path):
 
 
 @pytest.fixture
-def case(inputs, trained):
+def case(inputs, tiny_trained_run):
     """The inputs and a private copy of the trained run (``run``)."""
-    shutil.copytree(trained, inputs / "run")
+    shutil.copytree(tiny_trained_run, inputs / "run")
     return inputs
 
 
@@ -645,11 +633,11 @@ def test_the_suite_run_as_a_background_job_still_gives_children_ctrl_c(tmp_path)
 
 
 @pytest.mark.slow
-def test_ctrl_c_during_generate_exits_130_quietly(trained, tmp_path):
+def test_ctrl_c_during_generate_exits_130_quietly(tiny_trained_run, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(SRC)}
-    before = snapshot(trained)
+    before = snapshot(tiny_trained_run)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "attnlab", "generate", str(trained), "--prompt", "All",
+        [sys.executable, "-m", "attnlab", "generate", str(tiny_trained_run), "--prompt", "All",
          "--max-new-tokens", "100000", "--no-cache", "--device", "cpu"],
         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )  # fmt: skip
@@ -663,7 +651,7 @@ def test_ctrl_c_during_generate_exits_130_quietly(trained, tmp_path):
             proc.kill()
     assert proc.returncode == 130, err
     assert err.decode() == "attnlab: interrupted\n"
-    assert snapshot(trained) == before and list(tmp_path.iterdir()) == []
+    assert snapshot(tiny_trained_run) == before and list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,8 +20,7 @@ import pytest
 
 from attnlab.cli import build_parser, verbs
 from attnlab.cli.limits import INDEX_MAX, bound_for, numeric_options
-from cli_helpers import run_cli
-from lm_helpers import TEXT, TINY_TRAIN
+from lm_helpers import TEXT
 
 SECONDS = 5.0
 BAD = ("nan", str(10**30), "inf", "-1", "0", "1e30", "-inf")
@@ -141,20 +140,9 @@ def test_gauss_legendre_steps_past_what_its_nodes_can_be_found_in_are_refused(cl
     assert "--steps must be at most 256 with --rule gauss-legendre" in line
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("trained")
-    (d / "corpus.txt").write_text(TEXT, encoding="utf-8")
-    run = d / "run"
-    r = run_cli("train", "--data", d / "corpus.txt", "--out", run, *TINY_TRAIN,
-                "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1")  # fmt: skip
-    assert r.returncode == 0, r.stderr
-    return run
-
-
 @pytest.fixture
-def case(work, trained) -> Path:
-    shutil.copytree(trained, work / "run")
+def case(work, tiny_trained_run) -> Path:
+    shutil.copytree(tiny_trained_run, work / "run")
     return work
 
 
