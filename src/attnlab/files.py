@@ -212,6 +212,9 @@ def _describe_process(pid: str) -> str:
         argv = ["attnlab", *argv[argv.index("-m") + 2 :]]
     elif argv and Path(argv[0]).name == "attnlab":
         argv = ["attnlab", *argv[1:]]
+    # a long absolute path (an interpreter, a script) shows as its name: the arguments after
+    # it are what tell one run from another, and must not be cut off
+    argv = [f".../{Path(a).name}" if a.startswith("/") and len(a) > 24 else a for a in argv]
     command = " ".join(argv)
     command = command if len(command) <= 120 else command[:117] + "..."
     since = time.strftime(

@@ -47,6 +47,9 @@ def _worker(rank: int, world: int, port: int, d: str) -> None:
             save_file({n: p.grad for n, p in raw.named_parameters() if p.grad is not None},
                       str(d / f"{task_id}.grads"))  # fmt: skip
             save_file({n: p.detach() for n, p in raw.named_parameters()}, str(d / f"{task_id}.w"))
+    # both ranks leave together: a rank that tears the group down while its peer still
+    # writes can abort gloo's threads in the peer (SIGABRT, seen on a loaded 2-core machine)
+    torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
 
