@@ -279,6 +279,20 @@ def test_vit_run_classifies_an_image_file_like_transformers(capsys, tmp_path):
         assert _max_err(run.model(image[None]), hf(pixel_values=image[None]).logits) <= TOL
 
 
+def test_heads_scores_an_imported_vit_on_images_of_its_own_shape(capsys, tmp_path):
+    """An imported ViT has no data of its own: heads must not probe it with the digits its
+    task would default to (8x8 grayscale against a 12x12 RGB model crashed), but with images
+    of the model's shape, and say so."""
+    _, d = build_vit(tmp_path, "ViTForImageClassification")
+    assert attnlab(capsys, "import-hf", d, "--out", tmp_path / "run")[0] == 0
+    code, out, err = attnlab(capsys, "heads", tmp_path / "run", "--json", "--all")
+    assert code == 0, err
+    report = json.loads(out)
+    assert len(report["heads"]) == VIT["num_hidden_layers"] * VIT["num_attention_heads"]
+    assert any("random inputs of the model's shape" in n for n in report["notes"])
+    assert any("imported from" in n for n in report["notes"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals: one line, exit 2, nothing written
 # ---------------------------------------------------------------------------------------------
