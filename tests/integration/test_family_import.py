@@ -18,6 +18,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from attnlab.cli import main  # noqa: E402
 from attnlab.interop.hf import load_hf, load_hf_tokenizer  # noqa: E402
 from attnlab.run import load_run  # noqa: E402
+from conformance_helpers import conformance  # noqa: E402
 
 TEXT = "the cat sat on the mat. the dog ate the cake; a cat and a dog. " * 4
 SIZE = dict(vocab_size=300, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
@@ -51,7 +52,7 @@ def sentencepiece_bpe() -> Tokenizer:
 
 def save_family(d, cls_name="LlamaConfig", tokenizer=None, dtype=None, shard=None, **fields):
     cfg = getattr(transformers, cls_name)(**{**SIZE, **fields}, attn_implementation="eager")
-    model_cls = cls_name.replace("Config", "ForCausalLM")
+    model_cls = cls_name.replace("TextConfig", "Config").replace("Config", "ForCausalLM")
     torch.manual_seed(0)
     model = getattr(transformers, model_cls)(cfg).eval()
     if dtype is not None:
@@ -138,13 +139,25 @@ def test_an_incomplete_or_unsupported_directory_is_refused_in_one_line(
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
-@pytest.fixture(scope="module", params=["LlamaConfig", "Gemma2Config"])
+# every decoder family import-hf reads, each with the pieces that set it apart
+FAMILY_PIECES = {
+    "LlamaConfig": {},
+    "MistralConfig": {"sliding_window": 4},
+    "Qwen2Config": {"attention_bias": True},
+    "Qwen3Config": {"head_dim": 8},
+    "GemmaConfig": {"head_dim": 8},
+    # a cap that bends the logits (they are about 1)
+    "Gemma2Config": {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 1.0},
+    "Gemma3TextConfig": {"head_dim": 8, "sliding_window": 4,
+                         "layer_types": ["sliding_attention", "full_attention"]},
+    "GPTNeoXConfig": {"rotary_pct": 0.5, "num_key_value_heads": 4},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILY_PIECES))
 def imported(request, tmp_path_factory):
     d = tmp_path_factory.mktemp("hf")
-    extra = {}
-    if request.param == "Gemma2Config":  # a cap that bends the logits (they are about 1)
-        extra = {"head_dim": 8, "sliding_window": 4, "final_logit_softcapping": 1.0}
-    save_family(d, request.param, **extra)
+    save_family(d, request.param, **FAMILY_PIECES[request.param])
     run = tmp_path_factory.mktemp("run") / "run"
     assert main(["import-hf", str(d), "--out", str(run)]) == 0
     return run
@@ -172,7 +185,10 @@ def test_the_look_inside_verbs_run_on_an_imported_decoder(capsys, imported, tmp_
 def test_an_imported_run_loads_with_its_pieces(imported):
     model, tokenizer = load_run(imported)
     c = model.config
-    assert c.norm.startswith("rms") and c.ffn == "gated" and c.n_kv_heads == 2
+    if c.parallel:  # GPT-NeoX: layer norms, a plain MLP, every head its own K/V
+        assert c.norm == "layer" and c.ffn != "gated" and c.n_kv_heads in (None, c.n_head)
+    else:
+        assert c.norm.startswith("rms") and c.ffn == "gated" and c.n_kv_heads == 2
     assert tokenizer.vocab_size <= c.vocab_size
 
 
@@ -200,7 +216,15 @@ def test_the_conformance_identities_hold_on_an_imported_decoder(capsys, imported
     assert max(json.loads(out)["kl"][-1]) < 1e-4  # the last layer's lens is the model itself
 
 
+def test_every_verb_and_identity_of_the_conformance_suite_holds(capsys, imported, tmp_path):
+    (tmp_path / "eval.txt").write_text(TEXT)
+    out = conformance(capsys, imported, data=tmp_path / "eval.txt")
+    assert {"trace", "attention", "lens", "dla", "patch", "check", "eval"} <= set(out)
+
+
 def test_attention_says_which_kv_head_a_query_head_shares(capsys, imported):
+    if load_run(imported).model.config.parallel:
+        pytest.skip("GPT-NeoX: every query head has its own K/V head")
     code, out, err = attnlab(capsys, "attention", imported, "the cat sat", "--layer", "1",
                              "--head", "3")  # fmt: skip
     assert code == 0, err
@@ -213,6 +237,9 @@ def test_attention_says_which_kv_head_a_query_head_shares(capsys, imported):
 def test_the_trace_says_what_each_new_step_is(capsys, imported):
     code, out, err = attnlab(capsys, "trace", imported, "the cat sat on the mat", "--head", "3")
     out = " ".join(out.split())
+    if load_run(imported).model.config.parallel:  # GPT-NeoX: its own steps
+        assert code == 0 and "rotated by position" in out and "parallel" in out, out
+        return
     assert code == 0 and "RMS norm before attention" in out and "rotated by position" in out
     assert "K/V head 1, shared" in out and "query heads 2..3 all read K/V head 1" in out
     if "softcap" in out:  # Gemma 2: its scale, softcap and window

@@ -39,6 +39,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 GEMMAS = ("gemma", "gemma2", "gemma3_text")
 FAMILIES = (*LLAMA_LIKE, *GEMMAS, "gpt_neox")
+READS_ATTENTION_BIAS = ("llama", "qwen3", *GEMMAS)  # the families whose code reads it
 
 # Hugging Face activation -> attnlab's (attnlab.blocks.ACTIVATIONS)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
@@ -186,11 +187,13 @@ def _decoder_config(kind: str, hf: dict) -> GPTConfig:
             _refuse(f"rope scaling on sliding layers ({local['rope_type']!r})")
     else:
         base, scaling = _rope(params, hf)
-    attn_bias = bool(hf.get("attention_bias", False))
+    # transformers reads attention_bias and mlp_bias only where the family's code does:
+    # Mistral and Qwen2 ignore both (Qwen2's q/k/v always have biases, its o_proj never)
+    attn_bias = kind in READS_ATTENTION_BIAS and bool(hf.get("attention_bias", False))
     scalar = hf.get("query_pre_attn_scalar") if kind in ("gemma2", "gemma3_text") else None
     return GPTConfig(
         **common,
-        bias=bool(hf.get("mlp_bias", False)),
+        bias=kind == "llama" and bool(hf.get("mlp_bias", False)),
         qkv_bias=attn_bias or kind == "qwen2",  # Qwen2: q/k/v biases, none on o_proj
         out_bias=attn_bias,
         norm="rms-gemma" if gemma else "rms",
