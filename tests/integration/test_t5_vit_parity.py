@@ -293,6 +293,28 @@ def test_heads_scores_an_imported_vit_on_images_of_its_own_shape(capsys, tmp_pat
     assert any("imported from" in n for n in report["notes"])
 
 
+@pytest.mark.parametrize("family", ["t5", "vit"])
+def test_every_verb_and_identity_of_the_conformance_suite_holds_on_an_import(capsys, tmp_path,
+                                                                             family):  # fmt: skip
+    from conformance_helpers import conformance
+
+    _, d = (build_t5(tmp_path, "t5") if family == "t5"
+            else build_vit(tmp_path, "ViTForImageClassification"))  # fmt: skip
+    assert main(["import-hf", str(d), "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()  # the import's own lines
+    inputs = None
+    if family == "vit":  # image files: an imported ViT has no test split of its own
+        from PIL import Image
+
+        g = torch.Generator().manual_seed(3)
+        inputs = tuple(str(tmp_path / f"{name}.png") for name in ("clean", "corrupt"))
+        for path in inputs:
+            pixels = torch.randint(0, 256, (12, 12, 3), generator=g, dtype=torch.uint8)
+            Image.fromarray(pixels.numpy()).save(path)
+    out = conformance(capsys, tmp_path / "run", inputs=inputs)
+    assert {"trace", "attention", "patch", "check"} <= set(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals: one line, exit 2, nothing written
 # ---------------------------------------------------------------------------------------------
