@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnlab.experiments.recipe import Context, Experiment
+from attnlab.experiments.recipe import Context, Experiment, ExperimentError
 from attnlab.experiments.report import Claim, Report, Table, value_range
 from attnlab.experiments.stats import kendall, mean_defined, spearman
 
@@ -39,6 +39,7 @@ CITATION = ("the notes' attention example (an LSTM encoder-decoder with attentio
             "model; Jain & Wallace (2019) for the question")  # fmt: skip
 NOTES_CLAIM = ("the notes: a decoder step's attention weights decide how much of each source "
                "word its output uses (40% \"let's\", 60% \"go\" -> \"vamos\")")  # fmt: skip
+NOTES_SHORT = "the notes: attention weights decide how much of each source word is used"
 NOTES_SOURCE, NOTES_OUTPUT = "let's go", "vamos"
 IMPORTANCES = ("blank-out", "patching")
 ROUNDING = 1e-5  # nats: contributions closer than this are ties (float32 noise)
@@ -67,15 +68,15 @@ def _dates(arch: str, width: int, **more) -> dict:
                 eval_interval=600, d_model=width, **more)  # fmt: skip
 
 
-def _quick(options: dict, width: int) -> dict:
-    return {**options, "max_iters": 150, "eval_interval": 150, "d_model": width}
+def _quick(options: dict, width: int, **more) -> dict:
+    return {**options, "max_iters": 120, "eval_interval": 120, "d_model": width, **more}
 
 
 MODELS = (
     Model("phrases", "lstm-attention", "LSTM with attention", "LSTM+attn",
           _phrases("lstm-attention", 128), _quick(_phrases("lstm-attention", 128), 64)),
     Model("phrases", "transformer", "Transformer (cross-attention)", "Transformer",
-          _phrases("transformer", 64), _quick(_phrases("transformer", 64), 32)),
+          _phrases("transformer", 64), _quick(_phrases("transformer", 64), 32, n_layer=1)),
     Model("dates", "lstm-attention", "LSTM with attention", "LSTM+attn",
           _dates("lstm-attention", 128, lr=3e-3), None),
     Model("dates", "transformer", "Transformer (cross-attention)", "Transformer",
@@ -228,8 +229,11 @@ def measure(ctx: Context, model: Model, seed: int, n: int) -> tuple[dict, str]:
     texts = sources(run, n)
     ctx.log(f"experiment: attention against contribution on {name}, {len(texts)} sources")
     rows = [r for r in (example(subject, t) for t in texts) if r is not None]
+    if not rows:
+        raise ExperimentError(f"{name}: no held-out source has {MIN_SOURCE} tokens to rank")
     res = summary(rows)
     res["sources"] = len(rows)
+    res["layers"] = len(subject.model.source_attention())
     res["exact_match"] = (run.config.get("metrics") or {}).get("val_exact", math.nan)
     if model.task == "phrases":
         res["notes"] = notes_example(subject)
@@ -238,7 +242,7 @@ def measure(ctx: Context, model: Model, seed: int, n: int) -> tuple[dict, str]:
 
 def recipe(ctx: Context) -> Report:
     models = [m for m in MODELS if not ctx.quick or m.quick_options is not None]
-    n = 20 if ctx.quick else 60
+    n = 12 if ctx.quick else 60
     results: dict[tuple[str, str], dict[int, dict]] = {}
     runs = []
     for m in models:
@@ -256,21 +260,22 @@ def recipe(ctx: Context) -> Report:
             claims.append(Claim(
                 f"{m.task}.{m.arch}.spearman_{imp}",
                 f"the mean Spearman rho per step of attention with {imp} ({tag})",
-                f"{NOTES_CLAIM}: the more a step attends to a token, the more its output needs it",
+                f"{NOTES_SHORT}: the more a step attends to a token, the more its output needs it",
                 {s: r[s][f"all/{imp}"]["spearman"] for s in r}, ">=", 0.5, "signed"))  # fmt: skip
-        claims.append(Claim(
-            f"{m.task}.{m.arch}.top_blank-out",
-            f"the share of steps whose most-attended source token is the one blanking costs "
-            f"most ({tag})",
-            f"{NOTES_CLAIM}: the most-attended token is the one the output needs most",
-            {s: r[s]["all/blank-out"]["top_agrees"] for s in r}, ">=", 0.5, "%"))  # fmt: skip
+        for imp, verb in (("blank-out", "blanking"), ("patching", "patching")):
+            claims.append(Claim(
+                f"{m.task}.{m.arch}.top_{imp}",
+                f"the share of steps whose most-attended source token is the one {verb} costs "
+                f"most ({tag})",
+                f"{NOTES_SHORT}: the most-attended token is the one the output needs most",
+                {s: r[s][f"all/{imp}"]["top_agrees"] for s in r}, ">=", 0.5, "%"))  # fmt: skip
     for arch, label in KINDS:
         r = results.get(("phrases", arch))
         if r is None:
             continue
         claims.append(Claim(
             f"notes.{arch}", f"the share of seeds in which the {label}'s most-attended token at "
-            f"the first step of {NOTES_SOURCE!r} is the one blanking costs that output most",
+            f"the first step of “{NOTES_SOURCE}” is the one blanking costs that output most",
             NOTES_CLAIM, {s: float(r[s]["notes"]["top_agrees_blank-out"]) for s in r}, ">=",
             1.0, "%"))  # fmt: skip
     report = Report(
@@ -299,7 +304,7 @@ def recipe(ctx: Context) -> Report:
         data={f"{t}/{a}": {str(s): v for s, v in r.items()} for (t, a), r in results.items()},
     )  # fmt: skip
     report.pictures.append(("Spearman's rho per decoder step of attention with blank-out and "
-                            "patching, every source and seed, per model kind",
+                            "patching, every held-out source and seed, per task and model kind",
                             _distributions(models, results)))  # fmt: skip
     if "phrases" in tasks:
         report.pictures.append((f"The notes' example, {NOTES_SOURCE!r}, first decoder step "
@@ -314,7 +319,8 @@ def _tables(models, results, tasks) -> list[Table]:
     for m in models:
         r = results[m.task, m.arch]
         seeds = list(r)
-        for which in ("all", "last"):
+        one_layer = all(r[s]["layers"] == 1 for s in seeds)  # "last" is "all" again
+        for which in ("all",) if one_layer else ("all", "last"):
             for imp in IMPORTANCES:
                 k = f"{which}/{imp}"
                 row = [m.task, m.short, which, imp]
@@ -356,18 +362,20 @@ def _distributions(models, results) -> str:
     from attnlab.interventions.figures import new_figure
     from attnlab.render.plots import png_html
 
+    tasks = list(dict.fromkeys(m.task for m in models))
     kinds = [k for k in KINDS if any(m.arch == k[0] for m in models)]
-    fig, axes = new_figure(1, len(kinds), figsize=(4.5 * len(kinds), 3.2), squeeze=False)
-    for ax, (arch, label) in zip(axes[0], kinds):
-        per = {imp: [v for m in models if m.arch == arch
-                     for res in results[m.task, m.arch].values()
-                     for v in res[f"all/{imp}"]["spearman_all"] if not math.isnan(v)]
-               for imp in IMPORTANCES}  # fmt: skip
-        ax.hist([per[i] for i in IMPORTANCES], bins=np.linspace(-1, 1, 21), label=IMPORTANCES)
-        ax.set_xlabel("Spearman's rho, attention vs contribution")
-        ax.set_ylabel("decoder steps")
-        ax.set_title(label, fontsize=9)
-        ax.legend(fontsize=7)
+    fig, axes = new_figure(len(tasks), len(kinds), figsize=(4.5 * len(kinds), 3.0 * len(tasks)),
+                           squeeze=False)  # fmt: skip
+    for row, task in zip(axes, tasks):
+        for ax, (arch, label) in zip(row, kinds):
+            found = results.get((task, arch), {})
+            per = [[v for res in found.values() for v in res[f"all/{imp}"]["spearman_all"]
+                    if not math.isnan(v)] for imp in IMPORTANCES]  # fmt: skip
+            ax.hist(per, bins=np.linspace(-1, 1, 21), label=IMPORTANCES)
+            ax.set_xlabel("Spearman's rho, attention vs contribution")
+            ax.set_ylabel("decoder steps")
+            ax.set_title(f"{task}: {label}", fontsize=9)
+            ax.legend(fontsize=7)
     fig.tight_layout()
     return png_html(fig)
 
