@@ -234,6 +234,7 @@ def measure(ctx: Context, model: Model, seed: int, n: int) -> tuple[dict, str]:
     res = summary(rows)
     res["sources"] = len(rows)
     res["layers"] = len(subject.model.source_attention())
+    res["steps"] = res["all/blank-out"]["steps"]
     res["exact_match"] = (run.config.get("metrics") or {}).get("val_exact", math.nan)
     if model.task == "phrases":
         res["notes"] = notes_example(subject)
@@ -329,11 +330,20 @@ def _tables(models, results, tasks) -> list[Table]:
                                          ("top_agrees", "%"), ("chance", "%"))}  # fmt: skip
                 corr.append([*row, got["spearman"], got["kendall"]])
                 top.append([*row, got["top_agrees"], got["chance"]])
-    caption = (
-        "attention: the mean over every layer that reads the source, or the last one "
-        "alone; range over seeds"
-    )
-    tables = [Table("Rank correlation of attention with contribution, mean over decoder steps",
+    fitted = []
+    for m in models:
+        found = list(results[m.task, m.arch].values())
+        fitted.append([m.task, m.short] + [value_range([r[k] for r in found], unit, True)
+                                           for k, unit in (("exact_match", "%"),
+                                                           ("sources", "count"),
+                                                           ("steps", "count"))])  # fmt: skip
+    caption = ("attention: the mean over every layer that reads the source, or the last one "
+               "alone; range over seeds")  # fmt: skip
+    tables = [Table("The models and what they were measured on (range over seeds)",
+                    ["task", "model", "exact match", "sources", "decoder steps"], fitted,
+                    "exact match: greedy output equal to the target on the run's validation "
+                    "split, at the end of training"),
+              Table("Rank correlation of attention with contribution, mean over decoder steps",
                     ["task", "model", "attention", "against", "rho", "tau"], corr, caption),
               Table("Share of steps whose most-attended token costs most when knocked out",
                     ["task", "model", "attention", "against", "agrees", "chance (1/S)"], top,
