@@ -196,7 +196,7 @@ class Report:
     def lines(self, width: int = 80) -> list[str]:
         """The terminal summary: the claims' sentences and the tables, at most ``width``
         columns."""
-        wrap = textwrap.TextWrapper(width=width, subsequent_indent="  ")
+        wrap = textwrap.TextWrapper(width=width, subsequent_indent="  ", break_on_hyphens=False)
         out = wrap.wrap(f"{self.title} ({self.citation})") + [""]
         for c in self.claims:
             out += wrap.wrap(f"published: {c.published}")

@@ -8,7 +8,8 @@ ask which model they hold:
     what it is      kind (the project's one vocabulary: gpt, mlm, text-classifier, encoder,
                     seq2seq-transformer, t5, lstm-attention, lstm, vit), describe(), model_type and
                     config_class (config.json), tokenizer_fields (what the tokenizer must match)
-    its structure   stacks, output_stack, input_stack, memory_stack; head_groups(); points();
+    its structure   stacks, output_stack, input_stack, memory_stack, memory_site; head_groups();
+                    source_attention(); points();
                     hook_points (name pattern -> meaning); residual (has a residual stream)
     its input       reads ("text", "image" or "source"); prepare(tokenizer, text) -> Prepared
     its readout     predicts ("next-token", "masked-token", "class", "decoder-step" or
@@ -267,6 +268,7 @@ class ModelKind:
     output_stack: str = ""  # the stack whose residual stream reaches the logits
     input_stack: str = ""
     memory_stack: str | None = None  # the stack cross-attention reads its keys from
+    memory_site: str | None = None  # the hook of that memory (B, S, C): one vector per source token
     residual: bool = True  # a residual stream: lens, DLA and patching by position apply
     sentence_embedding: bool = False  # `attnlab embed` pools its outputs
     tokenizer_fields: tuple[tuple[str, str, str], ...] = (
@@ -317,6 +319,11 @@ class ModelKind:
                 if getattr(block, "cross", None) is not None:
                     out.append(HeadGroup("cross", i, f"{root}.cross", block.cross.n_heads))
         return out
+
+    def source_attention(self) -> list[HeadGroup]:
+        """The head groups whose keys are the source tokens (``memory_site``'s positions): an
+        encoder-decoder's cross-attention, an LSTM's context; none in a single-stack model."""
+        return [g for g in self.head_groups() if g.kind in ("cross", "context")]
 
     def points(self, stack: str | None = None, sublayers: bool = False) -> list[Point]:
         """Residual stream points of a stack: block inputs and the final output; with
@@ -430,6 +437,7 @@ class EncoderDecoder(ModelKind):
     output_stack = "decoder"
     input_stack = "encoder"
     memory_stack = "encoder"
+    memory_site = "encoder.out"
     tokenizer_fields = (
         ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
         ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
