@@ -1,0 +1,233 @@
+"""``attnlab train --init-from RUN``: fine-tune any run (issue 22, item 6).
+
+Tiny random Hugging Face models are built in the test, saved and imported (no network): a
+Llama and a GPT-2 continue training on a text, and their first step's loss is the imported
+model's loss on that same batch; an imported BERT trains a classifier; a run trained by
+attnlab continues on new text; --resume and Ctrl-C of a fine-tuned run continue exactly; and
+every refusal is one line, exit 2, with nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers.logging.set_verbosity_error()
+
+from test_family_import import TEXT, save_family  # noqa: E402
+
+from attnlab.cli import main  # noqa: E402
+from attnlab.interop.hf import import_hf  # noqa: E402
+from attnlab.run import load_run  # noqa: E402
+from attnlab.training import run as training  # noqa: E402
+from attnlab.training.faults import Faults  # noqa: E402
+from intervene_helpers import WORDS, bert_mlm_run  # noqa: E402
+
+STEPS = ["--batch-size", "2", "--eval-iters", "1", "--log-interval", "1", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("text")
+    (d / "text.txt").write_text(TEXT * 3, encoding="utf-8")
+    return d / "text.txt"
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    save_family(d / "hf")
+    return import_hf(d / "hf", d / "run")
+
+
+@pytest.fixture(scope="module")
+def gpt2(tmp_path_factory):
+    from test_family_import import byte_level_bpe
+
+    d = tmp_path_factory.mktemp("gpt2")
+    cfg = transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=48,
+                                  attn_implementation="eager")  # fmt: skip
+    torch.manual_seed(0)
+    transformers.GPT2LMHeadModel(cfg).save_pretrained(d / "hf")
+    byte_level_bpe().save(str(d / "hf" / "tokenizer.json"))
+    return import_hf(d / "hf", d / "run")
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory):
+    return bert_mlm_run(tmp_path_factory.mktemp("bert"))
+
+
+class FirstLoss:
+    """A Trainer callback keeping the loss of the first micro-batch it trains on."""
+
+    def __init__(self):
+        self.loss = None
+
+    def on_loss(self, trainer, loss):
+        if self.loss is None:
+            self.loss = float(loss.detach())
+        return loss
+
+
+def fine_tune(source, data, out, callbacks=(), **options) -> training.TrainOutcome:
+    """``attnlab train --data DATA --init-from SOURCE --out OUT`` for 3 steps, as a library
+    call (``options`` as the command's, e.g. block_size=16), with Trainer ``callbacks``."""
+    given = {"data": str(data), "init_from": str(source), "out": str(out), "max_iters": 3,
+             "batch_size": 2, "eval_iters": 1, "log_interval": 1, "quiet": True, **options}  # fmt: skip
+    return training.train(training.plan(given), callbacks=callbacks)
+
+
+def first_batch_loss(outcome, source) -> float:
+    """The source run's own loss (as imported, in eval mode) on the first batch the fine-tune
+    trained on: the same task's batches, drawn with the same seed."""
+    task, c = outcome.task, training.plan({"data": "x", "out": "y"}).config
+    batches = task.train_batches(2, c.seed)
+    model = load_run(source).model
+    with torch.no_grad():
+        return float(task.loss(model, next(batches)))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_an_imported_decoder_continues_from_its_own_loss(family, request, corpus, tmp_path):
+    source = request.getfixturevalue(family)
+    first = FirstLoss()
+    outcome = fine_tune(source, corpus, tmp_path / "ft", [first], block_size=16, dropout=0.0)
+    assert outcome.result.step == 3
+    want = first_batch_loss(outcome, source)
+    assert abs(first.loss - want) < 1e-5, (first.loss, want)
+    cfg = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert cfg["init_from"]["path"] == str(source.resolve())
+    assert cfg["init_from"]["source"]["format"] == "huggingface"
+    assert cfg["config"]["block_size"] == 16  # shrunk; every other size the source's
+    src = json.loads((source / "config.json").read_text())["config"]
+    assert {k: v for k, v in cfg["config"].items() if k not in ("block_size", "dropout")} == {
+        k: v for k, v in src.items() if k not in ("block_size", "dropout")
+    }
+    run = load_run(tmp_path / "ft")  # the tokenizer is the source's, byte for byte
+    assert (tmp_path / "ft" / "tokenizer.json").read_text() == (
+        source / "tokenizer.json"
+    ).read_text()
+    assert run.predict("the cat")["next"]
+
+
+def test_a_run_trained_by_attnlab_continues_on_new_text(tiny_trained_run, tmp_path):
+    from lm_helpers import TEXT as SHAKESPEARE
+
+    (tmp_path / "more.txt").write_text(SHAKESPEARE[::-1], encoding="utf-8")  # the same characters
+    first = FirstLoss()
+    outcome = fine_tune(tiny_trained_run, tmp_path / "more.txt", tmp_path / "ft", [first])
+    assert outcome.result.step == 3
+    assert abs(first.loss - first_batch_loss(outcome, tiny_trained_run)) < 1e-5
+    a = load_run(tiny_trained_run).config["config"]
+    b = load_run(tmp_path / "ft").config["config"]
+    assert a == b  # the same architecture, its block size included
+
+
+def test_an_imported_bert_trains_a_classifier(bert, tmp_path, capsys):
+    lines = [
+        f"{'wet' if i % 2 else 'dry'}\t{' '.join(WORDS[i % 7 : i % 7 + 5])}" for i in range(40)
+    ]
+    (tmp_path / "labels.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "clf"
+    code = main(["train", "--task", "classify", "--data", str(tmp_path / "labels.tsv"),
+                 "--init-from", str(bert), "--out", str(out), "--max-iters", "4",
+                 "--batch-size", "4", "--eval-interval", "2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "new: pooler.weight, pooler.bias, classifier.weight, classifier.bias" in err
+    run = load_run(out)
+    assert run.kind == "text-classifier" and run.config["labels"] == ["dry", "wet"]
+    assert run.model.mlm is None and run.model.config.num_labels == 2
+    src = load_run(bert).model
+    assert torch.equal(run.model.tok_embed.weight, src.tok_embed.weight) is False  # trained on
+    assert {c["label"] for c in run.predict("the bank of the river")["classes"]} == {"dry", "wet"}
+
+
+def test_an_encoder_continues_its_masked_lm(bert, tmp_path):
+    (tmp_path / "words.txt").write_text(
+        "\n".join(" ".join(WORDS[i % 9 : i % 9 + 6]) for i in range(60)) + "\n", encoding="utf-8"
+    )
+    first = FirstLoss()
+    outcome = fine_tune(bert, tmp_path / "words.txt", tmp_path / "mlm", [first], dropout=0.0)
+    assert outcome.task.name == "mlm" and outcome.result.step == 3
+    assert abs(first.loss - first_batch_loss(outcome, bert)) < 1e-5
+
+
+def _same_weights(a, b) -> bool:
+    x, y = load_run(a).model.state_dict(), load_run(b).model.state_dict()
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def test_a_fine_tuned_run_resumes_and_survives_ctrl_c_exactly(llama, corpus, tmp_path, capsys):
+    base = ["train", "--data", str(corpus), "--init-from", str(llama), "--block-size", "16",
+            *STEPS, "--warmup-iters", "1", "--eval-interval", "3", "--lr-decay-iters", "6"]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "whole"), "--max-iters", "6"]) == 0
+    assert main([*base, "--out", str(tmp_path / "half"), "--max-iters", "3"]) == 0
+    resume = ["train", "--out", str(tmp_path / "half"), "--resume", "--max-iters", "6", "--quiet"]
+    assert main(resume) == 0
+    assert _same_weights(tmp_path / "whole", tmp_path / "half")
+    # Ctrl-C at step 2 saves it; the command it prints continues the run exactly
+    given = {"data": str(corpus), "init_from": str(llama), "block_size": 16, "batch_size": 2,
+             "eval_iters": 1, "log_interval": 1, "quiet": True, "warmup_iters": 1,
+             "eval_interval": 3, "lr_decay_iters": 6, "max_iters": 6,
+             "out": str(tmp_path / "stopped")}  # fmt: skip
+    outcome = training.train(training.plan(given), callbacks=[Faults("sigint-at:2")])
+    assert outcome.result.interrupted == "SIGINT" and outcome.result.step == 2
+    again = ["train", "--out", str(tmp_path / "stopped"), "--resume", "--quiet",
+             "--init-from", str(llama)]  # the same --init-from may be typed again  # fmt: skip
+    assert main(again) == 0
+    assert _same_weights(tmp_path / "whole", tmp_path / "stopped")
+    capsys.readouterr()
+    other = ["train", "--out", str(tmp_path / "stopped"), "--resume", "--init-from", str(corpus)]
+    assert main(other) == 2
+    assert "--init-from cannot change on --resume" in capsys.readouterr().err
+
+
+def refused(capsys, tmp_path, *args) -> str:
+    capsys.readouterr()
+    out = tmp_path / "never"
+    code = main(["train", *map(str, args), "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert not out.exists()  # nothing written
+    return err[0]
+
+
+@pytest.mark.parametrize("option", [["--n-layer", "3"], ["--d-model", "64"], ["--n-head", "2"],
+                                    ["--arch", "llama"], ["--tokenizer", "bpe"],
+                                    ["--vocab-size", "100"], ["--preset", "small"],
+                                    ["--kv-heads", "1"]])  # fmt: skip
+def test_options_that_change_the_architecture_are_refused(option, llama, corpus, tmp_path, capsys):
+    err = refused(capsys, tmp_path, "--data", corpus, "--init-from", llama, *option)
+    assert err.startswith(f"attnlab: error: {option[0]} would change the model --init-from"), err
+
+
+def test_a_longer_block_size_is_refused(llama, corpus, tmp_path, capsys):
+    err = refused(capsys, tmp_path, "--data", corpus, "--init-from", llama, "--block-size", "65")
+    assert "--block-size 65 is longer than the 64 positions" in err
+
+
+def test_a_bad_run_is_refused_in_one_line(corpus, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"")
+    for bad, says in ((tmp_path / "missing", "no such run directory"),
+                      (tmp_path / "empty", "not an attnlab run directory"),
+                      (tmp_path / "broken", "not valid JSON"),
+                      (corpus, "expected a run directory")):  # fmt: skip
+        err = refused(capsys, tmp_path, "--data", corpus, "--init-from", bad)
+        assert err.startswith("attnlab: error: --init-from ") and says in err, err
+
+
+def test_a_task_that_cannot_train_the_run_names_one_that_can(llama, bert, corpus, tmp_path, capsys):
+    err = refused(capsys, tmp_path, "--task", "classify", "--data", corpus, "--init-from", llama)
+    assert "--task classify cannot train: fine-tune it with --task lm" in err, err
+    err = refused(capsys, tmp_path, "--task", "lm", "--data", corpus, "--init-from", bert)
+    assert "--task lm cannot train: fine-tune it with --task mlm or --task classify" in err, err
