@@ -231,3 +231,43 @@ def test_a_task_that_cannot_train_the_run_names_one_that_can(llama, bert, corpus
     assert "--task classify cannot train: fine-tune it with --task lm" in err, err
     err = refused(capsys, tmp_path, "--task", "lm", "--data", corpus, "--init-from", bert)
     assert "--task lm cannot train: fine-tune it with --task mlm or --task classify" in err, err
+
+
+def test_a_kind_that_cannot_be_fine_tuned_yet_says_what_works(tmp_path, capsys):
+    from intervene_helpers import seq2seq_run
+
+    run = seq2seq_run(tmp_path / "s2s")
+    err = refused(capsys, tmp_path, "--task", "seq2seq", "--data", "dates", "--init-from", run)
+    assert "--task seq2seq cannot train: train a new model instead (without --init-from)" in err
+
+
+@pytest.mark.slow
+def test_torchrun_fine_tunes_with_every_process_starting_from_the_run(llama, corpus, tmp_path):
+    """Two processes through torchrun: each copies the run's weights in, so the evaluation at
+    step 0 (before any update) is the one a single process makes; the run resumes."""
+    import socket
+    import subprocess
+    import sys
+
+    from attnlab.training.rundir import read_trainer_state
+    from cli_helpers import SRC
+    from lm_helpers import metrics
+
+    args = ["train", "--data", str(corpus), "--init-from", str(llama), "--block-size", "16",
+            "--dropout", "0", *STEPS, "--eval-interval", "2"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+           "--master_port", str(port), "-m", "attnlab", *args, "--out", str(tmp_path / "ddp"),
+           "--max-iters", "2"]  # fmt: skip
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_trainer_state(tmp_path / "ddp")["world_size"] == 2
+    assert main([*args, "--out", str(tmp_path / "one"), "--max-iters", "2"]) == 0
+
+    def first_eval(run):
+        return next(row["val_loss"] for row in metrics(run) if row.get("step") == 0)
+
+    assert abs(first_eval(tmp_path / "ddp") - first_eval(tmp_path / "one")) < 1e-6
