@@ -213,7 +213,12 @@ def test_a_longer_block_size_is_refused(llama, corpus, tmp_path, capsys):
     assert "--block-size 65 is longer than the 64 positions" in err
 
 
-def test_a_bad_run_is_refused_in_one_line(corpus, tmp_path, capsys):
+def test_a_bad_run_is_refused_in_one_line(corpus, tiny_trained_run, tmp_path, capsys):
+    import shutil
+
+    shutil.copytree(tiny_trained_run, tmp_path / "cut")
+    weights = tmp_path / "cut" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # a download that stopped early
     (tmp_path / "empty").mkdir()
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
@@ -221,7 +226,8 @@ def test_a_bad_run_is_refused_in_one_line(corpus, tmp_path, capsys):
     for bad, says in ((tmp_path / "missing", "no such run directory"),
                       (tmp_path / "empty", "not an attnlab run directory"),
                       (tmp_path / "broken", "not valid JSON"),
-                      (corpus, "expected a run directory")):  # fmt: skip
+                      (corpus, "expected a run directory"),
+                      (tmp_path / "cut", "not a valid safetensors file")):  # fmt: skip
         err = refused(capsys, tmp_path, "--data", corpus, "--init-from", bad)
         assert err.startswith("attnlab: error: --init-from ") and says in err, err
 
@@ -271,3 +277,26 @@ def test_torchrun_fine_tunes_with_every_process_starting_from_the_run(llama, cor
         return next(row["val_loss"] for row in metrics(run) if row.get("step") == 0)
 
     assert abs(first_eval(tmp_path / "ddp") - first_eval(tmp_path / "one")) < 1e-6
+
+
+def test_a_run_gone_between_plan_and_train_leaves_nothing(tiny_trained_run, tmp_path):
+    import shutil
+
+    from attnlab.files import RunError
+    from lm_helpers import TEXT as SHAKESPEARE
+
+    source = shutil.copytree(tiny_trained_run, tmp_path / "source")
+    (tmp_path / "more.txt").write_text(SHAKESPEARE, encoding="utf-8")
+    p = training.plan({"data": str(tmp_path / "more.txt"), "init_from": str(source),
+                       "out": str(tmp_path / "new"), "quiet": True})  # fmt: skip
+    (source / "model.safetensors").unlink()
+    with pytest.raises(RunError, match="no model.safetensors"):
+        training.train(p)
+    assert not (tmp_path / "new").exists()
+
+
+def test_text_outside_a_char_runs_vocabulary_is_one_line(
+    tiny_trained_run, corpus, tmp_path, capsys
+):
+    err = refused(capsys, tmp_path, "--data", corpus, "--init-from", tiny_trained_run)
+    assert "characters not in the vocabulary" in err, err

@@ -30,7 +30,7 @@ from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
 from attnlab.models.gpt import ARCHS, FFN_KINDS, GPT, PRESETS, GPTConfig, arch_fields
 from attnlab.tasks.base import EvalOptions, Task, predict_options
-from attnlab.tokenizers import Tokenizer, build_tokenizer
+from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
 DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm")  # the modern-decoder pieces
@@ -238,7 +238,24 @@ class LanguageModel(Task):
             self.info = data.TokenFileInfo(len(tokens), len(text), tokens.dtype.name, str(o.data))
             self._split(data.split_tokens, tokens)
             return
+        if self.init is not None:
+            self._check_characters(corpus)
         self._use(self._prepare_tokens(corpus, run_dir, self.tokenizer))  # set: --init-from's
+
+    def _check_characters(self, corpus) -> None:
+        """--init-from a run whose tokenizer has no <unk> (attnlab's char tokenizer): a
+        character of the new text outside its vocabulary is a DataError naming it, said
+        before anything else is (one pass over the text, counting its distinct characters)."""
+        if getattr(self.tokenizer, "unk_id", 0) is not None:
+            return
+        seen: set[str] = set()
+        for chunk in corpus.chunks():
+            seen.update(chunk)
+        try:
+            self.tokenizer.encode("".join(sorted(seen)))
+        except TokenizerError as e:
+            raise data.DataError(f"{self.options.data}: {e} of {self.init.path}, whose "
+                                 "tokenizer --init-from keeps") from None  # fmt: skip
 
     def reload(self, run_dir: Path, tokenizer, cfg: dict) -> None:
         """The run's tokens, from where its config.json says they are (``--resume``, ``eval``);

@@ -281,7 +281,10 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
     else:
         task, config = p.task(p.options, seed=p.config.seed), p.config
         if p.init_from is not None:  # fine-tuning: the run's tokenizer, then its weights
-            task.init, task.tokenizer = p.init_from, ckpt.read_tokenizer_files(p.init_from.path)
+            task.init = p.init_from
+            task.tokenizer = ckpt.read_tokenizer_files(p.init_from.path)
+            if task.tokenizer is None:  # it was there when planned
+                raise ckpt.RunError(f"--init-from {p.init_from.path}: its tokenizer.json is gone")
         if not p.quiet and dist.is_main:
             task.log = log
         beat = _heartbeat(log, p.quiet or not dist.is_main)
@@ -290,11 +293,8 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
         if model is None:  # the other processes read what rank 0 prepared
             task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
             model = _build(task, config)
-        if p.init_from is not None:  # every process reads them: each starts where rank 0 does
-            with beat(f"reading the weights of {p.init_from.path}"):
-                said = start_from(model, task)
-            if dist.is_main and not p.quiet:
-                log(said)
+            if task.init is not None:  # each process starts where rank 0 does
+                start_from(model, task)
     if dist.is_main and not p.quiet:
         for line in size_warnings(model, config, task, device):
             log(f"attnlab: warning: {line}")
@@ -351,7 +351,8 @@ def _heartbeat(log, quiet: bool):
 
 
 def _prepare(task: Task, run_dir: RunDir, beat):
-    """A new run's directory, data, tokenizer and model; bad input leaves nothing behind.
+    """A new run's directory, data, tokenizer and model (with --init-from, the weights of the
+    run it starts from); bad input leaves nothing behind.
     ``beat(what)`` keeps building a large model from being silent (the data's own steps say
     themselves once the data is checked: no line may come before a data error's)."""
     run_dir.create()
@@ -360,7 +361,11 @@ def _prepare(task: Task, run_dir: RunDir, beat):
         ckpt.write_tokenizer(run_dir.path, task.tokenizer)
         torch.manual_seed(task.seed)
         with beat("building the model"):
-            return task.build_model()
+            model = task.build_model()
+        if task.init is not None:  # --init-from: its weights (a run gone since: nothing kept)
+            with beat(f"reading the weights of {task.init.path}"):
+                task.log(start_from(model, task))
+        return model
     except BaseException:
         run_dir.discard(task.data_files)
         raise
