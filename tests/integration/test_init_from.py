@@ -239,12 +239,50 @@ def test_a_task_that_cannot_train_the_run_names_one_that_can(llama, bert, corpus
     assert "--task lm cannot train: fine-tune it with --task mlm or --task classify" in err, err
 
 
-def test_a_kind_that_cannot_be_fine_tuned_yet_says_what_works(tmp_path, capsys):
-    from intervene_helpers import seq2seq_run
+@pytest.mark.parametrize("kind", ["rnn", "vit"])
+def test_a_kind_that_cannot_be_fine_tuned_yet_says_what_works(kind, tmp_path, capsys):
+    import intervene_helpers
 
-    run = seq2seq_run(tmp_path / "s2s")
-    err = refused(capsys, tmp_path, "--task", "seq2seq", "--data", "dates", "--init-from", run)
-    assert "--task seq2seq cannot train: train a new model instead (without --init-from)" in err
+    run = getattr(intervene_helpers, f"{kind}_run")(tmp_path / kind)
+    task, data = ("seq2seq", "dates") if kind == "rnn" else ("classify", "digits")
+    err = refused(capsys, tmp_path, "--task", task, "--data", data, "--init-from", run)
+    assert "cannot train: train a new model instead (without --init-from)" in err, err
+
+
+T5_PAIRS = ["the cat sat\ta cat sat", "a dog ran\tthe dog ran", "the cat ran\ta cat ran",
+            "a dog sat on the mat\tthe dog sat on a mat"] * 8  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", ["t5", "t5-v1.1"])
+def test_an_imported_t5_continues_on_pairs(shape, tmp_path):
+    from test_t5_vit_parity import build_t5
+
+    _, hf = build_t5(tmp_path, shape)
+    source = import_hf(hf, tmp_path / "run")
+    (tmp_path / "pairs.tsv").write_text("\n".join(T5_PAIRS) + "\n", encoding="utf-8")
+    first = FirstLoss()
+    outcome = fine_tune(source, tmp_path / "pairs.tsv", tmp_path / "ft", [first], dropout=0.0)
+    assert outcome.task.name == "seq2seq" and outcome.result.step == 3
+    assert abs(first.loss - first_batch_loss(outcome, source)) < 1e-5
+    run = load_run(tmp_path / "ft")
+    assert (
+        run.kind == "t5"
+        and run.config["config"]["n_encoder_layers"]
+        == (load_run(source).config["config"]["n_encoder_layers"])
+    )
+    assert isinstance(run.predict("the cat sat")["output"], str)
+
+
+def test_an_attnlab_seq2seq_run_continues(tmp_path):
+    from intervene_helpers import PAIRS_TEXT, seq2seq_run
+
+    source = seq2seq_run(tmp_path / "s2s")
+    lines = [f"{PAIRS_TEXT[i : i + 5]}\t{PAIRS_TEXT[i : i + 5][::-1]}" for i in range(30)]
+    (tmp_path / "rev.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    first = FirstLoss()
+    outcome = fine_tune(source, tmp_path / "rev.tsv", tmp_path / "ft", [first], dropout=0.0)
+    assert outcome.task.name == "seq2seq"
+    assert abs(first.loss - first_batch_loss(outcome, source)) < 1e-5
 
 
 @pytest.mark.slow
