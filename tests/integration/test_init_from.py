@@ -239,14 +239,41 @@ def test_a_task_that_cannot_train_the_run_names_one_that_can(llama, bert, corpus
     assert "--task lm cannot train: fine-tune it with --task mlm or --task classify" in err, err
 
 
-@pytest.mark.parametrize("kind", ["rnn", "vit"])
-def test_a_kind_that_cannot_be_fine_tuned_yet_says_what_works(kind, tmp_path, capsys):
-    import intervene_helpers
+def test_a_kind_that_cannot_be_fine_tuned_yet_says_what_works(tmp_path, capsys):
+    from intervene_helpers import rnn_run
 
-    run = getattr(intervene_helpers, f"{kind}_run")(tmp_path / kind)
-    task, data = ("seq2seq", "dates") if kind == "rnn" else ("classify", "digits")
-    err = refused(capsys, tmp_path, "--task", task, "--data", data, "--init-from", run)
+    run = rnn_run(tmp_path / "rnn")
+    err = refused(capsys, tmp_path, "--task", "seq2seq", "--data", "dates", "--init-from", run)
     assert "cannot train: train a new model instead (without --init-from)" in err, err
+
+
+def test_a_vit_trained_by_attnlab_continues_with_its_classifier(tmp_path):
+    pytest.importorskip("sklearn")
+    args = ["train", "--task", "classify", "--data", "digits", "--arch", "vit", "--max-iters",
+            "2", "--batch-size", "8", "--eval-interval", "2", "--quiet"]  # fmt: skip
+    assert main([*args, "--out", str(tmp_path / "vit")]) == 0
+    first = FirstLoss()
+    outcome = fine_tune(tmp_path / "vit", "digits", tmp_path / "ft", [first], task="classify")
+    assert outcome.task.name == "vision" and outcome.result.step == 3
+    # the same labels: the classifier is kept, so the first loss is the source's own
+    assert abs(first.loss - first_batch_loss(outcome, tmp_path / "vit")) < 1e-5
+
+
+def test_an_imported_vit_classifies_new_images_read_its_way(tmp_path, capsys):
+    pytest.importorskip("sklearn")
+    from test_t5_vit_parity import build_vit
+
+    _, hf = build_vit(tmp_path, "ViTForImageClassification")  # 12x12 RGB, 5 classes
+    source = import_hf(hf, tmp_path / "run")
+    code = main(["train", "--task", "classify", "--data", "digits", "--init-from", str(source),
+                 "--out", str(tmp_path / "ft"), "--max-iters", "2", "--batch-size", "8",
+                 "--eval-interval", "2"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert "new: head.weight, head.bias" in err  # 8x8 gray digits resized and normalised
+    run = load_run(tmp_path / "ft")
+    assert run.model.config.n_classes == 10 and run.model.config.image_size == 12
+    assert run.predict("test:0")["truth"] in [str(i) for i in range(10)]
 
 
 T5_PAIRS = ["the cat sat\ta cat sat", "a dog ran\tthe dog ran", "the cat ran\ta cat ran",
