@@ -105,6 +105,7 @@ def test_an_imported_decoder_continues_from_its_own_loss(family, request, corpus
     assert cfg["init_from"]["path"] == str(source.resolve())
     assert cfg["init_from"]["source"]["format"] == "huggingface"
     assert cfg["config"]["block_size"] == 16  # shrunk; every other size the source's
+    assert "preset" not in cfg["task_options"] and "tokenizer" not in cfg["task_options"]
     src = json.loads((source / "config.json").read_text())["config"]
     assert {k: v for k, v in cfg["config"].items() if k not in ("block_size", "dropout")} == {
         k: v for k, v in src.items() if k not in ("block_size", "dropout")
@@ -187,6 +188,9 @@ def test_a_fine_tuned_run_resumes_and_survives_ctrl_c_exactly(llama, corpus, tmp
     other = ["train", "--out", str(tmp_path / "stopped"), "--resume", "--init-from", str(corpus)]
     assert main(other) == 2
     assert "--init-from cannot change on --resume" in capsys.readouterr().err
+    again = ["train", "--out", str(tmp_path / "stopped"), "--resume", "--tokenizer", "bpe"]
+    assert main(again) == 2
+    assert "--tokenizer would change the model of a fine-tuned run" in capsys.readouterr().err
 
 
 def refused(capsys, tmp_path, *args) -> str:

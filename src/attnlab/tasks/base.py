@@ -159,6 +159,14 @@ def imported_task(cfg: dict) -> str:
     return task
 
 
+# Options that would change the architecture or the vocabulary of a model: a run started from
+# another (``InitFrom``) has them fixed by that run, so ``attnlab train --init-from`` refuses
+# them (its block size may shrink) and its config.json does not record them
+ARCHITECTURE_OPTIONS = ("preset", "arch", "n_layer", "n_head", "d_model", "pos", "norm", "ffn",
+                        "kv_heads", "qk_norm", "tokenizer", "vocab_size", "min_freq",
+                        "src_tokenizer", "tgt_tokenizer", "patch_size", "score")  # fmt: skip
+
+
 @dataclasses.dataclass
 class InitFrom:
     """The run a new run starts from (``attnlab train --init-from RUN``): where it is, its
@@ -348,8 +356,11 @@ class Task:
 
     def run_config(self) -> dict[str, Any]:
         """What config.json holds besides the model: enough to rebuild this task."""
-        out = {"task": self.name, "task_options": self.options.to_dict()}
-        return {**out, "init_from": self.init.to_dict()} if self.init is not None else out
+        if self.init is None:
+            return {"task": self.name, "task_options": self.options.to_dict()}
+        options = {k: v for k, v in self.options.to_dict().items()
+                   if k not in ARCHITECTURE_OPTIONS}  # fmt: skip
+        return {"task": self.name, "task_options": options, "init_from": self.init.to_dict()}
 
     def describe(self, model: nn.Module) -> str:
         """One line on stderr before training starts."""

@@ -38,7 +38,7 @@ from attnlab import checkpoint as ckpt
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.runtime import THREADS_PER_CORE_MAX, max_threads, resolve_device, using_threads
-from attnlab.tasks.base import InitFrom, Task, task_class, task_for_run
+from attnlab.tasks.base import ARCHITECTURE_OPTIONS, InitFrom, Task, task_class, task_for_run
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
@@ -50,11 +50,6 @@ RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads", "force", "ini
 RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
              "device", "dtype", "compile", "compile_backend", "fsdp"}  # fmt: skip
 IGNORED_ON_RESUME = {"data", "encoding"}  # the run's own data is read again
-# Options that would change the architecture or the vocabulary of a model: refused beside
-# --init-from, whose run fixes them (its block size may shrink; see fine_tune_source)
-ARCHITECTURE = ("preset", "arch", "n_layer", "n_head", "d_model", "pos", "norm", "ffn",
-                "kv_heads", "qk_norm", "tokenizer", "vocab_size", "min_freq", "src_tokenizer",
-                "tgt_tokenizer", "patch_size", "score")  # fmt: skip
 # option names that are ordinary words in messages: not rewritten as --flags
 WORDS = {"data", "encoding", "device", "seed", "compile", "arch", "task", "out"}
 
@@ -185,7 +180,7 @@ def fine_tune_source(given: dict) -> tuple[InitFrom, type[Task], BaseConfig]:
         raise ConfigError(f"--init-from {e}") from None
     cfg, model = checked.config, checked.model
     what = f"{path} holds a model of kind {model.kind}"
-    for name in ARCHITECTURE:
+    for name in ARCHITECTURE_OPTIONS:
         if name in given:
             raise ConfigError(
                 f"{flag(name)} would change the model --init-from starts from ({what}); drop "
@@ -411,6 +406,10 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
     task = cls(options, seed=config.seed)
     if cfg.get("init_from") is not None:  # fine-tuned: its model config is the source's
         task.init = InitFrom.from_dict(cfg["init_from"])
+    for name in ARCHITECTURE_OPTIONS if task.init is not None else ():
+        if name in p.given:  # the run it started from fixes them
+            raise ConfigError(f"{flag(name)} would change the model of a fine-tuned run "
+                              f"(started from {task.init.path}); drop it to resume")  # fmt: skip
     given_init = p.given.get("init_from")
     if given_init and (task.init is None
                        or Path(given_init).resolve() != Path(task.init.path).resolve()):  # fmt: skip
