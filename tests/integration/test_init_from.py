@@ -2,9 +2,11 @@
 
 Tiny random Hugging Face models are built in the test, saved and imported (no network): a
 Llama and a GPT-2 continue training on a text, and their first step's loss is the imported
-model's loss on that same batch; an imported BERT trains a classifier; a run trained by
-attnlab continues on new text; --resume and Ctrl-C of a fine-tuned run continue exactly; and
-every refusal is one line, exit 2, with nothing written.
+model's loss on that same batch (so are a BERT's masked LM, a T5's and an attnlab seq2seq
+run's pairs, and an attnlab ViT's images); an imported BERT trains a classifier and an
+imported ViT classifies new images read its way; a run trained by attnlab continues on new
+text; --resume, Ctrl-C and torchrun of a fine-tuned run hold; and every refusal is one line,
+exit 2, with nothing written.
 """
 
 from __future__ import annotations
@@ -369,3 +371,17 @@ def test_text_outside_a_char_runs_vocabulary_is_one_line(
 ):
     err = refused(capsys, tmp_path, "--data", corpus, "--init-from", tiny_trained_run)
     assert "characters not in the vocabulary" in err, err
+
+
+def test_a_long_context_run_trains_on_windows_of_at_most_1024_unless_asked(tmp_path):
+    """An imported Qwen has 32,768 positions: its fine-tune's windows default to 1024."""
+    from attnlab.checkpoint import save_model
+    from attnlab.tokenizers import CharTokenizer
+    from lm_helpers import TEXT as SHAKESPEARE
+    from lm_helpers import tiny_gpt
+
+    tok = CharTokenizer(SHAKESPEARE)
+    save_model(tmp_path / "long", tiny_gpt(tok, block_size=4096, pos="rotary"), tok)
+    given = {"data": str(tmp_path / "x.txt"), "init_from": str(tmp_path / "long")}
+    assert training.plan(given).options.block_size == training.INIT_BLOCK_SIZE == 1024
+    assert training.plan({**given, "block_size": 4096}).options.block_size == 4096

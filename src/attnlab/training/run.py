@@ -50,6 +50,10 @@ RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads", "force", "ini
 RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
              "device", "dtype", "compile", "compile_backend", "fsdp"}  # fmt: skip
 IGNORED_ON_RESUME = {"data", "encoding"}  # the run's own data is read again
+# --init-from without --block-size trains on windows of the run's block size, at most this
+# many tokens: an imported Qwen's 32,768 positions would make every window (and the memory
+# its activations take) 32 times GPT-2's
+INIT_BLOCK_SIZE = 1024
 # option names that are ordinary words in messages: not rewritten as --flags
 WORDS = {"data", "encoding", "device", "seed", "compile", "arch", "task", "out"}
 
@@ -166,8 +170,8 @@ def fine_tune_source(given: dict) -> tuple[InitFrom, type[Task], BaseConfig]:
     the run's own), and the model config the new run will train. Refused in one line: a
     missing or broken run, a run without a tokenizer, a model the task cannot train (naming
     the tasks that can), an option that would change the architecture or the vocabulary, a
-    block size longer than the run's. Sets ``given["block_size"]`` to the run's when not
-    given (a task whose options have one)."""
+    block size longer than the run's. Sets ``given["block_size"]`` to the run's, at most
+    INIT_BLOCK_SIZE, when not given (a task whose options have one)."""
     from attnlab.models.declare import max_positions
     from attnlab.tasks import TASKS
 
@@ -216,7 +220,7 @@ def fine_tune_source(given: dict) -> tuple[InitFrom, type[Task], BaseConfig]:
             f"{path}: a fine-tuned model's block size may shrink, not grow"
         )
     if given.get("block_size") is None and longest is not None and "block_size" in opt_fields:
-        given["block_size"] = longest
+        given["block_size"] = min(longest, INIT_BLOCK_SIZE)
     init = InitFrom(str(Path(path).resolve()), cfg["model_type"], dict(cfg["config"]),
                     cfg.get("source") or (cfg.get("init_from") or {}).get("source"),
                     cfg.get("labels"))  # fmt: skip
