@@ -117,6 +117,7 @@ def test_an_imported_decoder_continues_from_its_own_loss(family, request, corpus
         source / "tokenizer.json"
     ).read_text()
     assert run.predict("the cat")["next"]
+    assert run.evaluate()["loss"] > 0  # its own held-out split, read in its tokenizer
 
 
 def test_a_run_trained_by_attnlab_continues_on_new_text(tiny_trained_run, tmp_path):
@@ -150,6 +151,7 @@ def test_an_imported_bert_trains_a_classifier(bert, tmp_path, capsys):
     src = load_run(bert).model
     assert torch.equal(run.model.tok_embed.weight, src.tok_embed.weight) is False  # trained on
     assert {c["label"] for c in run.predict("the bank of the river")["classes"]} == {"dry", "wet"}
+    assert 0 <= run.evaluate()["accuracy"] <= 1
 
 
 def test_an_encoder_continues_its_masked_lm(bert, tmp_path):
