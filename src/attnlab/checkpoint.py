@@ -288,10 +288,18 @@ def check_run(run_dir: str | Path, cfg: dict | None = None) -> CheckedRun:
     check_state_dict(model, header.tensors, str(weights))
     _check_computed_tables(model, header, config_path)
     tokenizer = read_tokenizer_files(run_dir)
-    source = cfg.get("source")
-    imported = isinstance(source, dict) and source.get("format") == "huggingface"  # import-hf
-    check_tokenizer(model, tokenizer, run_dir, imported)
+    check_tokenizer(model, tokenizer, run_dir, imported_weights(cfg))
     return CheckedRun(run_dir, cfg, header, model, tokenizer)
+
+
+def imported_weights(cfg: dict) -> bool:
+    """Did the run's weights come from Hugging Face: imported (``import-hf``), or fine-tuned
+    from an imported run (``train --init-from``, whose config.json keeps its ``source``)?"""
+    init = cfg.get("init_from")
+    for source in (cfg.get("source"), init.get("source") if isinstance(init, dict) else None):
+        if isinstance(source, dict) and source.get("format") == "huggingface":
+            return True
+    return False
 
 
 def _check_layer_counts(cfg: dict, header: SafetensorsHeader, source: Path) -> None:

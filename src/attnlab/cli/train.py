@@ -179,6 +179,12 @@ def register(sub) -> None:
     a("--snapshot-every", type=int, metavar="N",
       help="every N steps, record each head's attention and scores into snapshots/ (read by "
       "attnlab timeline; 0: never)")  # fmt: skip
+    a("--init-from", metavar="RUN",
+      help="fine-tune: start from the weights and tokenizer of RUN (trained, or imported with "
+      "import-hf): a language model continues on --data, an encoder gets the head of --task "
+      "(classify: a new classifier), an encoder-decoder continues on pairs, a ViT classifies "
+      "new images; options that change the architecture are refused, --block-size may "
+      "shrink")  # fmt: skip
     a("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     a("--force", action="store_true",
       help="train even when the run's estimated memory is past what the device has")  # fmt: skip

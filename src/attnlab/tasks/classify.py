@@ -90,7 +90,8 @@ class TextClassifier(Task):
     def prepare(self, run_dir):
         o = self.options
         labels, texts, corpus = read_labelled(o.data, o.encoding)
-        self.tokenizer = build_tokenizer(o.tokenizer, texts, o.vocab_size, encoder=True)
+        if self.tokenizer is None:  # else --init-from's, the run's own
+            self.tokenizer = build_tokenizer(o.tokenizer, texts, o.vocab_size, encoder=True)
         self.sha256 = data.fingerprint(corpus.files)
         self._split(labels, texts)
 
@@ -123,8 +124,24 @@ class TextClassifier(Task):
         return ids, mask, self.y[idx]
 
     def model_config(self):
+        if self.init is not None:
+            return self.init_model_config()
         return self.options.model_config(self.tokenizer.vocab_size, pooler=True,
                                          num_labels=len(self.classes))  # fmt: skip
+
+    @classmethod
+    def fine_tunes(cls, model_class: type) -> bool:
+        """Any text encoder: its masked-LM head (if any) gives way to a classification head."""
+        return issubclass(model_class, Encoder)
+
+    def head_fields(self) -> dict:
+        """BERT's pooler and a classifier over this data's classes; no masked-LM head."""
+        return {"pooler": True, "num_labels": len(self.classes), "mlm_head": False}
+
+    def fresh(self) -> tuple[str, ...]:
+        """The classifier starts fresh unless the source classified the same labels."""
+        same = self.init is not None and self.init.labels == self.classes
+        return () if same else ("classifier.",)
 
     def build_model(self) -> Encoder:
         return Encoder(self.model_config())
