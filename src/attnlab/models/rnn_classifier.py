@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from attnlab import hooks
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.models.declare import (
@@ -181,23 +182,19 @@ class LSTMClassifier(ModelKind, nn.Module):
 
     def _lstm(self, x: Tensor, mask: Tensor) -> Tensor:
         """The LSTM's states, run over each row's real tokens only (packed by length), so a
-        backward direction starts at the last real token; in float32 under CPU autocast."""
-        T = x.size(1)
+        backward direction starts at the last real token. In float32 with autocast off: CPU
+        autocast has no bfloat16 LSTM kernel (see ``attnlab.models.rnn._lstm``)."""
         lengths = mask.sum(1).clamp(min=1).cpu()
-        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            x = x.float()
         with torch.autocast(x.device.type, enabled=False):
             packed = pack_padded_sequence(x.float(), lengths, batch_first=True,
                                           enforce_sorted=False)  # fmt: skip
             out, _ = self.lstm(packed)
-            out, _ = pad_packed_sequence(out, batch_first=True, total_length=T)
+            out, _ = pad_packed_sequence(out, batch_first=True, total_length=x.size(1))
         return out  # (B, T, C)
 
     @torch.no_grad()
     def attention(self, ids: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         """The model's own attention (B, T) over ``ids``: what it would impose on another."""
-        from attnlab import hooks
-
         with hooks.record(self) as cache:
             self(ids, attention_mask)
         return cache["attn.weights"][:, 0, 0]
