@@ -451,12 +451,12 @@ def table(tasks: list[str], results: dict, seeds: list[int]) -> Table:
             for key, unit in MEASURES:
                 if key in r[seeds[0]]:
                     rows.append([task, model, key.replace("_", " "),
-                                 value_range([r[s][key] for s in r], unit)])  # fmt: skip
+                                 value_range([r[s][key] for s in r], unit, short=True)])  # fmt: skip
         b = results[task]["baselines"]
         for key, model, what in BASELINES:
-            rows.append([task, model, what, value_range([b[s][key] for s in b], "%")])
+            rows.append([task, model, what, value_range([b[s][key] for s in b], "%", True)])
     return Table("Measures per task and model (range over seeds)",
-                 ["task", "model", "measure", "attnlab"], rows)  # fmt: skip
+                 ["task", "model", "measure", "attnlab (min..max)"], rows)  # fmt: skip
 
 
 def _figure(tasks, results) -> str:
