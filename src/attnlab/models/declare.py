@@ -6,8 +6,9 @@ the interventions, ``Run``, the checkpoint loader and the CLI read these declara
 ask which model they hold:
 
     what it is      kind (the project's one vocabulary: gpt, mlm, text-classifier, encoder,
-                    seq2seq-transformer, t5, lstm-attention, lstm, vit), describe(), model_type and
-                    config_class (config.json), tokenizer_fields (what the tokenizer must match)
+                    seq2seq-transformer, t5, lstm-attention, lstm, lstm-classifier, vit),
+                    describe(), model_type and config_class (config.json), tokenizer_fields
+                    (what the tokenizer must match)
     its structure   stacks, output_stack, input_stack, memory_stack; head_groups(); points();
                     hook_points (name pattern -> meaning); residual (has a residual stream)
     its input       reads ("text", "image" or "source"); prepare(tokenizer, text) -> Prepared
