@@ -342,3 +342,79 @@ def test_float_noise_in_a_contribution_ranks_as_a_tie():
     out = ac._rounded(drop)
     assert out.shape == (2, 2) and out[0, 1] == pytest.approx(0.25)
     assert out[0, 0] == out[1, 0] == out[1, 1] == 0.0 and not np.signbit(out).any()
+
+
+class _Cues:
+    """A classification task in the shape ``guided`` reads: token 1 first, filler tokens
+    3..9, and one cue (10: class 0, 11: class 1) at a random place."""
+
+    def __init__(self, n: int = 240, T: int = 6):
+        from types import SimpleNamespace
+
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(3, 10, (n, T), generator=g)
+        self.ids[:, 0] = 1
+        self.y = torch.randint(0, 2, (n,), generator=g)
+        self.at = torch.randint(1, T, (n,), generator=g)
+        self.ids[torch.arange(n), self.at] = 10 + self.y
+        self.tokenizer, self.classes = SimpleNamespace(vocab_size=12), ["a", "b"]
+        self.train_idx, self.val_idx = list(range(40, n)), list(range(40))
+
+    def examples(self, idx):
+        return self.ids[idx], torch.ones_like(self.ids[idx]), self.y[idx]
+
+
+class _Teacher:
+    """Attention that a trained model would impose: on the cue, or on the first token."""
+
+    def __init__(self, on_cue: bool):
+        from types import SimpleNamespace
+
+        self.on_cue, self.config = on_cue, SimpleNamespace(pad_id=0)
+
+    def attention(self, ids, mask):
+        w = (ids >= 10) if self.on_cue else torch.zeros_like(ids, dtype=torch.bool)
+        if not self.on_cue:
+            w[:, 0] = True
+        return w.float()
+
+
+def test_the_frozen_attention_diagnostic_imposes_the_teachers_weights():
+    """An MLP sees each token alone: with the cue's weight imposed it is right every time; made
+    to look only at the constant first token it cannot beat chance, whatever it learns."""
+    from attnlab.experiments.attention_importance import guided
+
+    task = _Cues()
+    on_cue = guided(task, _Teacher(True), "frozen", seed=1, steps=60, lr=1e-2, width=8)
+    blind = guided(task, _Teacher(False), "frozen", seed=1, steps=60, lr=1e-2, width=8)
+    majority = max(float(task.y[:40].float().mean()), 1 - float(task.y[:40].float().mean()))
+    assert on_cue == 1.0
+    assert blind == pytest.approx(majority)
+    own = guided(task, _Teacher(False), "own", seed=1, steps=60, lr=1e-2, width=8)
+    assert own >= 0.95  # its own attention ignores the teacher and finds the cue
+
+
+def test_the_intervention_on_an_lstm_classifiers_attention_is_its_imposed_weights():
+    """The experiment edits the recorded attention row (``Readout``); on the LSTM classifier
+    that is exactly the model run with those weights imposed."""
+    from attnlab.experiments.attention_importance import Readout, example
+    from attnlab.interventions.subjects import Subject
+    from attnlab.models.rnn_classifier import LSTMClassifier, LSTMClassifierConfig
+    from attnlab.tokenizers import build_tokenizer
+
+    tok = build_tokenizer("word", ["the film was great", "the film was awful"], encoder=True)
+    torch.manual_seed(0)
+    cfg = LSTMClassifierConfig(vocab_size=tok.vocab_size, d_embed=8, d_hidden=8)
+    model = LSTMClassifier(cfg).eval()
+    subject = Subject(model, tok, ["neg", "pos"])
+    p = subject.prepare("the film was great")
+    r = Readout(subject, p)
+    row = r.row()  # (1, T)
+    assert row.shape == (1, p.args[0].size(1)) and float(row.sum()) == pytest.approx(1.0)
+    other = torch.softmax(torch.randn(row.shape, dtype=torch.float64), -1)
+    with torch.no_grad():
+        imposed = torch.softmax(model(p.args[0], weights=other.float()).double(), -1)[0]
+        torch.testing.assert_close(r.probs(other), imposed, atol=1e-6, rtol=0)
+    out = example(subject, "the film was great", 3, np.random.default_rng(0))
+    assert -1 <= out["tau_grad"] <= 1 and 0 <= out["adversarial_jsd"] <= math.log(2)
+    assert 0 <= out["median_tvd_permuted"] <= 1

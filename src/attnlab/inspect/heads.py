@@ -375,8 +375,9 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
     source = probe if probe is not None else samp
     if source is None or not source.maps:
         raise InspectError(
-            "this model has no self-attention heads to score (an LSTM's attention reads the "
-            "encoder from the decoder, where previous-token and induction are not defined)"
+            "this model has no self-attention heads to score (an LSTM's one attention reads the "
+            "encoder from the decoder, or pools a classifier's states; previous-token and "
+            "induction are defined for tokens attending to tokens)"
         )
     rows = []
     for name, weights in source.maps.items():

@@ -302,6 +302,7 @@ def record(model: nn.Module, tokenizer, text: str) -> Recording:
         {s: list(t) for s, t in p.stack_tokens.items()},
         {s: list(i) for s, i in p.stack_ids.items()},
         memory_stack=model.memory_stack,
+        key_stacks=dict(model.key_stacks),
         logits=None if logits is None else logits.detach(),
         model_type=model.model_type,
         extra=dict(p.shown),

@@ -6,8 +6,9 @@ the interventions, ``Run``, the checkpoint loader and the CLI read these declara
 ask which model they hold:
 
     what it is      kind (the project's one vocabulary: gpt, mlm, text-classifier, encoder,
-                    seq2seq-transformer, t5, lstm-attention, lstm, vit), describe(), model_type and
-                    config_class (config.json), tokenizer_fields (what the tokenizer must match)
+                    seq2seq-transformer, t5, lstm-attention, lstm, lstm-classifier, vit),
+                    describe(), model_type and config_class (config.json), tokenizer_fields
+                    (what the tokenizer must match)
     its structure   stacks, output_stack, input_stack, memory_stack, memory_site; head_groups();
                     source_attention(); points();
                     hook_points (name pattern -> meaning); residual (has a residual stream)
@@ -18,6 +19,8 @@ ask which model they hold:
                     dla_embeddings(cache, position) and dla_readout() (the same readout as
                     parts, for direct logit attribution); output_name(i) and output_id(token)
     capabilities    causal, uses_padding, decodes (start/step/reorder), notes
+    walk-through    walkthrough(cache, tokens): the steps of a forward pass a model with no
+                    transformer blocks explains itself (``attnlab trace``); class_reads
 
 The defaults below describe a single-stack transformer whose blocks are ``self.blocks``, read
 as ``model(ids)`` with token ids (1, T); a kind overrides what differs.
@@ -174,6 +177,19 @@ class Unembed:
     softcap: float | None = None
 
 
+@dataclass(frozen=True)
+class WalkStep:
+    """One step of a forward pass as the model explains it (``ModelKind.walkthrough``):
+    ``value`` is a recorded tensor, ``rows`` and ``cols`` label its axes by token."""
+
+    name: str
+    title: str
+    meaning: str
+    value: Tensor
+    rows: list[str] | None = None
+    cols: list[str] | None = None
+
+
 # ---------------------------------------------------------------------------------------------
 # Text in
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +294,9 @@ class ModelKind:
     gradient_first_token: int = 0  # input tokens before the first one the site holds
     gradient_note: str = ""
     notes: tuple[str, ...] = ()  # said beside every intervention's result
+    class_reads: str = "the [CLS] state alone"  # what a classifier's last layer reads
+    # attention maps whose keys are another stack's tokens than their queries' (map -> stack)
+    key_stacks: dict[str, str] = {}
     # tiny configs of each kind the class makes (vocabulary sizes left to the tokenizer, per
     # ``tokenizer_fields``): the conformance suite runs every verb on a random run of each
     examples: tuple[dict, ...] = ()
@@ -302,6 +321,11 @@ class ModelKind:
         """The task of a run that names none (imported weights), from its config.json's
         ``config``; None for a model that predicts nothing."""
         return "lm"
+
+    def walkthrough(self, cache: dict, tokens: list[str]) -> list[WalkStep] | None:
+        """The steps between the tokens and the output of a model ``attnlab trace`` cannot
+        read as transformer blocks, from a recording ``cache`` (batch 1); None: it can."""
+        return None
 
     # -- structure ----------------------------------------------------------------------------
 

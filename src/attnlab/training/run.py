@@ -146,7 +146,8 @@ def plan(given: dict) -> TrainPlan:
     if config.snapshot_every and not cls.self_attention(options):
         raise ConfigError(
             f"--snapshot-every records self-attention heads, and this {cls.label} model has "
-            "none (an LSTM's attention reads the encoder from the decoder)"
+            "none (an LSTM's one attention reads the encoder from the decoder, or pools a "
+            "classifier's states)"
         )
     threads = given.get("threads")
     if threads is not None and (type(threads) is not int or threads < 1):
