@@ -42,6 +42,7 @@ def test_trains_learns_the_cue_and_every_verb_opens_it(data, tmp_path, capsys):
     got = json.loads(stdout)
     assert got["queries"] == ["query"] and len(got["keys"]) == 7  # [CLS] .. [SEP]
     assert sum(got["weights"][0]) == pytest.approx(1.0, abs=1e-4)
+    assert got["kind"] == "pooling"  # one query pooling the states: neither self nor cross
     rc, stdout, _ = run_main(capsys, "trace", out, "the day was awful indeed", "--json")
     names = [s["name"] for s in json.loads(stdout)["steps"]]
     assert rc == 0 and {"states", "scores", "attention", "context", "classes"} <= set(names)

@@ -297,6 +297,9 @@ class ModelKind:
     class_reads: str = "the [CLS] state alone"  # what a classifier's last layer reads
     # attention maps whose keys are another stack's tokens than their queries' (map -> stack)
     key_stacks: dict[str, str] = {}
+    # an attention map that is neither self- nor cross-attention, by name -> what it is called
+    # (an LSTM classifier's one query pools its states: "pooling")
+    map_kinds: dict[str, str] = {}
     # tiny configs of each kind the class makes (vocabulary sizes left to the tokenizer, per
     # ``tokenizer_fields``): the conformance suite runs every verb on a random run of each
     examples: tuple[dict, ...] = ()

@@ -204,6 +204,7 @@ class LSTMClassifier(ModelKind, nn.Module):
     class_reads = "the context vector c alone"
     # its one query ("query", the learned v) over the text's tokens
     key_stacks = {"attn.weights": ""}
+    map_kinds = {"attn.weights": "pooling"}
     QUERY = "query"
 
     def prepare(self, tokenizer, text: str, like: Prepared | None = None, decode=None) -> Prepared:
