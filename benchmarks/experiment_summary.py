@@ -4,7 +4,7 @@
     python benchmarks/experiment_summary.py reports/pruning reports/rollout-and-flow ...
 
 For each OUT directory it reads OUT/figures.json (what ``attnlab experiment`` wrote) and
-prints the published findings beside the sentence the report computed from its numbers (the
+prints each published finding with the sentences the report computed from its numbers (the
 range over the seeds and the verdict), the report's tables, and how long the run took. Nothing is recomputed or rounded
 differently: the cells are the report's own.
 """
@@ -34,11 +34,14 @@ def summary(out: Path) -> list[str]:
     lines = [f"### {d['title']}", "",
              f"`attnlab experiment {d['experiment']} --out reports/{d['experiment']}`: seeds {s['seeds']}, "
              f"{s['threads']} thread(s), {s['seconds'] / 60:.1f} min.", ""]  # fmt: skip
-    rows = [[c["published"], c["sentence"]] for c in d["claims"]]
-    lines += table(["published", "attnlab (the report's own sentence, from its numbers)"], rows)
+    by_finding: dict[str, list[str]] = {}
+    for c in d["claims"]:
+        by_finding.setdefault(c["published"], []).append(c["sentence"])
+    for published, sentences in by_finding.items():
+        lines += [f"**Published:** {published}", ""] + [f"- {s}" for s in sentences] + [""]
     for t in d["tables"]:
-        lines += ["", f"**{t['title']}**", ""] + table(t["header"], t["rows"])
-    return lines + [""]
+        lines += [f"**{t['title']}**", ""] + table(t["header"], t["rows"]) + [""]
+    return lines
 
 
 def main(argv=None) -> int:
