@@ -129,6 +129,9 @@ def test_bfloat16_run_is_the_size_of_its_file_and_float32_on_request(tmp_path, c
     assert code == 0 and out.strip()
     code, out, _ = attnlab(capsys, "check", half)
     assert code == 0, out
+    assert attnlab(capsys, "export-hf", half, tmp_path / "out")[0] == 0  # bfloat16 as it came
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert size(tmp_path / "out") <= hf_bytes * 1.01
 
 
 def test_a_run_of_an_unknown_dtype_is_refused(tmp_path, capsys):

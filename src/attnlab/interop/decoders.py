@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab.checkpoint import RunError, build_model
+from attnlab.checkpoint import RunError, build_model, weights_dtype
 from attnlab.config import ConfigError
 from attnlab.interop import hf
 from attnlab.interop.hf_files import KeyMap, apply_key_map, read_hf_config, read_hf_weights
@@ -410,6 +410,7 @@ def _export_gpt(run) -> tuple[dict, dict, int]:
     if not is_llama_shaped(c):
         return _export_gpt2(run)
     config = llama_hf_config(c, run.tokenizer)
+    config["dtype"] = weights_dtype(run.model)  # a run imported from bfloat16 stays bfloat16
     return config, llama_state_dict(run.model, config["model_type"]), c.block_size
 
 
