@@ -81,19 +81,69 @@ def test_the_imported_tokenizer_gives_the_same_ids_and_text(tmp_path, make):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_sharded_half_precision_weights_are_computed_in_float32(tmp_path, dtype):
+def test_sharded_half_precision_weights_import(tmp_path, dtype):
+    """float16 weights are computed in float32; bfloat16 ones stay bfloat16 (the run is the
+    file's size) and compute what transformers computes from them in bfloat16, its default.
+    (Before the real-size work bfloat16 was converted to float32 too: twice the memory.)"""
     save_family(tmp_path, dtype=dtype, shard="40KB")
     assert (tmp_path / "model.safetensors.index.json").is_file()
     model, tokenizer, provenance = load_hf(tmp_path)
     assert len(provenance["source"]["weights"]) > 1  # several shards
-    assert all(p.dtype == torch.float32 for p in model.parameters())
+    kept = dtype if dtype == torch.bfloat16 else torch.float32
+    assert all(p.dtype == kept for p in model.parameters())
     ids = torch.tensor([tokenizer.encode("the cat sat on the mat")])
-    hf = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path, dtype=torch.float32, attn_implementation="eager"
-    )
-    with torch.no_grad():  # the same rounded weights, both computed in float32
-        want = hf(ids).logits
-        assert (model(ids) - want).abs().max().item() < 1e-5
+    load = transformers.AutoModelForCausalLM.from_pretrained
+    with torch.no_grad():  # float32 from the same rounded weights: both sides' reference
+        exact = load(tmp_path, dtype=torch.float32, attn_implementation="eager")(ids).logits
+        got = model(ids).float()
+        if kept == torch.float32:
+            assert (got - exact).abs().max().item() < 1e-5
+        else:  # as close to it as transformers' own bfloat16 computation, give or take
+            theirs = load(tmp_path, dtype=kept, attn_implementation="eager")(ids).logits.float()
+            err, their_err = (got - exact).abs().max(), (theirs - exact).abs().max()
+            assert err <= 2 * their_err + 2**-8 * exact.abs().max(), (err, their_err)
+
+
+def test_bfloat16_run_is_the_size_of_its_file_and_float32_on_request(tmp_path, capsys):
+    """import-hf of bfloat16 weights writes a bfloat16 run ("dtype" in config.json) that loads
+    as bfloat16, generates, and passes attnlab check at its precision; --dtype float32 gives
+    the float32 run of before, whose logits the bfloat16 run's follow to bfloat16 rounding."""
+    src = tmp_path / "hf"
+    save_family(src, cls_name="Qwen2Config", dtype=torch.bfloat16, tie_word_embeddings=True)
+    half, full = tmp_path / "half", tmp_path / "full"
+    assert attnlab(capsys, "import-hf", src, "--out", half)[0] == 0
+    assert attnlab(capsys, "import-hf", src, "--out", full, "--dtype", "float32")[0] == 0
+    size = lambda d: (d / "model.safetensors").stat().st_size  # noqa: E731
+    hf_bytes = sum(f.stat().st_size for f in src.glob("*.safetensors"))
+    assert size(half) <= hf_bytes * 1.01 and size(full) >= 1.9 * hf_bytes
+    assert json.loads((half / "config.json").read_text())["dtype"] == "bfloat16"
+    assert "dtype" not in json.loads((full / "config.json").read_text())
+    a, b = load_run(half), load_run(full)
+    assert {p.dtype for p in a.model.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in b.model.parameters()} == {torch.float32}
+    ids = torch.tensor([a.tokenizer.encode("the cat sat on the mat")])
+    with torch.no_grad():
+        want = b.model(ids)
+        assert (a.model(ids).float() - want).abs().max() < 4 * 2**-8 * want.abs().max()
+    code, out, _ = attnlab(capsys, "generate", half, "--prompt", "the cat", "--max-new-tokens",
+                           "8", "--temperature", "0")  # fmt: skip
+    assert code == 0 and out.strip()
+    code, out, _ = attnlab(capsys, "check", half)
+    assert code == 0, out
+    assert attnlab(capsys, "export-hf", half, tmp_path / "out")[0] == 0  # bfloat16 as it came
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["dtype"] == "bfloat16"
+    assert size(tmp_path / "out") <= hf_bytes * 1.01
+
+
+def test_a_run_of_an_unknown_dtype_is_refused(tmp_path, capsys):
+    save_family(tmp_path / "hf", dtype=torch.bfloat16)
+    assert attnlab(capsys, "import-hf", tmp_path / "hf", "--out", tmp_path / "run")[0] == 0
+    cfg = json.loads((tmp_path / "run" / "config.json").read_text())
+    (tmp_path / "run" / "config.json").write_text(json.dumps({**cfg, "dtype": "int8"}))
+    code, out, err = attnlab(capsys, "predict", tmp_path / "run", "the cat")
+    assert code == 2 and not out
+    assert "dtype 'int8' is not one attnlab runs hold (float32, bfloat16)" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def _drop(d, what):

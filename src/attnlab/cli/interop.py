@@ -30,7 +30,7 @@ def import_hf(args: argparse.Namespace) -> int:
     from attnlab.heartbeat import Heartbeat
 
     with Heartbeat(f"importing {src}"):  # a large model: a line every 2 s
-        out = do_import(src, args.out)
+        out = do_import(src, args.out, args.dtype)
     _err(f"imported {src} -> {out}")
     print(out)
     return 0
@@ -88,6 +88,10 @@ def register(sub) -> None:
     )
     p.add_argument("dir", help="Hugging Face model directory")
     p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--dtype", choices=("auto", "float32"), default="auto",
+                   help="auto: bfloat16 weights of a decoder (Llama, Qwen, Gemma, ...) stay "
+                   "bfloat16 and are computed in it, as transformers does, so the run is the "
+                   "size of the file; float32: compute in float32 (twice the memory)")  # fmt: skip
     p.set_defaults(func=import_hf)
 
     p = sub.add_parser(
