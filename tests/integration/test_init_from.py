@@ -387,3 +387,20 @@ def test_a_long_context_run_trains_on_windows_of_at_most_1024_unless_asked(tmp_p
     given = {"data": str(tmp_path / "x.txt"), "init_from": str(tmp_path / "long")}
     assert training.plan(given).options.block_size == training.INIT_BLOCK_SIZE == 1024
     assert training.plan({**given, "block_size": 4096}).options.block_size == 4096
+
+
+def test_a_bfloat16_import_fine_tunes_in_float32(corpus, tmp_path):
+    """import-hf keeps a bfloat16 decoder in bfloat16 (its size on disk and in memory); a
+    fine-tune of it trains and saves float32 weights, as every training run does."""
+    from safetensors import safe_open
+
+    save_family(tmp_path / "hf", dtype=torch.bfloat16)
+    source = import_hf(tmp_path / "hf", tmp_path / "run")
+    assert json.loads((source / "config.json").read_text())["dtype"] == "bfloat16"
+    outcome = fine_tune(source, corpus, tmp_path / "ft", block_size=16)
+    assert outcome.result.step == 3
+    assert json.loads((tmp_path / "ft" / "config.json").read_text()).get("dtype") in (
+        None, "float32")  # fmt: skip
+    with safe_open(str(tmp_path / "ft" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float32}  # noqa: SIM118
+    assert next(load_run(tmp_path / "ft").model.parameters()).dtype == torch.float32
