@@ -63,3 +63,16 @@ def test_a_character_split_across_byte_tokens_shows_its_bytes():
     tok = train_bpe(["abc "], vocab_size=260)  # no merge can make é: two byte tokens
     ids = tok.encode("é")
     assert len(ids) == 2 and tok.labels(ids) == ["\\xc3", "\\xa9"]
+
+
+def test_every_character_shows_as_something_printable_and_distinct():
+    """A byte-level token can be any byte (GPT-2, Llama 3 and Qwen vocabularies hold \\x00 to
+    \\x1f as tokens): each shows as printable text (a picture or an escape), never as a
+    control character a terminal or a plot font cannot draw, and no two look the same."""
+    from attnlab.render.display import show_token
+
+    shown = {c: show_token(c) for c in map(chr, range(0x3000))}
+    assert all(s.isprintable() and s for s in shown.values())
+    controls = [shown[chr(i)] for i in (*range(0x20), 0x7F)]
+    assert len(set(controls)) == len(controls)
+    assert shown[" "] == "␣" and shown["\n"] == "↵" and shown["\x10"] == "␐"

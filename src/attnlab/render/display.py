@@ -22,11 +22,26 @@ TERMINAL_TOKENS = 32  # rows of each of trace's matrices (its columns page to th
 PIPE_WIDTH = 100  # the width tables are laid out for when stdout is not a terminal
 
 
+VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "\x7f": "␡"}
+
+
 def show_token(t: str) -> str:
-    """A token made visible: spaces and control characters become visible symbols."""
+    """A token made visible: spaces and control characters become visible symbols (a byte
+    token's other C0 controls their Unicode pictures, e.g. \x10 as ␐; any other character
+    that prints nothing as its escape, e.g. \u200b)."""
     if t == "":
         return "∅"
-    return t.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍")
+    return "".join(_visible(c) for c in t)
+
+
+def _visible(c: str) -> str:
+    if c in VISIBLE:
+        return VISIBLE[c]
+    if c.isprintable():
+        return c
+    if ord(c) < 0x20:
+        return chr(0x2400 + ord(c))  # the control pictures block: ␀ .. ␟
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
 
 def rounded(x, digits: int = 4):
