@@ -77,13 +77,15 @@ def own_target(subject, text: str) -> str:
     raise AssertionError("no output reads back as itself")
 
 
-def conformance(capsys, path: Path, data: Path | None = None, only=None) -> dict[str, dict]:
+def conformance(capsys, path: Path, data: Path | None = None, only=None,
+                inputs: tuple[str, str] | None = None) -> dict[str, dict]:  # fmt: skip
     """Every verb on the run at ``path``; returns the JSON of those that ran. ``data``: a file
     in the run's task format for ``eval``; ``only``: the names of the verbs to run (all when
-    None; IDENTITY_VERBS: those whose identities are checked)."""
+    None; IDENTITY_VERBS: those whose identities are checked); ``inputs``: (clean, corrupt)
+    instead of INPUTS (an imported image model has no test:N images of its own)."""
     run = load_run(path)
     model, s = run.model, run.subject
-    clean, corrupt = INPUTS[model.reads]
+    clean, corrupt = inputs or INPUTS[model.reads]
     target = own_target(s, clean)
     groups = model.head_groups()
     residual, heads = model.residual, bool(groups)

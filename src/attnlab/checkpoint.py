@@ -149,8 +149,35 @@ def write_run_config(run_dir: str | Path, model: nn.Module, extra: dict | None =
     inner = unwrap(model)
     cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type}
     cfg["config"] = inner.config.to_dict()
+    dtype = weights_dtype(inner)
+    if dtype != "float32":  # float32, the default, is not written: older runs read the same
+        cfg["dtype"] = dtype
     cfg.update(extra or {})
     atomic_write_json(Path(run_dir) / "config.json", cfg)
+
+
+# the dtypes a run's weights may have (config.json's "dtype", float32 when absent). A
+# bfloat16 run is one imported from bfloat16 weights: it is computed in bfloat16, as
+# transformers computes such a model by default, and held at the size of its file.
+WEIGHT_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def weights_dtype(model: nn.Module) -> str:
+    """The name of the dtype of every floating parameter of ``model`` (WEIGHT_DTYPES);
+    float32 when they differ or are of another dtype."""
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    names = {v: k for k, v in WEIGHT_DTYPES.items()}
+    return names.get(dtypes.pop(), "float32") if len(dtypes) == 1 else "float32"
+
+
+def with_weights_dtype(model: nn.Module, dtype: str) -> nn.Module:
+    """``model`` with its floating parameters (not its buffers: computed tables stay float32)
+    in ``dtype``, a name in WEIGHT_DTYPES; tied parameters stay one parameter."""
+    to = WEIGHT_DTYPES[dtype]
+    for p in model.parameters():  # each parameter once, shared ones included
+        if p.is_floating_point() and p.dtype != to:
+            p.data = p.data.to(to)
+    return model
 
 
 def read_json_object(path: Path) -> dict:
@@ -223,14 +250,18 @@ def build_model(
         config = cls.config_class.from_dict(cfg.get("config", {}))
     except (ConfigError, TypeError, AttributeError) as e:
         raise RunError(f"{source}: invalid {cls.__name__} config ({e})") from None
+    dtype = cfg.get("dtype", "float32")
+    if dtype not in WEIGHT_DTYPES:
+        raise RunError(f"{source}: dtype {dtype!r} is not one attnlab runs hold "
+                       f"({', '.join(WEIGHT_DTYPES)})")  # fmt: skip
     if device is None:
-        return cls(config)
+        return with_weights_dtype(cls(config), dtype)
     try:
         with (
             torch.device(device),
             _no_init() if str(device) == "meta" else contextlib.nullcontext(),
         ):
-            return cls(config)
+            return with_weights_dtype(cls(config), dtype)
     except (ValueError, RuntimeError, OverflowError) as e:  # e.g. a size past int64
         raise RunError(
             f"{source}: cannot build the {cls.__name__} it describes ({error_line(e)})"
@@ -288,10 +319,18 @@ def check_run(run_dir: str | Path, cfg: dict | None = None) -> CheckedRun:
     check_state_dict(model, header.tensors, str(weights))
     _check_computed_tables(model, header, config_path)
     tokenizer = read_tokenizer_files(run_dir)
-    source = cfg.get("source")
-    imported = isinstance(source, dict) and source.get("format") == "huggingface"  # import-hf
-    check_tokenizer(model, tokenizer, run_dir, imported)
+    check_tokenizer(model, tokenizer, run_dir, imported_weights(cfg))
     return CheckedRun(run_dir, cfg, header, model, tokenizer)
+
+
+def imported_weights(cfg: dict) -> bool:
+    """Did the run's weights come from Hugging Face: imported (``import-hf``), or fine-tuned
+    from an imported run (``train --init-from``, whose config.json keeps its ``source``)?"""
+    init = cfg.get("init_from")
+    for source in (cfg.get("source"), init.get("source") if isinstance(init, dict) else None):
+        if isinstance(source, dict) and source.get("format") == "huggingface":
+            return True
+    return False
 
 
 def _check_layer_counts(cfg: dict, header: SafetensorsHeader, source: Path) -> None:

@@ -52,8 +52,8 @@ class Run:
 
     @property
     def kind(self) -> str:
-        """gpt, mlm, text-classifier, encoder, seq2seq-transformer, lstm-attention, lstm, vit:
-        the model's declared kind (``attnlab.models.declare``)."""
+        """gpt, mlm, text-classifier, encoder, seq2seq-transformer, t5, lstm-attention, lstm,
+        lstm-classifier, vit: the model's declared kind (``attnlab.models.declare``)."""
         return self.model.kind
 
     @property

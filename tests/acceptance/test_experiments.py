@@ -12,7 +12,8 @@ import pytest
 pytestmark = pytest.mark.slow  # each trains six small models (about 20 to 40 s on 2 cores)
 
 
-@pytest.mark.parametrize("name", ["pruning", "rollout-and-flow", "attention-vs-importance"])
+@pytest.mark.parametrize("name", ["pruning", "rollout-and-flow", "attention-vs-importance",
+                                  "attention-vs-contribution"])  # fmt: skip
 def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path):
     out = tmp_path / "report"
     r = cli("experiment", name, "--quick", "--out", out, "--seeds", "1,2,3", "--threads", "1")
@@ -35,6 +36,9 @@ def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path):
         assert c["sentence"] in r.stdout.replace("\n  ", " ").replace("attnlab:   ", "")
     page = (out / "report.html").read_text()
     assert "data:image/png;base64," in page and "<table" in page
+    assert d["pictures"]  # each picture is also a PNG file beside the page
+    for p in d["pictures"]:
+        assert (out / p["file"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p["caption"]
     for c in d["claims"]:
         assert c["sentence"].replace("'", "&#x27;") in page
     assert d["runs"] and len(d["runs"]) % 3 == 0

@@ -83,6 +83,10 @@ VARIANTS = {
                                             d_hidden=6, attention="additive")),
     "lstm general attention": ("rnn", dict(src_vocab_size=9, tgt_vocab_size=7, d_embed=4,
                                            d_hidden=6, attention="general")),
+    "lstm classifier": ("lstm-classifier", dict(vocab_size=11, d_embed=4, d_hidden=6,
+                                                num_labels=3, block_size=8)),
+    "mlp classifier uniform": ("lstm-classifier", dict(vocab_size=11, d_embed=4, d_hidden=6,
+                                                       encoder="mlp", attention="uniform")),
     "vit": ("vit", dict(image_size=4, patch_size=2, channels=3, n_classes=3, n_layer=2,
                         n_head=2, d_model=8)),
     "t5 tied": ("t5", dict(vocab_size=11, max_len=8, n_encoder_layers=2, n_decoder_layers=1,
@@ -103,7 +107,7 @@ def chars(n: int) -> CharTokenizer:
 def tokenizer_for(model):
     """The tokenizer a real run of ``model`` would carry: the same vocabulary."""
     c = model.config
-    if model.model_type in ("gpt", "encoder"):
+    if model.model_type in ("gpt", "encoder", "lstm-classifier"):
         return chars(c.vocab_size)
     if model.model_type in ("seq2seq", "rnn"):
         return PairTokenizer(chars(c.src_vocab_size - 3), chars(c.tgt_vocab_size - 3))
@@ -120,7 +124,7 @@ def outputs(model, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     c = model.config
     with torch.no_grad():
-        if model.model_type == "gpt":
+        if model.model_type in ("gpt", "lstm-classifier"):
             return [model(torch.randint(c.vocab_size, (2, 7), generator=g))]
         if model.model_type == "encoder":
             ids = torch.randint(c.vocab_size, (2, 7), generator=g)

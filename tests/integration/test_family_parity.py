@@ -35,6 +35,9 @@ CASES = {
                                                   attention_bias=True, mlp_bias=True)),
     "mistral-mha-window": ("MistralConfig", dict(num_key_value_heads=4, sliding_window=5)),
     "qwen2-gqa2-tied": ("Qwen2Config", dict(num_key_value_heads=2, tie_word_embeddings=True)),
+    # Qwen2's code reads no attention_bias (q/k/v biases always, o_proj none): neither may we
+    "qwen2-attention-bias-ignored": ("Qwen2Config", dict(num_key_value_heads=2,
+                                                         attention_bias=True, mlp_bias=True)),
     "qwen2-windowed-layer": ("Qwen2Config", dict(num_key_value_heads=1, use_sliding_window=True,
                                                  sliding_window=4, max_window_layers=1)),
     "qwen3-qknorm-headdim": ("Qwen3Config", dict(num_key_value_heads=2, head_dim=12,

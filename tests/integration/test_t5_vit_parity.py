@@ -279,6 +279,42 @@ def test_vit_run_classifies_an_image_file_like_transformers(capsys, tmp_path):
         assert _max_err(run.model(image[None]), hf(pixel_values=image[None]).logits) <= TOL
 
 
+def test_heads_scores_an_imported_vit_on_images_of_its_own_shape(capsys, tmp_path):
+    """An imported ViT has no data of its own: heads must not probe it with the digits its
+    task would default to (8x8 grayscale against a 12x12 RGB model crashed), but with images
+    of the model's shape, and say so."""
+    _, d = build_vit(tmp_path, "ViTForImageClassification")
+    assert attnlab(capsys, "import-hf", d, "--out", tmp_path / "run")[0] == 0
+    code, out, err = attnlab(capsys, "heads", tmp_path / "run", "--json", "--all")
+    assert code == 0, err
+    report = json.loads(out)
+    assert len(report["heads"]) == VIT["num_hidden_layers"] * VIT["num_attention_heads"]
+    assert any("random inputs of the model's shape" in n for n in report["notes"])
+    assert any("imported from" in n for n in report["notes"])
+
+
+@pytest.mark.parametrize("family", ["t5", "vit"])
+def test_every_verb_and_identity_of_the_conformance_suite_holds_on_an_import(capsys, tmp_path,
+                                                                             family):  # fmt: skip
+    from conformance_helpers import conformance
+
+    _, d = (build_t5(tmp_path, "t5") if family == "t5"
+            else build_vit(tmp_path, "ViTForImageClassification"))  # fmt: skip
+    assert main(["import-hf", str(d), "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()  # the import's own lines
+    inputs = None
+    if family == "vit":  # image files: an imported ViT has no test split of its own
+        from PIL import Image
+
+        g = torch.Generator().manual_seed(3)
+        inputs = tuple(str(tmp_path / f"{name}.png") for name in ("clean", "corrupt"))
+        for path in inputs:
+            pixels = torch.randint(0, 256, (12, 12, 3), generator=g, dtype=torch.uint8)
+            Image.fromarray(pixels.numpy()).save(path)
+    out = conformance(capsys, tmp_path / "run", inputs=inputs)
+    assert {"trace", "attention", "patch", "check"} <= set(out)
+
+
 # ---------------------------------------------------------------------------------------------
 # Refusals: one line, exit 2, nothing written
 # ---------------------------------------------------------------------------------------------

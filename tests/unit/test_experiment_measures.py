@@ -180,3 +180,241 @@ def test_the_word_order_probe_data_pairs_each_sentence_with_its_words_shuffled()
 def test_a_table_cell_gives_the_range_without_the_mean():
     assert value_range([0.1, 0.3], "signed", short=True) == "+0.100..+0.300"
     assert value_range([0.1, 0.3], "signed") == "+0.100 to +0.300 (mean +0.200)"
+
+
+# -- attention-vs-contribution: the notes' question ------------------------------------------
+
+
+def _encoder_decoder(cls, cfg):
+    from attnlab.interventions.subjects import Subject
+    from conformance_helpers import tokenizer_for
+
+    tok = tokenizer_for(cls, cfg)
+    full = {**cfg, **{f: getattr(tok, a) for f, a, _ in cls.tokenizer_fields if f not in cfg}}
+    torch.manual_seed(0)
+    return Subject(cls(cls.config_class(**full)).eval(), tok)
+
+
+def _source_readers():
+    from conformance_helpers import EXAMPLES
+
+    return [p for p in EXAMPLES if p.values[0].reads == "source"]
+
+
+@pytest.fixture(params=["rnn-0", "seq2seq-0"])
+def seq2seq(request):
+    """A random LSTM with dot attention, and a random 2 + 2 layer Transformer."""
+    (found,) = [p for p in _source_readers() if p.id == request.param]
+    return _encoder_decoder(*found.values)
+
+
+@pytest.mark.parametrize("cls, cfg", _source_readers())
+def test_every_encoder_decoder_declares_its_memory_and_what_attends_over_it(cls, cfg):
+    from attnlab import hooks
+
+    s = _encoder_decoder(cls, cfg)
+    points = hooks.hook_points(s.model)
+    assert s.model.memory_site in points and not points[s.model.memory_site].read_only
+    groups = s.model.source_attention()
+    assert all(g.kind in ("cross", "context") for g in groups)
+    assert groups or not s.model.head_groups()  # only an LSTM without attention has none
+
+
+def test_a_single_stack_model_has_no_source_attention(tiny_gpt):
+    assert tiny_gpt.model.source_attention() == [] and tiny_gpt.model.memory_site is None
+
+
+def test_source_attention_rows_are_distributions_over_the_source(seq2seq):
+    from attnlab.experiments import attention_contribution as ac
+
+    p = seq2seq.prepare("bad cafe")
+    maps = ac.source_attention(seq2seq, p)  # (G, T, S)
+    assert maps.shape[1:] == (len(p.tokens), len(p.input_tokens))
+    assert maps.shape[0] == len(seq2seq.model.source_attention())
+    np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-6)
+
+
+def _one_at_a_time(subject, p, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """Blank-out and patching of source token ``s`` alone, unbatched: the drop in log p of
+    every decoder step's output (T,), computed as the module doc defines them."""
+    from attnlab.interventions.edits import edited
+
+    model, targets = subject.model, p.targets
+    site, memory = model.gradient_site, model.memory_site
+
+    def logp(logits):
+        return torch.log_softmax(logits[0].double(), -1)[torch.arange(len(targets)), targets]
+
+    def blank(x, name):
+        y = x.clone()
+        y[0, s] = model.gradient_baseline(x)[0, s]
+        return y
+
+    with torch.no_grad():
+        clean = logp(subject.logits(p))
+        with edited(model, {site: blank}, [memory]) as (cache, _):
+            blanked = logp(subject.logits(p))
+        kept = cache[memory][0, s].clone()
+
+        def patch(x, name):
+            y = x.clone()
+            y[0, s] = kept
+            return y
+
+        with edited(model, {memory: patch}):
+            patched = logp(subject.logits(p))
+    return (clean - blanked).numpy(), (clean - patched).numpy()
+
+
+def test_batched_contributions_equal_one_token_at_a_time(seq2seq):
+    from attnlab.experiments import attention_contribution as ac
+
+    p = seq2seq.prepare("bad cafe")
+    found = ac.contributions(seq2seq, p)
+    S = len(p.input_tokens)
+    assert found["blank-out"].shape == found["patching"].shape == (len(p.tokens), S)
+    for s in range(S):
+        blank, patched = _one_at_a_time(seq2seq, p, s)
+        np.testing.assert_allclose(found["blank-out"][:, s], blank, atol=2 * ac.ROUNDING)
+        np.testing.assert_allclose(found["patching"][:, s], patched, atol=2 * ac.ROUNDING)
+
+
+def test_an_lstm_blank_out_is_the_ablate_verbs_zeroed_embedding():
+    """The LSTM's "no token" point is a zero embedding: blanking token s is ``attnlab ablate
+    --site encoder.embed`` at that position, whose loss change per step is the drop in log p."""
+    from attnlab.experiments import attention_contribution as ac
+    from attnlab.interventions import ablation
+
+    (lstm,) = [p for p in _source_readers() if p.id == "rnn-0"]
+    seq2seq = _encoder_decoder(*lstm.values)
+    p = seq2seq.prepare("bad cafe")
+    found = ac.contributions(seq2seq, p)["blank-out"]
+    for s in range(len(p.input_tokens)):
+        r = ablation(seq2seq, "bad cafe", site=seq2seq.model.gradient_site, positions=[s])
+        np.testing.assert_allclose(found[:, s], r.position_delta, atol=2 * ac.ROUNDING)
+
+
+def test_patching_a_source_token_changes_nothing_but_its_memory(seq2seq):
+    """Patching token s from the run that blanked s: rows are independent, so patching the
+    clean memory back (a run that blanks nothing) costs exactly 0 at every step."""
+    from attnlab.experiments import attention_contribution as ac
+
+    p = seq2seq.prepare("bad cafe")
+    model = seq2seq.model
+    original = model.gradient_baseline
+    try:  # the "no token" point is the token itself: nothing is knocked out
+        model.gradient_baseline = lambda x: x
+        found = ac.contributions(seq2seq, p)
+    finally:
+        model.gradient_baseline = original
+    assert not found["blank-out"].any() and not found["patching"].any()
+
+
+def test_step_agreement_of_known_rankings():
+    from attnlab.experiments import attention_contribution as ac
+
+    attention = np.array([[0.1, 0.2, 0.7], [0.5, 0.3, 0.2]])
+    contribution = np.array([[1.0, 2.0, 3.0], [0.0, 5.0, 1.0]])
+    a = ac.step_agreement(attention, contribution)
+    # step 0: the same order; step 1: ranks (3, 2, 1) against (1, 3, 2): d = (2, -1, -1)
+    assert a["spearman"] == pytest.approx([1.0, 1 - 6 * 6 / (3 * 8)])
+    assert a["kendall"] == pytest.approx([1.0, -1 / 3])  # step 1: 1 concordant, 2 discordant
+    assert a["top_agrees"] == [True, False]
+    assert a["chance"] == pytest.approx([1 / 3, 1 / 3])
+
+
+def test_the_summary_pools_steps_and_leaves_undefined_ranks_out():
+    from attnlab.experiments import attention_contribution as ac
+
+    flat = np.zeros((1, 3))  # a step no knock-out moves: no ranking
+    rows = [{"all/blank-out": ac.step_agreement(np.array([[0.1, 0.2, 0.7]]),
+                                                np.array([[1.0, 2.0, 3.0]]))},
+            {"all/blank-out": ac.step_agreement(np.array([[0.1, 0.2, 0.7]]), flat)}]  # fmt: skip
+    s = ac.summary(rows)["all/blank-out"]
+    assert s["spearman"] == pytest.approx(1.0) and s["steps"] == 2
+    assert s["top_agrees"] == pytest.approx(0.5)  # the flat step's argmax is token 0
+
+
+def test_float_noise_in_a_contribution_ranks_as_a_tie():
+    from attnlab.experiments import attention_contribution as ac
+
+    drop = torch.tensor([[3e-8, -4e-8], [0.25, -6e-8]], dtype=torch.float64)  # (S, T)
+    out = ac._rounded(drop)
+    assert out.shape == (2, 2) and out[0, 1] == pytest.approx(0.25)
+    assert out[0, 0] == out[1, 0] == out[1, 1] == 0.0 and not np.signbit(out).any()
+
+
+class _Cues:
+    """A classification task in the shape ``guided`` reads: token 1 first, filler tokens
+    3..9, and one cue (10: class 0, 11: class 1) at a random place."""
+
+    def __init__(self, n: int = 240, T: int = 6):
+        from types import SimpleNamespace
+
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(3, 10, (n, T), generator=g)
+        self.ids[:, 0] = 1
+        self.y = torch.randint(0, 2, (n,), generator=g)
+        self.at = torch.randint(1, T, (n,), generator=g)
+        self.ids[torch.arange(n), self.at] = 10 + self.y
+        self.tokenizer, self.classes = SimpleNamespace(vocab_size=12), ["a", "b"]
+        self.train_idx, self.val_idx = list(range(40, n)), list(range(40))
+
+    def examples(self, idx):
+        return self.ids[idx], torch.ones_like(self.ids[idx]), self.y[idx]
+
+
+class _Teacher:
+    """Attention that a trained model would impose: on the cue, or on the first token."""
+
+    def __init__(self, on_cue: bool):
+        from types import SimpleNamespace
+
+        self.on_cue, self.config = on_cue, SimpleNamespace(pad_id=0)
+
+    def attention(self, ids, mask):
+        w = (ids >= 10) if self.on_cue else torch.zeros_like(ids, dtype=torch.bool)
+        if not self.on_cue:
+            w[:, 0] = True
+        return w.float()
+
+
+def test_the_frozen_attention_diagnostic_imposes_the_teachers_weights():
+    """An MLP sees each token alone: with the cue's weight imposed it is right every time; made
+    to look only at the constant first token it cannot beat chance, whatever it learns."""
+    from attnlab.experiments.attention_importance import guided
+
+    task = _Cues()
+    on_cue = guided(task, _Teacher(True), "frozen", seed=1, steps=60, lr=1e-2, width=8)
+    blind = guided(task, _Teacher(False), "frozen", seed=1, steps=60, lr=1e-2, width=8)
+    majority = max(float(task.y[:40].float().mean()), 1 - float(task.y[:40].float().mean()))
+    assert on_cue == 1.0
+    assert blind == pytest.approx(majority)
+    own = guided(task, _Teacher(False), "own", seed=1, steps=60, lr=1e-2, width=8)
+    assert own >= 0.95  # its own attention ignores the teacher and finds the cue
+
+
+def test_the_intervention_on_an_lstm_classifiers_attention_is_its_imposed_weights():
+    """The experiment edits the recorded attention row (``Readout``); on the LSTM classifier
+    that is exactly the model run with those weights imposed."""
+    from attnlab.experiments.attention_importance import Readout, example
+    from attnlab.interventions.subjects import Subject
+    from attnlab.models.rnn_classifier import LSTMClassifier, LSTMClassifierConfig
+    from attnlab.tokenizers import build_tokenizer
+
+    tok = build_tokenizer("word", ["the film was great", "the film was awful"], encoder=True)
+    torch.manual_seed(0)
+    cfg = LSTMClassifierConfig(vocab_size=tok.vocab_size, d_embed=8, d_hidden=8)
+    model = LSTMClassifier(cfg).eval()
+    subject = Subject(model, tok, ["neg", "pos"])
+    p = subject.prepare("the film was great")
+    r = Readout(subject, p)
+    row = r.row()  # (1, T)
+    assert row.shape == (1, p.args[0].size(1)) and float(row.sum()) == pytest.approx(1.0)
+    other = torch.softmax(torch.randn(row.shape, dtype=torch.float64), -1)
+    with torch.no_grad():
+        imposed = torch.softmax(model(p.args[0], weights=other.float()).double(), -1)[0]
+        torch.testing.assert_close(r.probs(other), imposed, atol=1e-6, rtol=0)
+    out = example(subject, "the film was great", 3, np.random.default_rng(0))
+    assert -1 <= out["tau_grad"] <= 1 and 0 <= out["adversarial_jsd"] <= math.log(2)
+    assert 0 <= out["median_tvd_permuted"] <= 1

@@ -618,3 +618,27 @@ def test_a_text_classifier_attributes_and_patches_its_class_logit():
     assert final[0].recovered == pytest.approx(1.0, abs=1e-6)
     with pytest.raises(InterventionError, match="not a class"):
         s.token_id("7")
+
+
+def test_head_importance_ranks_an_encoder_with_no_head_by_a_loss_of_the_callers_own(tmp_path):
+    """``attnlab heads --importance`` refuses a model that predicts nothing (its default loss
+    would read the token embedding), but a caller that measures the model its own way (a probe
+    on imported MiniLM, as the pruning experiment does) ranks its heads."""
+    from attnlab.interventions.importance import check_rankable
+    from attnlab.models.encoder import Encoder
+    from conformance_helpers import build_run
+
+    headless = next(cfg for cfg in Encoder.examples if not cfg.get("mlm_head")
+                    and not cfg.get("num_labels"))  # fmt: skip
+    s = load_run(build_run(Encoder, headless, tmp_path / "run")).subject
+    assert s.model.predicts == "nothing"
+    with pytest.raises(InterventionError, match="predicts nothing"):
+        check_rankable(s)
+    p = s.prepare("the bank of the river")
+
+    def probe_loss() -> float:  # the caller's own measure: the mean square of the states
+        return float(s.logits(p).pow(2).mean())
+
+    r = head_importance(s, probe_loss, prune=False)
+    n = sum(g.n_heads for g in s.head_groups())
+    assert len(r.heads) == n and any(h[-1] != 0 for h in r.heads)

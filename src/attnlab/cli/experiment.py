@@ -52,7 +52,9 @@ def register(sub) -> None:
         "& Zuidema 2020 (raw attention, rollout and flow against blank-out and gradients). "
         "attention-vs-importance: Jain & Wallace 2019 and Wiegreffe & Pinter 2019 (attention "
         "against gradient and leave-one-out importance; permuted, adversarial, uniform "
-        "attention).",
+        "attention). attention-vs-contribution: the notes' question (does an encoder-decoder "
+        "step's attention over the source match what blanking and patching each source token "
+        "costs its output?).",
     )
     p.set_defaults(func=run)
     p.add_argument("name", choices=list(NAMES), metavar="NAME", help=f"one of {', '.join(NAMES)}")

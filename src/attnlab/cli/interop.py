@@ -30,7 +30,7 @@ def import_hf(args: argparse.Namespace) -> int:
     from attnlab.heartbeat import Heartbeat
 
     with Heartbeat(f"importing {src}"):  # a large model: a line every 2 s
-        out = do_import(src, args.out)
+        out = do_import(src, args.out, args.dtype)
     _err(f"imported {src} -> {out}")
     print(out)
     return 0
@@ -67,24 +67,40 @@ def embed(args: argparse.Namespace) -> int:
     return 0
 
 
+# the model_types import-hf reads (interop/hf.py LOADERS, once every family module has
+# registered; a test keeps the two equal without importing interop at start-up)
+IMPORTED_TYPES = (
+    "gpt2, bert, llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt_neox, t5, vit"
+)
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "import-hf",
-        help="convert a Hugging Face GPT-2 or BERT directory into a run directory",
-        description="Read a Hugging Face model directory (config.json, model.safetensors, "
-        "tokenizer.json or vocab.txt) holding GPT-2 or BERT (BertModel, BertForMaskedLM, "
-        "sentence-transformers) and write an attnlab run directory. Pickle weights are refused. "
-        "DIR 'minilm' names the installed all-MiniLM-L6-v2 (attnlab[models]).",
+        help="convert a Hugging Face model directory (GPT-2, BERT, Llama, Mistral, Qwen2/3, "
+        "Gemma 1-3, Pythia, T5, ViT) into a run directory",
+        description="Read a Hugging Face model directory (config.json, model.safetensors or "
+        "its shards with model.safetensors.index.json; tokenizer.json (byte-level BPE or SentencePiece-derived) or "
+        "vocab.txt; preprocessor_config.json for a ViT) and write an "
+        "attnlab run directory. model_type: " + IMPORTED_TYPES + ". Float32, float16 and "
+        "bfloat16 weights; pickle weights are refused. DIR 'minilm' names the installed "
+        "all-MiniLM-L6-v2 (attnlab[models]).",
     )
     p.add_argument("dir", help="Hugging Face model directory")
     p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("--dtype", choices=("auto", "float32"), default="auto",
+                   help="auto: bfloat16 weights of a decoder (Llama, Qwen, Gemma, ...) stay "
+                   "bfloat16 and are computed in it, as transformers does, so the run is the "
+                   "size of the file; float32: compute in float32 (twice the memory)")  # fmt: skip
     p.set_defaults(func=import_hf)
 
     p = sub.add_parser(
         "export-hf",
-        help="write a GPT or encoder run as a Hugging Face directory (GPT-2 or BERT)",
+        help="write a GPT or encoder run as a Hugging Face directory (GPT-2, Llama, Qwen, BERT)",
         description="Write RUN as a directory transformers loads: a GPT (learned positions, "
-        "pre-norm) as GPT2LMHeadModel; an encoder (learned positions, post-norm, gelu) as "
+        "pre-norm) as GPT2LMHeadModel; one with RMSNorm, a gated feed-forward and rotary "
+        "positions (train --arch llama) as LlamaForCausalLM (Qwen2 with q/k/v biases, Qwen3 "
+        "with QK-norm); an encoder (learned positions, post-norm, gelu) as "
         "BertForMaskedLM, BertForSequenceClassification or BertModel, by its head. The "
         "tokenizer goes with it (tokenizer.json, tokenizer_config.json): "
         "AutoTokenizer.from_pretrained gives attnlab's ids for any text. A character the "

@@ -100,7 +100,8 @@ def register(sub) -> None:
         "train",
         help="train a model on a text, a task or a TSV file",
         description="Train a model. --task lm (the default) trains a GPT on next-token "
-        "prediction; mlm and classify train a BERT-style encoder; classify on images (--data "
+        "prediction; mlm and classify train a BERT-style encoder (classify --arch lstm-attention: "
+        "a BiLSTM pooled by additive attention); classify on images (--data "
         "digits or DIR/<label>/*.png, or --arch vit) trains a vision transformer; seq2seq "
         "trains an encoder-decoder (--arch transformer, lstm-attention or lstm). An option "
         "not given takes its task's default, shown after each option: lm's, then each task "
@@ -180,6 +181,12 @@ def register(sub) -> None:
     a("--snapshot-every", type=int, metavar="N",
       help="every N steps, record each head's attention and scores into snapshots/ (read by "
       "attnlab timeline; 0: never)")  # fmt: skip
+    a("--init-from", metavar="RUN",
+      help="fine-tune: start from the weights and tokenizer of RUN (trained, or imported with "
+      "import-hf): a language model continues on --data, an encoder gets the head of --task "
+      "(classify: a new classifier), an encoder-decoder continues on pairs, a ViT classifies "
+      "new images; options that change the architecture are refused, --block-size may "
+      "shrink")  # fmt: skip
     a("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     a("--force", action="store_true",
       help="train even when the run's estimated memory is past what the device has")  # fmt: skip
@@ -191,10 +198,12 @@ def register(sub) -> None:
     # encoder-decoder and vision
     a("--arch", choices=["gpt", "llama", "transformer", "lstm-attention", "lstm", "vit"],
       help="--task lm: gpt or llama (RMSNorm, SwiGLU, rotate-half rotary, K/V heads shared "
-      "by pairs, no biases, untied head); seq2seq architecture; or vit for --task classify "
-      "on images")  # fmt: skip
+      "by pairs, no biases, untied head); seq2seq architecture; vit for --task classify "
+      "on images; or lstm-attention for --task classify on text (a BiLSTM pooled by additive "
+      "attention, Jain & Wallace 2019)")  # fmt: skip
     a("--patch-size", type=int, help="--arch vit: side of a square patch in pixels")
-    a("--score", choices=["dot", "general", "additive"], help="LSTM attention score")
+    a("--score", choices=["dot", "general", "additive", "uniform"],
+      help="LSTM attention score (uniform: --task classify, every token weighs the same)")  # fmt: skip
     a("--label-smoothing", type=float, help="seq2seq: label smoothing")
     a("--src-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: source tokenizer")
     a("--tgt-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: target tokenizer")

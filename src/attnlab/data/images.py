@@ -259,6 +259,19 @@ class Preprocess:
             a = (a - mean) / std
         return torch.from_numpy(np.ascontiguousarray(a))
 
+    def images(self, x: Tensor, channels: int) -> Tensor:
+        """Images (N, C, H, W) in [0, 1], as ``load_images`` gives them -> (N, channels, h, w)
+        preprocessed, each as its 8-bit picture would be (what ``read`` does to a file)."""
+        from PIL import Image
+
+        out = []
+        for img in x:
+            a = (img.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0)  # (H, W, C)
+            a = a.numpy()
+            pil = Image.fromarray(a[:, :, 0] if a.shape[2] == 1 else a)
+            out.append(self(pil.convert("RGB" if channels == 3 else "L")))
+        return torch.stack(out)
+
     def read(self, path: str | Path, channels: int) -> Tensor:
         """An image file -> (C, H, W) preprocessed; RGB (or grayscale for a 1-channel model)."""
         from PIL import Image, UnidentifiedImageError
@@ -324,7 +337,10 @@ class ImageTokenizer:
     def test_split(self) -> ImageSet:
         data = load_images(self.source)
         *_, test = split(len(data), self.val_fraction, self.seed, self.test_fraction)
-        return ImageSet(data.images[test], data.labels[test], data.classes, data.source)
+        images = data.images[test]
+        if self.preprocess is not None:  # a ViT fine-tuned from an imported one reads them so
+            images = self.preprocess.images(images, self.channels)
+        return ImageSet(images, data.labels[test], data.classes, data.source)
 
     def image(self, text: str) -> Tensor:
         """(C, H, W) for an image path or ``test:N``; one clear DataError for anything else."""

@@ -17,7 +17,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from attnlab.experiments import attention_importance, pruning, rollout_flow
+from attnlab.experiments import (
+    attention_contribution,
+    attention_importance,
+    pruning,
+    rollout_flow,
+)
 from attnlab.experiments.recipe import Context, Experiment, ExperimentError, example_file
 from attnlab.experiments.report import Claim, Report, Table
 
@@ -28,7 +33,8 @@ __all__ = ["NAMES", "Claim", "Context", "Experiment", "ExperimentError", "Report
 def registry() -> dict[str, Experiment]:
     """Every experiment by name."""
     found = {e.name: e for e in (pruning.EXPERIMENT, rollout_flow.EXPERIMENT,
-                                 attention_importance.EXPERIMENT)}  # fmt: skip
+                                 attention_importance.EXPERIMENT,
+                                 attention_contribution.EXPERIMENT)}  # fmt: skip
     assert tuple(found) == NAMES, "NAMES lists the registered experiments"
     return found
 
@@ -37,6 +43,7 @@ NAMES = (
     "pruning",
     "rollout-and-flow",
     "attention-vs-importance",
+    "attention-vs-contribution",
 )  # the registry's names, for the CLI's choices
 
 

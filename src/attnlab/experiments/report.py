@@ -143,13 +143,21 @@ class Report:
                 "method": self.method, "settings": self.settings,
                 "claims": [c.to_dict() for c in self.claims],
                 "tables": [t.to_dict() for t in self.tables],
+                "pictures": [{"caption": caption, "file": picture_file(i)}
+                             for i, (caption, _) in enumerate(self.pictures, 1)],
                 "runs": [{"label": label, "path": p} for label, p in self.runs],
                 "notes": self.notes, "measurements": self.data}  # fmt: skip
 
     def write(self, out: Path) -> tuple[Path, Path]:
-        from attnlab.files import atomic_write_text
+        """OUT/figures.json, OUT/report.html, and each picture as OUT/figure-N.png (to put in
+        a page or a paper of one's own)."""
+        from attnlab.files import atomic_write, atomic_write_text
 
         out.mkdir(parents=True, exist_ok=True)
+        for i, (_, img) in enumerate(self.pictures, 1):
+            png = _png_bytes(img)
+            if png is not None:
+                atomic_write(out / picture_file(i), lambda tmp, b=png: Path(tmp).write_bytes(b))
         js, page = out / "figures.json", out / "report.html"
         atomic_write_text(js, json.dumps(_finite(self.to_dict()), indent=1, ensure_ascii=False))
         atomic_write_text(page, self.html())
@@ -188,7 +196,7 @@ class Report:
     def lines(self, width: int = 80) -> list[str]:
         """The terminal summary: the claims' sentences and the tables, at most ``width``
         columns."""
-        wrap = textwrap.TextWrapper(width=width, subsequent_indent="  ")
+        wrap = textwrap.TextWrapper(width=width, subsequent_indent="  ", break_on_hyphens=False)
         out = wrap.wrap(f"{self.title} ({self.citation})") + [""]
         for c in self.claims:
             out += wrap.wrap(f"published: {c.published}")
@@ -198,6 +206,19 @@ class Report:
         for n in self.notes:
             out += wrap.wrap(f"note: {n}")
         return out
+
+
+def picture_file(i: int) -> str:
+    return f"figure-{i}.png"
+
+
+def _png_bytes(img: str) -> bytes | None:
+    """The PNG inside an inline ``<img src="data:image/png;base64,...">`` (None: not one)."""
+    import base64
+    import re
+
+    m = re.search(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', img)
+    return base64.b64decode(m.group(1)) if m else None
 
 
 def _finite(x):

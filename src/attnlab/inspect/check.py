@@ -18,6 +18,9 @@ zero, and passes when it is within tolerance:
   a real position;
 - eval determinism: two forward passes in eval mode give identical outputs.
 
+A model with half-precision weights (imported from bfloat16) computes in them: its tolerances
+are a few rounding steps of its outputs (``_tolerance``), not float32's.
+
 What a model declares for these is described in ``attnlab.inspect.recording``.
 """
 
@@ -265,18 +268,34 @@ def check_determinism(model, ids) -> CheckResult:
     )
 
 
+HALF_STEPS = 4  # a half-precision model's tolerance: this many rounding steps of its outputs
+
+
+@torch.no_grad()
+def _tolerance(model: nn.Module, ids, tol: float = 1e-4) -> float:
+    """``tol`` for a float32 model. A model whose weights are in half precision (a run imported
+    from bfloat16 weights) computes in it, so two orders of the same sums differ by its
+    rounding: HALF_STEPS of its steps (eps) at the largest output's magnitude."""
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+    if dtype not in (torch.bfloat16, torch.float16):
+        return tol
+    largest = float(_forward_fn(model)(ids).float().abs().max())
+    return max(tol, HALF_STEPS * torch.finfo(dtype).eps * largest)
+
+
 def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> CheckReport:
     """Run every conformance check on ``model`` (in eval mode; its mode is restored after)."""
     with evaluating(model):
         make = getattr(model, "conformance_inputs", None)  # e.g. a ViT's random images
         ids = make(batch, seed) if make is not None else random_ids(model, batch, length, seed)
+        tol = _tolerance(model, ids)
         results = [
             check_future_leak(model, ids),
-            check_kv_cache(model, ids),
-            check_decoding(model, ids),
-            check_fused_reference(model, ids),
-            check_recording(model, ids),
-            check_padding(model, ids),
+            check_kv_cache(model, ids, tol),
+            check_decoding(model, ids, tol),
+            check_fused_reference(model, ids, tol),
+            check_recording(model, ids, tol),
+            check_padding(model, ids, tol),
             check_determinism(model, ids),
         ]
     return CheckReport(results)

@@ -375,8 +375,9 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
     source = probe if probe is not None else samp
     if source is None or not source.maps:
         raise InspectError(
-            "this model has no self-attention heads to score (an LSTM's attention reads the "
-            "encoder from the decoder, where previous-token and induction are not defined)"
+            "this model has no self-attention heads to score (an LSTM's one attention reads the "
+            "encoder from the decoder, or pools a classifier's states; previous-token and "
+            "induction are defined for tokens attending to tokens)"
         )
     rows = []
     for name, weights in source.maps.items():
@@ -415,10 +416,19 @@ def heads_of_run(run, n: int = 16, seed: int = 0) -> HeadsReport:
     model, run_dir = run.model, run.path
     sample = None
     notes = []
-    try:
-        sample = open_task(run_dir, True, run.config, run.tokenizer).sample_inputs(4, 64)
-    except Exception as e:  # no data to rebuild (imported weights, a moved corpus): no sample
-        notes.append(f"no held-out sample ({' '.join(str(e).split())[:120]})")
+    if run.imported or not run.config.get("data"):  # its task's default data is not its own
+        why = f"imported from {run.imported}" if run.imported else "the run names no data"
+        notes.append(f"no held-out sample ({why})")
+    else:
+        try:
+            sample = open_task(run_dir, True, run.config, run.tokenizer).sample_inputs(4, 64)
+        except Exception as e:  # no data to rebuild (a moved corpus): no sample
+            notes.append(f"no held-out sample ({' '.join(str(e).split())[:120]})")
+    if sample is None and repeated_tokens(model, n=1) is None:
+        probe = getattr(model, "conformance_inputs", None)  # a model that reads no token ids
+        if probe is not None:
+            sample = probe(4, seed), False
+            notes.append("scored on 4 random inputs of the model's shape")
     inputs, ids = sample if sample is not None else (None, True)
     report = score_heads(model, inputs, ids, n=n, seed=seed)
     report.notes += notes

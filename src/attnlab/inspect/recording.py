@@ -117,6 +117,7 @@ class Recording:
     logits: Tensor | None = None
     model_type: str = ""
     key_stacks: dict[str, str] = field(default_factory=dict)
+    map_kinds: dict[str, str] = field(default_factory=dict)  # map name -> its kind, if declared
     extra: dict = field(default_factory=dict)  # model-specific: e.g. a translation and its tokens
     kind: str = ""  # gpt, mlm, text-classifier, encoder, seq2seq-transformer, lstm-attention, ...
     description: str = ""
@@ -157,6 +158,7 @@ class Recording:
             ):
                 kind, key_stack = "cross", self.memory_stack  # e.g. an LSTM decoder's attention
             key_stack = self.key_stacks.get(name, key_stack)
+            kind = self.map_kinds.get(name, kind)
             out.append(
                 AttentionInfo(
                     name, stack, int(m.group(1)) if m else None, kind, stack, key_stack, t.size(1)
@@ -302,6 +304,8 @@ def record(model: nn.Module, tokenizer, text: str) -> Recording:
         {s: list(t) for s, t in p.stack_tokens.items()},
         {s: list(i) for s, i in p.stack_ids.items()},
         memory_stack=model.memory_stack,
+        key_stacks=dict(model.key_stacks),
+        map_kinds=dict(model.map_kinds),
         logits=None if logits is None else logits.detach(),
         model_type=model.model_type,
         extra=dict(p.shown),

@@ -208,6 +208,16 @@ def trace(
     stack = info.stack
     toks, ids = rec.tokens[stack], rec.ids.get(stack, [])
     steps: list[Step] = []
+    walk = model.walkthrough(rec.cache, list(toks))
+    if walk is not None:  # no transformer blocks: the model names its own steps
+        steps.append(Step("tokens", "tokens and ids", (len(toks),),
+                          f"the text split into N = {len(toks)} tokens, each mapped to its "
+                          "integer id in the vocabulary.", lines=[_token_line(toks, ids)]))  # fmt: skip
+        for w in walk:
+            v = _np(w.value)
+            steps.append(Step(w.name, w.title, v.shape, w.meaning, v, w.rows, w.cols))
+        _output_steps(steps, model, tokenizer, rec, stack, top_k)
+        return Trace(text, list(toks), list(ids), 0, 0, steps, rec.about)
     _input_steps(steps, model, rec, stack, info, toks, ids)
     _attention_steps(steps, model, rec, info, head)
     _block_steps(steps, model, rec, info)
@@ -567,7 +577,7 @@ def _output_steps(steps, model, tokenizer, rec, stack, top_k) -> None:
     if predicts == "masked-token":
         _masked_lm_steps(steps, tokenizer, rec, top_k)
     elif predicts == "class":
-        _class_steps(steps, rec, top_k)
+        _class_steps(steps, rec, top_k, model.class_reads)
     elif predicts == "nothing" or (rec.logits is None and not model.causal):
         h = _np(c[root + "ln_f"][0]) if root + "ln_f" in c else None
         add(Step("output", "contextual vectors (no prediction head)",
@@ -625,7 +635,7 @@ def _masked_lm_steps(steps, tokenizer, rec, top_k) -> None:
              "token, read from both sides of it.", extra={"masks": fills}, lines=lines))  # fmt: skip
 
 
-def _class_steps(steps, rec, top_k) -> None:
+def _class_steps(steps, rec, top_k, reads: str) -> None:
     """The [CLS] state, the classifier's logits and the top classes."""
     c, add = rec.cache, steps.append
     if "pooled" in c:
@@ -636,7 +646,7 @@ def _class_steps(steps, rec, top_k) -> None:
     logits = c["class_logits"][0] if "class_logits" in c else rec.logits[0, 0]
     lg = _np(logits)
     add(Step("class_logits", "class logits", lg.shape,
-             "a linear layer scores each class from the [CLS] state alone.", lg))  # fmt: skip
+             f"a linear layer scores each class from {reads}.", lg))  # fmt: skip
     names = rec.extra.get("classes") or [str(i) for i in range(lg.shape[-1])]
     probs = torch.softmax(torch.as_tensor(lg, dtype=torch.float64), -1)
     preds = [

@@ -21,16 +21,18 @@ The rotary settings are read in both spellings: transformers 5's ``rope_paramete
 one per layer type) and the older ``rope_theta`` / ``rope_scaling`` / ``rotary_pct`` /
 ``rope_local_base_freq`` that checkpoints on disk carry. Anything attnlab does not build (a
 rope scaling type it lacks, mixture-of-experts, bidirectional Gemma) is refused in one line
-naming it. Weights of any float dtype are computed in float32.
+naming it. bfloat16 weights are kept and computed in bfloat16 (as transformers does by default),
+so a run is the size of its file; float32, float16 and mixed files are computed in float32.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import Tensor
 
-from attnlab.checkpoint import RunError, build_model
+from attnlab.checkpoint import RunError, build_model, weights_dtype
 from attnlab.config import ConfigError
 from attnlab.interop import hf
 from attnlab.interop.hf_files import KeyMap, apply_key_map, read_hf_config, read_hf_weights
@@ -39,6 +41,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 GEMMAS = ("gemma", "gemma2", "gemma3_text")
 FAMILIES = (*LLAMA_LIKE, *GEMMAS, "gpt_neox")
+READS_ATTENTION_BIAS = ("llama", "qwen3", *GEMMAS)  # the families whose code reads it
 
 # Hugging Face activation -> attnlab's (attnlab.blocks.ACTIVATIONS)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh",
@@ -186,11 +189,13 @@ def _decoder_config(kind: str, hf: dict) -> GPTConfig:
             _refuse(f"rope scaling on sliding layers ({local['rope_type']!r})")
     else:
         base, scaling = _rope(params, hf)
-    attn_bias = bool(hf.get("attention_bias", False))
+    # transformers reads attention_bias and mlp_bias only where the family's code does:
+    # Mistral and Qwen2 ignore both (Qwen2's q/k/v always have biases, its o_proj never)
+    attn_bias = kind in READS_ATTENTION_BIAS and bool(hf.get("attention_bias", False))
     scalar = hf.get("query_pre_attn_scalar") if kind in ("gemma2", "gemma3_text") else None
     return GPTConfig(
         **common,
-        bias=bool(hf.get("mlp_bias", False)),
+        bias=kind == "llama" and bool(hf.get("mlp_bias", False)),
         qkv_bias=attn_bias or kind == "qwen2",  # Qwen2: q/k/v biases, none on o_proj
         out_bias=attn_bias,
         norm="rms-gemma" if gemma else "rms",
@@ -302,7 +307,12 @@ def load_decoder(hf_dir: str | Path, hf: dict | None = None) -> GPT:
     if kind != "gpt_neox" and "model.embed_tokens.weight" not in tensors:  # bare XModel files
         tensors = {f"model.{k}": v for k, v in tensors.items()}
     key_map = neox_key_map(config) if kind == "gpt_neox" else llama_key_map(config, kind)
-    model = build_model({"model_type": "gpt", "config": config.to_dict()}, device="meta")
+    # bfloat16 weights stay bfloat16 (the run is the file's size and computes as transformers
+    # does by default); float16 and mixed files are computed in float32
+    stored = {tensors[h].dtype for _, h, _ in key_map if h in tensors}
+    dtype = "bfloat16" if stored == {torch.bfloat16} else "float32"
+    cfg = {"model_type": "gpt", "config": config.to_dict(), "dtype": dtype}
+    model = build_model(cfg, device="meta")
     apply_key_map(model, tensors, key_map, _skippable(tensors, config, kind), str(hf_dir))
     return model.eval()
 
@@ -403,6 +413,7 @@ def _export_gpt(run) -> tuple[dict, dict, int]:
     if not is_llama_shaped(c):
         return _export_gpt2(run)
     config = llama_hf_config(c, run.tokenizer)
+    config["dtype"] = weights_dtype(run.model)  # a run imported from bfloat16 stays bfloat16
     return config, llama_state_dict(run.model, config["model_type"]), c.block_size
 
 

@@ -25,6 +25,7 @@ from attnlab.checkpoint import (
     read_json_object,  # noqa: F401  (vit reads it from here)
     save_model,
     save_tensors,
+    with_weights_dtype,
 )
 from attnlab.config import ConfigError
 from attnlab.files import FileLock, atomic_write_json, atomic_write_text
@@ -543,9 +544,15 @@ def _fresh_output_dir(out_dir: str | Path, verb: str) -> Path:
     return out_dir
 
 
-def import_hf(hf_dir: str | Path, out_dir: str | Path) -> Path:
-    """Convert a HF GPT-2 / BERT directory into an attnlab run directory."""
+def import_hf(hf_dir: str | Path, out_dir: str | Path, dtype: str = "auto") -> Path:
+    """Convert a Hugging Face directory into an attnlab run directory. ``dtype`` "auto" keeps
+    the weights as the loader gives them (a decoder's bfloat16 weights stay bfloat16: the run is
+    the file's size); "float32" computes in float32 whatever the file holds."""
+    if dtype not in ("auto", "float32"):
+        raise RunError(f"dtype {dtype!r}: choose auto or float32")
     model, tokenizer, provenance = load_hf(hf_dir)
+    if dtype == "float32":
+        with_weights_dtype(model, "float32")
     with FileLock(out_dir) as lock:  # a train writing out_dir refuses this, and this a train
         out_dir = _fresh_output_dir(out_dir, "import-hf")
         out_dir.mkdir(parents=True, exist_ok=True)

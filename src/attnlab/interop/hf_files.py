@@ -104,7 +104,9 @@ def apply_key_map(
 ) -> None:
     """Fill ``model`` from ``tensors`` through ``key_map``, asserting counts and shapes. A
     model built on the meta device is given the tensors themselves (``assign_weights``), in
-    float32: a float16 or bfloat16 file is converted, a float32 one stays memory-mapped."""
+    the model's dtype: a tensor of that dtype stays memory-mapped, another is converted (a
+    float16 file into a float32 model; a bfloat16 one stays bfloat16 where the loader built
+    the model in it, as ``decoders.load_decoder`` does)."""
     ours = {k: v for k, v in model.state_dict().items() if k not in _tied_names(model)}
     mapped = {o for o, _, _ in key_map}
     if mapped != set(ours):

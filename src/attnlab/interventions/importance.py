@@ -106,11 +106,13 @@ class ImportanceResult(Result):
                             diverging=True) + figure_html(self.figure())  # fmt: skip
 
 
-def check_rankable(subject: Subject) -> None:
+def check_rankable(subject: Subject, own_loss: bool = False) -> None:
     """An InterventionError, naming what works instead, when ``subject`` has no heads to rank
-    or no loss to rank them by (read from its declarations: ``predicts``, its head groups)."""
+    or no loss to rank them by (read from its declarations: ``predicts``, its head groups).
+    ``own_loss``: the caller measures the model its own way (a probe on an encoder with no
+    head), so only the heads are checked."""
     model = subject.model
-    if model.predicts == "nothing":  # an encoder with no head: its "loss" reads the embedding
+    if model.predicts == "nothing" and not own_loss:  # its "loss" would read the embedding
         raise InterventionError(
             f"this {model.kind} predicts nothing (no prediction head), so it has no loss to rank "
             "heads by (a loss read through its token embedding falls as heads are removed): "
@@ -191,8 +193,9 @@ def head_importance(
     quiet: bool = True,
 ) -> ImportanceResult:
     """Loss change per ablated head, then the pruning curve (module doc). ``evaluate`` returns
-    the loss of the model as it runs now (``text_loss``, ``corpus_loss``, or your own)."""
-    check_rankable(subject)
+    the loss of the model as it runs now (``text_loss``, ``corpus_loss``, or your own: the
+    callers that pass the model's own loss refuse a model that predicts nothing first)."""
+    check_rankable(subject, own_loss=True)
     groups = subject.head_groups()
     refs = [HeadRef(g, h) for g in groups for h in range(g.n_heads)]
     means = None

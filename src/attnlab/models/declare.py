@@ -6,9 +6,11 @@ the interventions, ``Run``, the checkpoint loader and the CLI read these declara
 ask which model they hold:
 
     what it is      kind (the project's one vocabulary: gpt, mlm, text-classifier, encoder,
-                    seq2seq-transformer, t5, lstm-attention, lstm, vit), describe(), model_type and
-                    config_class (config.json), tokenizer_fields (what the tokenizer must match)
-    its structure   stacks, output_stack, input_stack, memory_stack; head_groups(); points();
+                    seq2seq-transformer, t5, lstm-attention, lstm, lstm-classifier, vit),
+                    describe(), model_type and config_class (config.json), tokenizer_fields
+                    (what the tokenizer must match)
+    its structure   stacks, output_stack, input_stack, memory_stack, memory_site; head_groups();
+                    source_attention(); points();
                     hook_points (name pattern -> meaning); residual (has a residual stream)
     its input       reads ("text", "image" or "source"); prepare(tokenizer, text) -> Prepared
     its readout     predicts ("next-token", "masked-token", "class", "decoder-step" or
@@ -17,6 +19,8 @@ ask which model they hold:
                     dla_embeddings(cache, position) and dla_readout() (the same readout as
                     parts, for direct logit attribution); output_name(i) and output_id(token)
     capabilities    causal, uses_padding, decodes (start/step/reorder), notes
+    walk-through    walkthrough(cache, tokens): the steps of a forward pass a model with no
+                    transformer blocks explains itself (``attnlab trace``); class_reads
 
 The defaults below describe a single-stack transformer whose blocks are ``self.blocks``, read
 as ``model(ids)`` with token ids (1, T); a kind overrides what differs.
@@ -173,6 +177,19 @@ class Unembed:
     softcap: float | None = None
 
 
+@dataclass(frozen=True)
+class WalkStep:
+    """One step of a forward pass as the model explains it (``ModelKind.walkthrough``):
+    ``value`` is a recorded tensor, ``rows`` and ``cols`` label its axes by token."""
+
+    name: str
+    title: str
+    meaning: str
+    value: Tensor
+    rows: list[str] | None = None
+    cols: list[str] | None = None
+
+
 # ---------------------------------------------------------------------------------------------
 # Text in
 # ---------------------------------------------------------------------------------------------
@@ -267,6 +284,7 @@ class ModelKind:
     output_stack: str = ""  # the stack whose residual stream reaches the logits
     input_stack: str = ""
     memory_stack: str | None = None  # the stack cross-attention reads its keys from
+    memory_site: str | None = None  # the hook of that memory (B, S, C): one vector per source token
     residual: bool = True  # a residual stream: lens, DLA and patching by position apply
     sentence_embedding: bool = False  # `attnlab embed` pools its outputs
     tokenizer_fields: tuple[tuple[str, str, str], ...] = (
@@ -276,6 +294,12 @@ class ModelKind:
     gradient_first_token: int = 0  # input tokens before the first one the site holds
     gradient_note: str = ""
     notes: tuple[str, ...] = ()  # said beside every intervention's result
+    class_reads: str = "the [CLS] state alone"  # what a classifier's last layer reads
+    # attention maps whose keys are another stack's tokens than their queries' (map -> stack)
+    key_stacks: dict[str, str] = {}
+    # an attention map that is neither self- nor cross-attention, by name -> what it is called
+    # (an LSTM classifier's one query pools its states: "pooling")
+    map_kinds: dict[str, str] = {}
     # tiny configs of each kind the class makes (vocabulary sizes left to the tokenizer, per
     # ``tokenizer_fields``): the conformance suite runs every verb on a random run of each
     examples: tuple[dict, ...] = ()
@@ -301,6 +325,11 @@ class ModelKind:
         ``config``; None for a model that predicts nothing."""
         return "lm"
 
+    def walkthrough(self, cache: dict, tokens: list[str]) -> list[WalkStep] | None:
+        """The steps between the tokens and the output of a model ``attnlab trace`` cannot
+        read as transformer blocks, from a recording ``cache`` (batch 1); None: it can."""
+        return None
+
     # -- structure ----------------------------------------------------------------------------
 
     def stack_blocks(self, stack: str = "") -> nn.ModuleList:
@@ -317,6 +346,11 @@ class ModelKind:
                 if getattr(block, "cross", None) is not None:
                     out.append(HeadGroup("cross", i, f"{root}.cross", block.cross.n_heads))
         return out
+
+    def source_attention(self) -> list[HeadGroup]:
+        """The head groups whose keys are the source tokens (``memory_site``'s positions): an
+        encoder-decoder's cross-attention, an LSTM's context; none in a single-stack model."""
+        return [g for g in self.head_groups() if g.kind in ("cross", "context")]
 
     def points(self, stack: str | None = None, sublayers: bool = False) -> list[Point]:
         """Residual stream points of a stack: block inputs and the final output; with
@@ -430,6 +464,7 @@ class EncoderDecoder(ModelKind):
     output_stack = "decoder"
     input_stack = "encoder"
     memory_stack = "encoder"
+    memory_site = "encoder.out"
     tokenizer_fields = (
         ("src_vocab_size", "src_vocab_size", "tokenizer.json"),
         ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),

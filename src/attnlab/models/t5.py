@@ -81,6 +81,16 @@ class T5Config(BaseConfig):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ConfigError(f"{name} must be an id of the vocabulary (0 .. vocab_size - 1)")
 
+    def estimate_parameters(self) -> int:
+        """About how many parameters this T5 has, from its sizes alone (what a training run
+        checks against memory before building it): each attention's four projections, each
+        feed-forward's two (three when gated), the shared embedding and an untied head."""
+        c, inner = self.d_model, self.n_head * self.d_kv
+        attn = 4 * c * inner
+        ffn = (3 if self.ffn == "gated" else 2) * c * self.d_ff
+        n = self.n_encoder_layers * (attn + ffn) + self.n_decoder_layers * (2 * attn + ffn)
+        return n + self.vocab_size * c * (1 if self.tie_weights else 2)
+
     # the names attnlab's encoder-decoder tools read (one vocabulary on both sides)
     @property
     def src_vocab_size(self) -> int:

@@ -119,6 +119,8 @@ def open_task(run_dir: str | Path, with_data: bool = False, cfg: dict | None = N
         raise ckpt.RunError(f"{Path(run_dir) / 'config.json'}: task options ({e})") from None
     seed = (cfg.get("train_config") or {}).get("seed", 1337)
     task = cls(options, seed=seed)
+    if cfg.get("init_from") is not None:  # fine-tuned from another run: its model config
+        task.init = InitFrom.from_dict(cfg["init_from"])
     tokenizer = ckpt.read_tokenizer_files(run_dir) if tokenizer is None else tokenizer
     if with_data:
         task.reload(Path(run_dir), tokenizer, cfg)
@@ -157,6 +159,46 @@ def imported_task(cfg: dict) -> str:
     return task
 
 
+# Options that would change the architecture or the vocabulary of a model: a run started from
+# another (``InitFrom``) has them fixed by that run, so ``attnlab train --init-from`` refuses
+# them (its block size may shrink) and its config.json does not record them
+ARCHITECTURE_OPTIONS = ("preset", "arch", "n_layer", "n_head", "d_model", "pos", "norm", "ffn",
+                        "kv_heads", "qk_norm", "tokenizer", "vocab_size", "min_freq",
+                        "src_tokenizer", "tgt_tokenizer", "patch_size", "score")  # fmt: skip
+
+
+@dataclasses.dataclass
+class InitFrom:
+    """The run a new run starts from (``attnlab train --init-from RUN``): where it is, its
+    model_type and its model's config (config.json's ``config``). The new run trains that
+    model with its weights and tokenizer; the task changes only its ``block_size`` (it may
+    shrink), its ``dropout``, and its head (``Task.head_fields``). Recorded in the new run's
+    config.json as ``init_from`` (with the source's own provenance, ``source``), so that
+    ``--resume`` rebuilds the same model."""
+
+    path: str
+    model_type: str
+    config: dict
+    source: dict | None = None  # the source run's "source" (import-hf's provenance), if any
+    labels: list | None = None  # the source's class names, if it names them
+
+    def to_dict(self) -> dict:
+        d = {"path": self.path, "model_type": self.model_type, "config": self.config}
+        d.update({k: v for k, v in (("source", self.source), ("labels", self.labels)) if v})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> InitFrom:
+        from attnlab.checkpoint import RunError
+
+        if not (isinstance(d, dict) and isinstance(d.get("config"), dict)
+                and isinstance(d.get("model_type"), str)):  # fmt: skip
+            raise RunError("config.json: init_from must record path, model_type and config")
+        return cls(
+            str(d.get("path", "")), d["model_type"], d["config"], d.get("source"), d.get("labels")
+        )
+
+
 class Task:
     """What the Trainer needs to train a model on one kind of problem (see module docstring).
 
@@ -179,6 +221,7 @@ class Task:
         self.options = options
         self.seed = seed
         self.tokenizer = None
+        self.init: InitFrom | None = None  # the run whose weights and tokenizer it starts from
         self.log: Callable[[str], None] = lambda msg: None  # progress while data is prepared
 
     # -- options -------------------------------------------------------------------------------
@@ -225,6 +268,37 @@ class Task:
     def build_model(self) -> nn.Module:
         """That model, freshly initialised (seed torch first)."""
         raise NotImplementedError
+
+    # -- fine-tuning (--init-from) -------------------------------------------------------------
+
+    @classmethod
+    def fine_tunes(cls, model_class: type) -> bool:
+        """Can this task train a model of the registered ``model_class`` that another run
+        holds (``attnlab train --init-from``)? None can unless it says so."""
+        return False
+
+    def head_fields(self) -> dict[str, Any]:
+        """The model config fields this task's head sets on a model it starts from another
+        run (a classifier's ``num_labels``); a head the source lacks starts fresh."""
+        return {}
+
+    def fresh(self) -> tuple[str, ...]:
+        """Prefixes of the parameters that start fresh rather than from the source's tensors
+        of the same name (a classifier over other labels)."""
+        return ()
+
+    def init_model_config(self) -> BaseConfig:
+        """The config of the model ``self.init`` holds, as this task trains it: its
+        ``block_size`` and ``dropout`` where the options give them, and the task's head."""
+        from attnlab.models.declare import registered
+
+        fields = dict(self.init.config)
+        for name in ("block_size", "dropout"):
+            value = getattr(self.options, name, None)
+            if value is not None and name in fields:
+                fields[name] = value
+        cls = registered()[self.init.model_type]
+        return cls.config_class.from_dict({**fields, **self.head_fields()})
 
     def restore(self, cfg: dict) -> None:
         """What a run's config.json says that prediction needs without the data (the class
@@ -282,7 +356,11 @@ class Task:
 
     def run_config(self) -> dict[str, Any]:
         """What config.json holds besides the model: enough to rebuild this task."""
-        return {"task": self.name, "task_options": self.options.to_dict()}
+        if self.init is None:
+            return {"task": self.name, "task_options": self.options.to_dict()}
+        options = {k: v for k, v in self.options.to_dict().items()
+                   if k not in ARCHITECTURE_OPTIONS}  # fmt: skip
+        return {"task": self.name, "task_options": options, "init_from": self.init.to_dict()}
 
     def describe(self, model: nn.Module) -> str:
         """One line on stderr before training starts."""

@@ -7,12 +7,17 @@
     figures val loss, accuracy on the whole held-out split
     example a held-out text, the class the model gives it, and its true class
 
+``--arch lstm-attention`` trains the classifier of Jain & Wallace (2019) instead: a BiLSTM whose
+states one additive attention pools into the vector the class is read from
+(``attnlab.models.rnn_classifier``); ``--score uniform`` fixes that attention uniform.
+
 ``--task classify`` on images (``--data digits``, a ``DIR/<label>/*.png`` folder, or
 ``--arch vit``) is the vision task (``attnlab.tasks.vision``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -23,12 +28,48 @@ from attnlab.config import ConfigError
 from attnlab.data import corpus as corpora
 from attnlab.data.batches import RandomBatches, pad_batch
 from attnlab.metrics import Metric
+from attnlab.models.declare import model_for
 from attnlab.models.encoder import Encoder
+from attnlab.models.rnn_classifier import LSTMClassifierConfig
 from attnlab.tasks.base import EvalOptions, Task, predict_options, task_class
 from attnlab.tasks.mlm import EncoderOptions, check_fingerprint
 from attnlab.tokenizers import build_tokenizer, special_id
 
 VAL_BATCH = 64
+ARCHS = ("transformer", "lstm-attention")
+
+
+@dataclasses.dataclass
+class ClassifyOptions(EncoderOptions):
+    """The encoder's options, and the architecture: ``transformer`` (a BERT-style encoder) or
+    ``lstm-attention`` (a BiLSTM of ``d_model`` units each way, embeddings as wide, pooled by
+    one attention whose ``score`` is additive or uniform)."""
+
+    arch: str = "transformer"
+    score: str | None = None  # lstm-attention: additive (default) or uniform
+
+    def validate(self) -> None:
+        self._one_of("arch", ARCHS)
+        if self.arch == "transformer":
+            if self.score is not None:
+                raise ConfigError("--score applies to --arch lstm-attention only")
+        else:
+            if self.score is not None:
+                self._one_of("score", ("additive", "uniform"))
+            if self.n_layer or self.n_head or self.norm or self.pos:
+                raise ConfigError("--n-layer, --n-head, --norm and --pos apply to --arch "
+                                  "transformer only (the LSTM classifier has one layer)")  # fmt: skip
+        super().validate()
+
+    def model_config(self, vocab_size: int, **heads):
+        if self.arch == "transformer":
+            return super().model_config(vocab_size, **heads)
+        d = self.d_model or 64
+        return LSTMClassifierConfig(
+            vocab_size=vocab_size, d_embed=d, d_hidden=d, attention=self.score or "additive",
+            num_labels=heads.get("num_labels") or 2, block_size=self.block_size or 128,
+            dropout=self.dropout or 0.0, pad_id=0,
+        )  # fmt: skip
 
 
 def read_labelled(path: str | Path, encoding: str = "utf-8", min_labels: int = 2):
@@ -58,7 +99,7 @@ def read_labelled(path: str | Path, encoding: str = "utf-8", min_labels: int = 2
 class TextClassifier(Task):
     name = "classify"
     label = "--task classify"
-    Options = EncoderOptions
+    Options = ClassifyOptions
     unit = "examples"
     loss_unit = "nats / example"
     metrics = (Metric("val_accuracy", "accuracy", "%", higher_is_better=True),)
@@ -81,16 +122,22 @@ class TextClassifier(Task):
             or is_image_data(given.get("data", ""))
         ):
             return task_class("vision")
-        if arch not in (None, "transformer"):
-            raise ConfigError(f"--arch {arch} is not a text classifier (use transformer)")
+        if arch not in (None, *ARCHS):
+            raise ConfigError(f"--arch {arch} is not a text classifier (use "
+                              f"{' or '.join(ARCHS)})")  # fmt: skip
         return cls
+
+    @classmethod
+    def self_attention(cls, options) -> bool:
+        return options.arch == "transformer"  # an LSTM's one attention pools, it has no heads
 
     # -- data ----------------------------------------------------------------------------------
 
     def prepare(self, run_dir):
         o = self.options
         labels, texts, corpus = read_labelled(o.data, o.encoding)
-        self.tokenizer = build_tokenizer(o.tokenizer, texts, o.vocab_size, encoder=True)
+        if self.tokenizer is None:  # else --init-from's, the run's own
+            self.tokenizer = build_tokenizer(o.tokenizer, texts, o.vocab_size, encoder=True)
         self.sha256 = data.fingerprint(corpus.files)
         self._split(labels, texts)
 
@@ -123,11 +170,27 @@ class TextClassifier(Task):
         return ids, mask, self.y[idx]
 
     def model_config(self):
+        if self.init is not None:
+            return self.init_model_config()
         return self.options.model_config(self.tokenizer.vocab_size, pooler=True,
                                          num_labels=len(self.classes))  # fmt: skip
 
-    def build_model(self) -> Encoder:
-        return Encoder(self.model_config())
+    @classmethod
+    def fine_tunes(cls, model_class: type) -> bool:
+        """Any text encoder: its masked-LM head (if any) gives way to a classification head."""
+        return issubclass(model_class, Encoder)
+
+    def head_fields(self) -> dict:
+        """BERT's pooler and a classifier over this data's classes; no masked-LM head."""
+        return {"pooler": True, "num_labels": len(self.classes), "mlm_head": False}
+
+    def fresh(self) -> tuple[str, ...]:
+        """The classifier starts fresh unless the source classified the same labels."""
+        same = self.init is not None and self.init.labels == self.classes
+        return () if same else ("classifier.",)
+
+    def build_model(self):
+        return model_for(self.model_config())
 
     # -- training ------------------------------------------------------------------------------
 

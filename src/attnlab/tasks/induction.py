@@ -180,6 +180,11 @@ class Induction(LanguageModel):
             return
         super().restore(cfg)
 
+    @classmethod
+    def fine_tunes(cls, model_class: type) -> bool:
+        """None: the task sizes its own model (and its generated symbols' vocabulary)."""
+        return False
+
     def model_config(self) -> GPTConfig:
         vocab = self.repeat["vocab"] if self.repeat else self.tokenizer.vocab_size
         return self.options.model_config(vocab)

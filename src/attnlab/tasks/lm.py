@@ -30,7 +30,7 @@ from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
 from attnlab.models.gpt import ARCHS, FFN_KINDS, GPT, PRESETS, GPTConfig, arch_fields
 from attnlab.tasks.base import EvalOptions, Task, predict_options
-from attnlab.tokenizers import Tokenizer, build_tokenizer
+from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from attnlab.train_config import TrainConfig
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
@@ -249,15 +249,33 @@ class LanguageModel(Task):
         o = self.options
         corpus = data.open_corpus(o.data, o.encoding)
         if run_dir is None and not data.streams(corpus, o.token_cache):
-            self.log(f"building the {o.tokenizer} tokenizer on {corpus.name} ...")
-            with beating(f"building the {o.tokenizer} tokenizer", self.log):
-                self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)  # fmt: skip
+            if self.tokenizer is None:  # else --init-from's, the run's own
+                self.log(f"building the {o.tokenizer} tokenizer on {corpus.name} ...")
+                with beating(f"building the {o.tokenizer} tokenizer", self.log):
+                    self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)  # fmt: skip
             text = corpus.read()
             tokens = np.asarray(self.tokenizer.encode(text), dtype=data.token_dtype(self.tokenizer.vocab_size))  # fmt: skip
             self.info = data.TokenFileInfo(len(tokens), len(text), tokens.dtype.name, str(o.data))
             self._split(data.split_tokens, tokens)
             return
-        self._use(self._prepare_tokens(corpus, run_dir, None))
+        if self.init is not None:
+            self._check_characters(corpus)
+        self._use(self._prepare_tokens(corpus, run_dir, self.tokenizer))  # set: --init-from's
+
+    def _check_characters(self, corpus) -> None:
+        """--init-from a run whose tokenizer has no <unk> (attnlab's char tokenizer): a
+        character of the new text outside its vocabulary is a DataError naming it, said
+        before anything else is (one pass over the text, counting its distinct characters)."""
+        if getattr(self.tokenizer, "unk_id", 0) is not None:
+            return
+        seen: set[str] = set()
+        for chunk in corpus.chunks():
+            seen.update(chunk)
+        try:
+            self.tokenizer.encode("".join(sorted(seen)))
+        except TokenizerError as e:
+            raise data.DataError(f"{self.options.data}: {e} of {self.init.path}, whose "
+                                 "tokenizer --init-from keeps") from None  # fmt: skip
 
     def reload(self, run_dir: Path, tokenizer, cfg: dict) -> None:
         """The run's tokens, from where its config.json says they are (``--resume``, ``eval``);
@@ -299,7 +317,14 @@ class LanguageModel(Task):
             raise data.DataError(f"{self.options.data}: {e}") from None  # too short
 
     def model_config(self) -> GPTConfig:
+        if self.init is not None:
+            return self.init_model_config()
         return self.options.model_config(self.tokenizer.vocab_size)
+
+    @classmethod
+    def fine_tunes(cls, model_class: type) -> bool:
+        """Any GPT: trained by attnlab, or a decoder imported from Hugging Face."""
+        return issubclass(model_class, GPT)
 
     def build_model(self) -> GPT:
         return GPT(self.model_config())
@@ -365,7 +390,7 @@ class LanguageModel(Task):
             **super().run_config(),
             "data": str(o.data),
             "encoding": o.encoding,
-            "tokenizer": o.tokenizer,
+            "tokenizer": o.tokenizer if self.init is None else getattr(self.tokenizer, "kind", ""),
             "val_fraction": o.val_fraction,
             "chars_per_token": info.chars_per_token if info else None,
             "n_tokens": info.n_tokens if info else None,

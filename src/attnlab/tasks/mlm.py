@@ -115,7 +115,8 @@ class MaskedLM(Task):
     def prepare(self, run_dir):
         o = self.options
         texts, corpus = read_texts(o.data, o.encoding)
-        self.tokenizer = build_tokenizer(o.tokenizer, texts, o.vocab_size, encoder=True)
+        if self.tokenizer is None:  # else --init-from's, the run's own
+            self.tokenizer = build_tokenizer(o.tokenizer, texts, o.vocab_size, encoder=True)
         self._split(texts)
         self.sha256 = data.fingerprint(corpus.files)
 
@@ -159,7 +160,18 @@ class MaskedLM(Task):
         return make
 
     def model_config(self):
+        if self.init is not None:
+            return self.init_model_config()
         return self.options.model_config(self.tokenizer.vocab_size, mlm_head=True)
+
+    @classmethod
+    def fine_tunes(cls, model_class: type) -> bool:
+        """Any text encoder: a masked-LM head is added where it has none."""
+        return issubclass(model_class, Encoder)
+
+    def head_fields(self) -> dict:
+        """The masked-LM head (its decoder tied to the embedding, as BERT's), and no other."""
+        return {"mlm_head": True, "num_labels": 0, "pooler": False}
 
     def build_model(self) -> Encoder:
         return Encoder(self.model_config())

@@ -37,7 +37,7 @@ from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
 from attnlab.models.declare import model_for
 from attnlab.models.rnn import RNNConfig
-from attnlab.models.seq2seq import Seq2SeqConfig
+from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import (
@@ -196,8 +196,10 @@ class Seq2Seq(Task):
     def prepare(self, run_dir):
         o = self.options
         self.data = load_data(o.data, self.seed, o.val_fraction, o.encoding)
-        self.tokenizer = pair_tokenizer(self.data, o.src_tokenizer or o.tokenizer,
-                                        o.tgt_tokenizer or o.tokenizer, o.vocab_size, o.min_freq)  # fmt: skip
+        if self.tokenizer is None:  # else --init-from's, the run's own
+            self.tokenizer = pair_tokenizer(self.data, o.src_tokenizer or o.tokenizer,
+                                            o.tgt_tokenizer or o.tokenizer, o.vocab_size,
+                                            o.min_freq)  # fmt: skip
         self._encode()
 
     def reload(self, run_dir, tokenizer, cfg):
@@ -216,8 +218,27 @@ class Seq2Seq(Task):
         self.max_len = max(256, 2 * longest + 16)
 
     def model_config(self):
+        if self.init is not None:
+            return self.init_model_config()
         tok = self.tokenizer
         return self.options.model_config(tok.src_vocab_size, tok.tgt_vocab_size, self.max_len)
+
+    @classmethod
+    def fine_tunes(cls, model_class: type) -> bool:
+        """An encoder-decoder Transformer: attnlab's, or T5 imported from Hugging Face (an
+        LSTM's shape comes from --arch, which a fine-tuned run cannot choose)."""
+        return issubclass(model_class, Seq2SeqTransformer)
+
+    def head_fields(self) -> dict:
+        """The longest sequence this data needs, where it is past the run's ``max_len`` and
+        its positions are computed (sinusoidal, or T5's relative ones), not learned."""
+        have = self.init.config.get("max_len", self.max_len)
+        if self.max_len <= have:
+            return {}
+        if self.init.config.get("pos", "sinusoidal") == "learned":
+            raise ConfigError(f"{self.options.data}: needs {self.max_len} positions, past the "
+                              f"{have} the run's learned position table holds")  # fmt: skip
+        return {"max_len": self.max_len}
 
     def build_model(self) -> nn.Module:
         return model_for(self.model_config())  # the transformer's or the LSTM's config

@@ -82,17 +82,21 @@ class ImageClassifier(Task):
         return d if d == im.DIGITS else str(Path(d).resolve())
 
     def prepare(self, run_dir):
-        self._load()
+        preprocess = getattr(self.tokenizer, "preprocess", None)  # --init-from's: read as it is
+        self._load(preprocess)
         x = self.images
         self.tokenizer = im.ImageTokenizer(self.source, x.classes, x.image_size, x.channels,
-                                           self.seed, self.options.val_fraction)  # fmt: skip
+                                           self.seed, self.options.val_fraction,
+                                           preprocess=preprocess)  # fmt: skip
 
     def reload(self, run_dir, tokenizer, cfg):
-        self._load()
+        self._load(getattr(tokenizer, "preprocess", None))
         self.tokenizer = tokenizer
 
-    def _load(self) -> None:
+    def _load(self, preprocess: im.Preprocess | None = None) -> None:
         self.images = x = im.load_images(str(self.options.data))
+        if self.init is not None:  # the images as the run it starts from reads them
+            self.images = x = self._as_source(x, preprocess)
         self.train_idx, self.val_idx, self.test_idx = im.split(len(x), self.options.val_fraction,
                                                                self.seed)  # fmt: skip
         try:
@@ -100,9 +104,36 @@ class ImageClassifier(Task):
         except ConfigError as e:
             raise ConfigError(f"{self.options.data}: {e}") from None
 
+    def _as_source(self, x: im.ImageSet, preprocess: im.Preprocess | None) -> im.ImageSet:
+        """``x`` through the source's preprocessing (an imported ViT's resize and normalise),
+        or as it is if it has the size and channels the source was trained on."""
+        c = self.init.config
+        want = (c.get("channels"), c.get("image_size"), c.get("image_size"))
+        if preprocess is not None:
+            x = im.ImageSet(preprocess.images(x.images, want[0]), x.labels, x.classes, x.source)
+        if tuple(x.images.shape[1:]) != want:
+            raise im.DataError(f"{self.options.data}: images are {tuple(x.images.shape[1:])} "
+                               f"(C, H, W); the run --init-from starts from reads {want}")  # fmt: skip
+        return x
+
     def model_config(self) -> ViTConfig:
+        if self.init is not None:
+            return self.init_model_config()
         x = self.images
         return self.options.model_config(x.image_size, x.channels, len(x.classes))
+
+    @classmethod
+    def fine_tunes(cls, model_class: type) -> bool:
+        """Any ViT (trained by attnlab, or imported): its classifier is this data's."""
+        return issubclass(model_class, ViT)
+
+    def head_fields(self) -> dict:
+        return {"n_classes": len(self.images.classes)}
+
+    def fresh(self) -> tuple[str, ...]:
+        """The classifier starts fresh unless the source classified the same labels."""
+        same = self.init is not None and self.init.labels == self.images.classes
+        return () if same else ("head.",)
 
     def build_model(self) -> ViT:
         return ViT(self.model_config())

@@ -142,13 +142,15 @@ def planned_config(options):
     return build(**{k: v for k, v in least.items() if k in params})
 
 
-def check_fits(options, config, device: torch.device, force: bool = False) -> RunSize | None:
+def check_fits(options, config, device: torch.device, force: bool = False,
+               planned=None) -> RunSize | None:  # fmt: skip
     """Refuse (a ConfigError, one line) a run whose estimated memory is past HUGE_FRACTION of
     the device's, naming the estimate and the bound, before anything is read or built; None
-    when it fits, or with ``force``. ``config`` is the TrainConfig."""
+    when it fits, or with ``force``. ``config`` is the TrainConfig; ``planned`` the model
+    config when it is known already (--init-from's), else the options give it."""
     from attnlab.config import ConfigError
 
-    cfg = planned_config(options)
+    cfg = planned if planned is not None else planned_config(options)
     have = device_memory(device)
     if cfg is None or have is None or force:
         return None

@@ -12,6 +12,10 @@ OMP_NUM_THREADS, else one per core less those other processes keep busy), then h
 directory's writer lock (its ``RunDir``) while it:
   - a new run: refuses a directory that already holds a run; prepares the data and the
     tokenizer (bad data leaves nothing behind); builds the model from the seed;
+  - ``init_from`` (``--init-from RUN``, fine-tuning): as a new run, but the data is read in
+    RUN's tokenizer and the model is RUN's, its weights copied in (``start_from``) and its
+    head the task's; ``plan`` has checked RUN (``fine_tune_source``) and refused what would
+    change its architecture; config.json records it as ``init_from``, for ``--resume``;
   - ``resume``: rebuilds the task from the run's config.json (its options, its tokenizer, its
     data) and refuses any typed option that would change the run, except those in RESUMABLE;
   - trains with the Trainer, and records the final figures in config.json.
@@ -34,18 +38,22 @@ from attnlab import checkpoint as ckpt
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.runtime import THREADS_PER_CORE_MAX, max_threads, resolve_device, using_threads
-from attnlab.tasks.base import Task, task_class, task_for_run
+from attnlab.tasks.base import ARCHITECTURE_OPTIONS, InitFrom, Task, task_class, task_for_run
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 from attnlab.training.memory import check_fits, size_warnings
 from attnlab.training.rundir import RunDir
 
-RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads", "force"}
+RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads", "force", "init_from"}
 # Options that may change when a run is resumed; every other one comes from the run.
 RESUMABLE = {"max_iters", "eval_interval", "eval_iters", "log_interval", "checkpoint_seconds",
              "device", "dtype", "compile", "compile_backend", "fsdp"}  # fmt: skip
 IGNORED_ON_RESUME = {"data", "encoding"}  # the run's own data is read again
+# --init-from without --block-size trains on windows of the run's block size, at most this
+# many tokens: an imported Qwen's 32,768 positions would make every window (and the memory
+# its activations take) 32 times GPT-2's
+INIT_BLOCK_SIZE = 1024
 # option names that are ordinary words in messages: not rewritten as --flags
 WORDS = {"data", "encoding", "device", "seed", "compile", "arch", "task", "out"}
 
@@ -77,6 +85,7 @@ class TrainPlan:
     log: str | None = None  # an experiment tracker: "tensorboard" (attnlab.training.tracking)
     threads: int | None = None  # CPU threads; None: the busy-machine choice (attnlab.runtime)
     force: bool = False  # train even past the memory estimate (attnlab.training.memory)
+    init_from: InitFrom | None = None  # the run whose weights and tokenizer it starts from
 
 
 @dataclasses.dataclass
@@ -105,7 +114,10 @@ def plan(given: dict) -> TrainPlan:
     # either, but --no-compile's False is a choice
     given = {k: v for k, v in given.items()
              if v is not None and not (v is False and k in RUN_OPTIONS)}  # fmt: skip
-    if given.get("resume") and "task" not in given and given.get("out"):
+    init = planned = None
+    if given.get("init_from") and not given.get("resume"):
+        init, cls, planned = fine_tune_source(given)  # may set block_size: the source's
+    elif given.get("resume") and "task" not in given and given.get("out"):
         cls = task_for_run(ckpt.read_run_config(given["out"]))  # the run says what it is
     else:
         cls = task_class(given.get("task") or "lm").redirect(given)
@@ -126,7 +138,7 @@ def plan(given: dict) -> TrainPlan:
         device = resolve_device(config.device)  # --device cuda without a GPU: said before any work
         check_fsdp(config)
         if not given.get("resume"):  # a run too big for the device: refused before it is built
-            check_fits(options, config, device, force=bool(given.get("force")))
+            check_fits(options, config, device, force=bool(given.get("force")), planned=planned)
     except ConfigError as e:
         raise ConfigError(as_flags(str(e), names)) from None
     if not options.data and not given.get("resume"):
@@ -134,7 +146,8 @@ def plan(given: dict) -> TrainPlan:
     if config.snapshot_every and not cls.self_attention(options):
         raise ConfigError(
             f"--snapshot-every records self-attention heads, and this {cls.label} model has "
-            "none (an LSTM's attention reads the encoder from the decoder)"
+            "none (an LSTM's one attention reads the encoder from the decoder, or pools a "
+            "classifier's states)"
         )
     threads = given.get("threads")
     if threads is not None and (type(threads) is not int or threads < 1):
@@ -149,7 +162,72 @@ def plan(given: dict) -> TrainPlan:
     out = Path(given["out"]) if given.get("out") else cls.default_out(options)
     return TrainPlan(cls, options, config, given, out, bool(given.get("resume")),
                      bool(given.get("quiet")), given.get("log"), threads,
-                     bool(given.get("force")))  # fmt: skip
+                     bool(given.get("force")), init)  # fmt: skip
+
+
+def fine_tune_source(given: dict) -> tuple[InitFrom, type[Task], BaseConfig]:
+    """What ``--init-from RUN`` starts from, checked without reading a weight: the run (its
+    config.json, weights' header and tokenizer agree), the task that trains it (``--task``, or
+    the run's own), and the model config the new run will train. Refused in one line: a
+    missing or broken run, a run without a tokenizer, a model the task cannot train (naming
+    the tasks that can), an option that would change the architecture or the vocabulary, a
+    block size longer than the run's. Sets ``given["block_size"]`` to the run's, at most
+    INIT_BLOCK_SIZE, when not given (a task whose options have one)."""
+    from attnlab.models.declare import max_positions
+    from attnlab.tasks import TASKS
+
+    path = given["init_from"]
+    try:
+        checked = ckpt.check_run(path)
+    except OSError as e:
+        raise ConfigError(f"--init-from {path}: cannot read it ({e.strerror or e})") from None
+    except ckpt.RunError as e:
+        raise ConfigError(f"--init-from {e}") from None
+    cfg, model = checked.config, checked.model
+    what = f"{path} holds a model of kind {model.kind}"
+    for name in ARCHITECTURE_OPTIONS:
+        if name in given:
+            raise ConfigError(
+                f"{flag(name)} would change the model --init-from starts from ({what}); drop "
+                "it: a fine-tuned run keeps its architecture and tokenizer (--block-size may "
+                "shrink)"
+            )
+    if checked.tokenizer is None:
+        raise ConfigError(f"--init-from {path}: the run has no tokenizer.json, so new data "
+                          "cannot be read in its vocabulary")  # fmt: skip
+    able = [name for name in TASKS if task_class(name).fine_tunes(type(model))]
+    remedy = (
+        f"fine-tune it with {' or '.join(f'--task {n}' for n in able)}"
+        if able
+        else "train a new model instead (without --init-from)"
+    )
+    if "task" in given:
+        cls = task_class(given["task"]).redirect({**given, "model_type": cfg.get("model_type")})
+    elif type(model).default_task(cfg.get("config") or {}) is None:
+        raise ConfigError(f"--init-from: {what}, which has no prediction head: {remedy}")
+    else:
+        cls = task_for_run(cfg)
+    if not cls.fine_tunes(type(model)):
+        raise ConfigError(f"--init-from: {what}, which {cls.label} cannot train: {remedy}")
+    longest = max_positions(model)
+    opt_fields = {f.name for f in dataclasses.fields(cls.Options)}
+    if (
+        given.get("block_size") is not None
+        and longest is not None
+        and given["block_size"] > longest
+    ):
+        raise ConfigError(
+            f"--block-size {given['block_size']} is longer than the {longest} positions of "
+            f"{path}: a fine-tuned model's block size may shrink, not grow"
+        )
+    if given.get("block_size") is None and longest is not None and "block_size" in opt_fields:
+        given["block_size"] = min(longest, INIT_BLOCK_SIZE)
+    init = InitFrom(str(Path(path).resolve()), cfg["model_type"], dict(cfg["config"]),
+                    cfg.get("source") or (cfg.get("init_from") or {}).get("source"),
+                    cfg.get("labels"))  # fmt: skip
+    sizes = {k: given[k] for k in ("block_size", "dropout") if given.get(k) is not None}
+    planned = type(model).config_class.from_dict({**init.config, **sizes})
+    return init, cls, planned
 
 
 def check_fsdp(config: TrainConfig) -> None:
@@ -202,6 +280,11 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
         task, config, model = _reopen(p, run_dir, log)
     else:
         task, config = p.task(p.options, seed=p.config.seed), p.config
+        if p.init_from is not None:  # fine-tuning: the run's tokenizer, then its weights
+            task.init = p.init_from
+            task.tokenizer = ckpt.read_tokenizer_files(p.init_from.path)
+            if task.tokenizer is None:  # it was there when planned
+                raise ckpt.RunError(f"--init-from {p.init_from.path}: its tokenizer.json is gone")
         if not p.quiet and dist.is_main:
             task.log = log
         beat = _heartbeat(log, p.quiet or not dist.is_main)
@@ -210,6 +293,8 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
         if model is None:  # the other processes read what rank 0 prepared
             task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
             model = _build(task, config)
+            if task.init is not None:  # each process starts where rank 0 does
+                start_from(model, task)
     if dist.is_main and not p.quiet:
         for line in size_warnings(model, config, task, device):
             log(f"attnlab: warning: {line}")
@@ -266,7 +351,8 @@ def _heartbeat(log, quiet: bool):
 
 
 def _prepare(task: Task, run_dir: RunDir, beat):
-    """A new run's directory, data, tokenizer and model; bad input leaves nothing behind.
+    """A new run's directory, data, tokenizer and model (with --init-from, the weights of the
+    run it starts from); bad input leaves nothing behind.
     ``beat(what)`` keeps building a large model from being silent (the data's own steps say
     themselves once the data is checked: no line may come before a data error's)."""
     run_dir.create()
@@ -275,7 +361,11 @@ def _prepare(task: Task, run_dir: RunDir, beat):
         ckpt.write_tokenizer(run_dir.path, task.tokenizer)
         torch.manual_seed(task.seed)
         with beat("building the model"):
-            return task.build_model()
+            model = task.build_model()
+        if task.init is not None:  # --init-from: its weights (a run gone since: nothing kept)
+            with beat(f"reading the weights of {task.init.path}"):
+                task.log(start_from(model, task))
+        return model
     except BaseException:
         run_dir.discard(task.data_files)
         raise
@@ -319,10 +409,59 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
             f"{out / 'config.json'}: cannot resume with these settings ({e})"
         ) from None
     task = cls(options, seed=config.seed)
+    if cfg.get("init_from") is not None:  # fine-tuned: its model config is the source's
+        task.init = InitFrom.from_dict(cfg["init_from"])
+    for name in ARCHITECTURE_OPTIONS if task.init is not None else ():
+        if name in p.given:  # the run it started from fixes them
+            raise ConfigError(f"{flag(name)} would change the model of a fine-tuned run "
+                              f"(started from {task.init.path}); drop it to resume")  # fmt: skip
+    given_init = p.given.get("init_from")
+    if given_init and (task.init is None
+                       or Path(given_init).resolve() != Path(task.init.path).resolve()):  # fmt: skip
+        was = f"was started from {task.init.path}" if task.init else "was not fine-tuned"
+        raise ConfigError(f"--init-from cannot change on --resume (the run {was}); drop "
+                          "--init-from to continue it")  # fmt: skip
     task.reload(out, ckpt.read_tokenizer_files(out), cfg)
     if state is None:
         log(f"{out}: no checkpoint written yet, starting from step 0 with the run's settings")
     return task, config, _model_of(cfg, out / "config.json", config.seed)
+
+
+def start_from(model: torch.nn.Module, task: Task) -> str:
+    """Copy the weights of the run ``task.init`` names into ``model`` (built from its config,
+    with the task's head and block size), read through the one loader
+    (``checkpoint.open_model``); returns what it did, in one line. Each tensor comes from the
+    source's tensor of the same name, a table with one row per position keeps its first
+    block_size rows, and a head the source lacks (or that ``task.fresh`` names) keeps the
+    initialisation it was built with."""
+    init = task.init
+    source, _ = ckpt.open_model(init.path)
+    theirs = source.state_dict()
+    blocks = (init.config.get("block_size"), getattr(model.config, "block_size", None))
+    copied, fresh, cut = set(), [], []
+    with torch.no_grad():
+        for name, mine in model.state_dict().items():
+            their = theirs.get(name)
+            if their is None or name.startswith(task.fresh()):
+                fresh.append(name)
+                continue
+            if (their.shape != mine.shape and their.shape[1:] == mine.shape[1:]
+                    and (their.shape[0], mine.shape[0]) == blocks):  # fmt: skip
+                their = their[: mine.shape[0]]  # (block_size, C): the first positions
+                cut.append(name)
+            if their.shape != mine.shape:
+                raise ckpt.RunError(f"{init.path}: {name} is {tuple(their.shape)}; the model "
+                                    f"it starts needs {tuple(mine.shape)}")  # fmt: skip
+            mine.copy_(their)
+            copied.add(mine.data_ptr())
+    fresh = [n for n, t in model.state_dict().items() if n in fresh and t.data_ptr() not in copied]
+    n = sum(1 for t in model.state_dict().values() if t.data_ptr() in copied)
+    said = f"starting from the weights of {init.path} ({n} tensors"
+    if fresh:
+        said += f"; new: {', '.join(fresh)}"
+    if cut:
+        said += f"; position tables cut to the first {blocks[1]}"
+    return said + ")"
 
 
 def _model_of(cfg: dict, source: Path, seed: int) -> torch.nn.Module:
