@@ -10,6 +10,7 @@ This module imports the models, never the reverse.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import torch
@@ -17,10 +18,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
-from attnlab.blocks import Block, FeedForward
+from attnlab.blocks import Block, FeedForward, GatedFeedForward
 from attnlab.hooks import Hook
 from attnlab.models.gpt import GPT
-from attnlab.positional import LearnedPositions, Rotary, SinusoidalPositions
+from attnlab.norms import RMSNorm, rms_norm
+from attnlab.positional import LearnedPositions, Rotary, RotaryHalf, SinusoidalPositions
 
 WINDOWS = ("slide", "shift", "ring")  # what decoding does past block_size: see attnlab.generation
 
@@ -172,15 +174,34 @@ class DecodeState:
 
 
 # The module kinds FastForward restates (module types exactly: a subclass may change the math).
-MIRRORS = (nn.ModuleList, nn.Embedding, nn.Linear, nn.LayerNorm, nn.Dropout, nn.Identity, Hook,
-           Block, MultiHeadAttention, FeedForward, LearnedPositions, SinusoidalPositions, Rotary)  # fmt: skip
+MIRRORS = (nn.ModuleList, nn.Embedding, nn.Linear, nn.LayerNorm, RMSNorm, nn.Dropout, nn.Identity,
+           Hook, Block, MultiHeadAttention, FeedForward, GatedFeedForward, LearnedPositions,
+           SinusoidalPositions, Rotary, RotaryHalf)  # fmt: skip
 
 
-def _plain_attention(m: MultiHeadAttention, H: int, D: int) -> bool:
-    """True for the attention FastForward restates: H heads of width D sharing nothing, the
-    1/sqrt(d_k) scale, no QK-norm, softcap or sliding window."""
-    options = (m.n_kv_heads, m.q_norm, m.k_norm, m.scale, m.softcap, m.window)
-    return (m.n_heads, m.d_k, m.d_v) == (H, D, D) and options == (H, None, None, None, None, None)
+def _restated_attention(m: MultiHeadAttention) -> bool:
+    """True for the attention FastForward restates: any number of query heads and of K/V heads
+    shared by them (GQA, MQA), keys and values of one width, any scale, QK-norm; no softcap or
+    sliding window."""
+    return m.d_k == m.d_v and m.softcap is None and m.window is None
+
+
+def _norm(m: nn.Module) -> Callable[[Tensor], Tensor]:
+    """A norm module as a function of x alone, with the module's own arithmetic (a LayerNorm's
+    kernel, ``rms_norm``), without the module call."""
+    if isinstance(m, RMSNorm):
+        return functools.partial(rms_norm, weight=m.weight, eps=m.eps, offset=m.offset)
+    return functools.partial(F.layer_norm, normalized_shape=m.normalized_shape, weight=m.weight,
+                             bias=m.bias, eps=m.eps)  # fmt: skip
+
+
+def _joined(*layers: nn.Linear) -> tuple[Tensor, Tensor | None]:
+    """The weights (sum of outputs, in) and biases of linear layers reading one input, stacked:
+    one matrix product computes all of them."""
+    w = torch.cat([lin.weight for lin in layers]).detach()
+    if layers[0].bias is None:
+        return w, None
+    return w, torch.cat([lin.bias for lin in layers]).detach()
 
 
 class FastForward:
@@ -190,14 +211,18 @@ class FastForward:
 
     ``run(ids (B, T), cache)`` -> logits of the last position (B, V); ``cache`` as in
     ``forward`` (None: no cache). Each layer runs, as a Block does:
-        pre-norm   x = x + Attn(LN1(x));  x = x + FFN(LN2(x))
-        post-norm  x = LN1(x + Attn(x));  x = LN2(x + FFN(x))
+        pre-norm   x = x + Attn(N1(x));  x = x + FFN(N2(x))
+        post-norm  x = N1(x + Attn(x));  x = N2(x + FFN(x))
     (an attention-only block, ``GPTConfig.mlp=False``, stops after the attention sublayer)
-    with Attn's query, key and value projections as one matrix [W_Q; W_K; W_V] (3C, C), made
-    once when decoding starts. Only the last position's logits are kept, so the last layer
-    computes keys and values for every position but its query, attention output and
-    feed-forward network for the last one alone (about a fifth of the arithmetic of a
-    whole-window pass of the baby model).
+    with Attn's query, key and value projections as one matrix [W_Q; W_K; W_V], made once when
+    decoding starts, and a gated FFN's gate and up projections as one [W_gate; W_up]. The norms
+    N are LayerNorms or RMSNorms (``attnlab.norms.rms_norm``, the module's own function); the
+    attention has H query heads reading n_kv <= H K/V heads (GQA, MQA: the kernel's
+    ``enable_gqa``), each head's q and k optionally normed (QK-norm) before the rotation
+    (adjacent pairs or rotate-half, the model's own rotary module), and the model's scale.
+    Only the last position's logits are kept, so the last layer computes keys and values for
+    every position but its query, attention output and feed-forward network for the last one
+    alone (about a fifth of the arithmetic of a whole-window pass of the baby model).
 
     Why a second statement of the forward pass: ``forward`` is the one to read, record and
     edit (about 60 module calls and 50 hook points per step of the baby model); decoding runs
@@ -205,11 +230,13 @@ class FastForward:
     one-token step of the baby model took 2.0-2.7x less CPU time here than through ``forward``
     (1 thread, on a shared machine; the less with rotary positions), and sampling past the
     block leans on it (benchmarks/sample_speed.py). What keeps the two from drifting apart:
-    - it shares what it can: the positional modules, rotary, the KV caches, the attention
-      kernel and the activation functions are the model's own;
+    - it shares what it can: the positional modules, rotary, the norms' arithmetic, the KV
+      caches, the attention kernel and the activation functions are the model's own;
     - ``applies`` hands anything it does not restate back to ``forward``: a module of a kind
-      not listed in ``MIRRORS`` (a subclass, a new norm, cross-attention), a GPT whose
-      ``forward`` is overridden, training mode, hooks, reference attention;
+      not listed in ``MIRRORS`` (a subclass, cross-attention), a GPT whose ``forward`` is
+      overridden, training mode, hooks, reference attention, and the pieces it does not
+      restate (Gemma's embedding scale, softcaps and post-sublayer norms, sliding windows,
+      NeoX's parallel blocks);
     - tests check it against ``forward`` to 1e-5 on random models drawn over every
       ``GPTConfig`` field (and fail when a field is added that they do not draw);
     - ``attnlab check`` runs a model's decoding through it against the full pass.
@@ -217,21 +244,24 @@ class FastForward:
 
     def __init__(self, model: GPT):
         c = model.config
-        self.H, self.D, self.pre = c.n_head, c.d_model // c.n_head, c.norm_first
-        ln = lambda m: (m.normalized_shape, m.weight, m.bias, m.eps)  # noqa: E731
+        self.pre = c.norm_first
         self.layers = []
         for b in model.blocks:
-            a = b.attn
-            w = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()  # (3C, C)
-            bias = None
-            if a.q_proj.bias is not None:
-                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
-            f = b.mlp  # None in an attention-only block
-            ffn = f and (ln(b.ln2), f.fc1.weight, f.fc1.bias, f.act, f.fc2.weight, f.fc2.bias)
-            self.layers.append((ln(b.ln1), w, bias, a.rotary, a.out_proj.weight,
-                                a.out_proj.bias, ffn))  # fmt: skip
+            a, f = b.attn, b.mlp  # f: None in an attention-only block
+            w, bias = _joined(a.q_proj, a.k_proj, a.v_proj)  # ((H + 2 n_kv) D, C)
+            heads = (a.n_heads, a.n_kv_heads, a.d_k)
+            qk_norm = a.q_norm and (_norm(a.q_norm), _norm(a.k_norm))
+            attn = (heads, w, bias, qk_norm, a.rotary, a.scale, a.out_proj.weight, a.out_proj.bias)
+            ffn = None
+            if isinstance(f, GatedFeedForward):  # down(act(gate x) * up x)
+                ffn = (_norm(b.ln2), True, *_joined(f.gate, f.up), f.act, f.down.weight,
+                       f.down.bias)  # fmt: skip
+            elif f is not None:
+                ffn = (_norm(b.ln2), False, f.fc1.weight, f.fc1.bias, f.act, f.fc2.weight,
+                       f.fc2.bias)  # fmt: skip
+            self.layers.append((_norm(b.ln1), attn, ffn))
         self.embed, self.pos = model.tok_embed.weight, model.pos_embed
-        self.ln_f = ln(model.ln_f) if c.norm_first else None
+        self.ln_f = _norm(model.ln_f) if c.norm_first else None
         self.head = model.lm_head.weight
         self.block_size = c.block_size
 
@@ -243,7 +273,7 @@ class FastForward:
         if type(model).forward is not GPT.forward:
             return False
         c = model.config
-        H, D, pre = c.n_head, c.d_model // c.n_head, c.norm_first
+        pre = c.norm_first
         if c.embed_scale or c.final_softcap is not None:
             return False  # steps of GPT.forward it does not restate (Gemma)
         for m in model.modules():
@@ -253,7 +283,7 @@ class FastForward:
                 return False
             if isinstance(m, Block) and (m.cross, m.causal, m.norm_first) != (None, True, pre):
                 return False
-            if isinstance(m, MultiHeadAttention) and not _plain_attention(m, H, D):
+            if isinstance(m, MultiHeadAttention) and not _restated_attention(m):
                 return False
             if isinstance(m, Block) and (m.parallel or m.post_norms):
                 return False  # a residual layout it does not restate
@@ -282,32 +312,43 @@ class FastForward:
             raise ValueError(
                 f"sequence of {offset + T} tokens exceeds block_size {self.block_size}"
             )
-        H, D, last = self.H, self.D, len(self.layers) - 1
+        pre, last = self.pre, len(self.layers) - 1
         x = F.embedding(ids, self.embed)  # (B, T, C)
         if self.pos is not None:
             x = x + self.pos(T, offset)
-        for i, (ln1, w, bias, rotary, wo, bo, ffn) in enumerate(self.layers):
-            h = F.layer_norm(x, *ln1) if self.pre else x
-            qkv = F.linear(h, w, bias).view(B, T, 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, T, D)
-            if rotary is not None:  # queries and keys rotated together
-                q, k = rotary.forward(qkv[:2], offset).unbind(0)
-                v = qkv[2]
+        for i, (ln1, attn, ffn) in enumerate(self.layers):
+            (H, G, D), w, bias, qk_norm, rotary, scale, wo, bo = attn  # G K/V heads
+            h = ln1(x) if pre else x
+            qkv = F.linear(h, w, bias).view(B, T, H + 2 * G, D).transpose(1, 2)  # (B, H+2G, T, D)
+            if qk_norm:  # each head's q and k normed, then rotated
+                q, k, v = qkv.split((H, G, G), 1)
+                q, k = qk_norm[0](q), qk_norm[1](k)
+                if rotary is not None:
+                    q, k = rotary.forward(q, offset), rotary.forward(k, offset)
+            elif rotary is not None:  # queries and keys rotated together
+                q, k = rotary.forward(qkv[:, : H + G], offset).split((H, G), 1)
+                v = qkv[:, H + G :]
             else:
-                q, k, v = qkv.unbind(0)
+                q, k, v = qkv.split((H, G, G), 1)  # (B, H, T, D), (B, G, T, D) twice
             if cache:
-                k, v = cache[i].append(k, v)  # (B, H, S, D) every position held
+                k, v = cache[i].append(k, v)  # (B, G, S, D) every position held
             if i == last and T > 1:  # only the last position's output is read from here on
                 q, x, T = q[:, :, -1:], x[:, -1:], 1
-            z = scaled_dot_product_attention(q, k, v, causal=True)  # (B, H, T, D)
+            z = scaled_dot_product_attention(q, k, v, causal=True, scale=scale,
+                                             enable_gqa=G != H)  # (B, H, T, D)  # fmt: skip
             a = F.linear(z.transpose(1, 2).reshape(B, T, H * D), wo, bo)  # (B, T, C)
-            x = x + a if self.pre else F.layer_norm(x + a, *ln1)
+            x = x + a if pre else ln1(x + a)
             if ffn is not None:
-                ln2, w1, b1, act, w2, b2 = ffn
-                if self.pre:
-                    x = x + F.linear(act(F.linear(F.layer_norm(x, *ln2), w1, b1)), w2, b2)
+                ln2, gated, w1, b1, act, w2, b2 = ffn
+                h = F.linear(ln2(x) if pre else x, w1, b1)  # (B, T, d_ff), gated: (B, T, 2 d_ff)
+                if gated:
+                    g, u = h.chunk(2, -1)
+                    h = act(g) * u
                 else:
-                    x = F.layer_norm(x + F.linear(act(F.linear(x, w1, b1)), w2, b2), *ln2)
+                    h = act(h)
+                m = F.linear(h, w2, b2)  # (B, T, C)
+                x = x + m if pre else ln2(x + m)
         x = x[:, -1]  # (B, C)
         if self.ln_f is not None:
-            x = F.layer_norm(x, *self.ln_f)
+            x = self.ln_f(x)
         return F.linear(x, self.head)  # (B, V)

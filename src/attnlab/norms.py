@@ -15,6 +15,16 @@ from torch import Tensor, nn
 NORMS = ("layer", "rms", "rms-gemma")  # the kinds ``make_norm`` builds
 
 
+def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
+    """RMSNorm's arithmetic (see ``RMSNorm``), as a function: what the module runs, and what
+    decoding's restatement of the forward pass (``attnlab.decoding.FastForward``) calls."""
+    h = x.float()  # (..., C) the statistic in float32
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)  # unit root mean square
+    if offset:
+        return (h * (offset + weight.float())).to(x.dtype)  # Gemma: (1 + w)
+    return weight * h.to(x.dtype)  # (..., C)
+
+
 class RMSNorm(nn.Module):
     """y = x / sqrt(mean(x^2) + eps) * (offset + w), the mean over the last dim (C).
 
@@ -33,11 +43,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim) if offset == 0 else torch.zeros(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        h = x.float()  # (..., C) the statistic in float32
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)  # unit root mean square
-        if self.offset:
-            return (h * (self.offset + self.weight.float())).to(x.dtype)  # Gemma: (1 + w)
-        return self.weight * h.to(x.dtype)  # (..., C)
+        return rms_norm(x, self.weight, self.eps, self.offset)
 
     def extra_repr(self) -> str:
         return f"{self.weight.size(0)}, eps={self.eps}, offset={self.offset:g}"

@@ -422,3 +422,21 @@ def test_the_fast_preset_is_baby_with_rotary_trained_by_its_own_recipe_that_flag
     assert floor.config.min_lr == 0.0
     baby = run.plan({"data": "input.txt", "out": "r"})
     assert (baby.config.lr, baby.config.max_iters) == (1e-3, 2000)
+
+
+def test_arch_llama_trains_by_its_own_recipe_unless_its_preset_has_one():
+    from attnlab.tasks.lm import ARCH_TRAINING, PRESET_TRAINING
+    from attnlab.train_config import TrainConfig
+    from attnlab.training import run
+
+    plan = lambda **kw: run.plan({"data": "input.txt", "out": "r", **kw}).config  # noqa: E731
+    recipe = ARCH_TRAINING["llama"]
+    llama = plan(arch="llama")
+    assert {k: getattr(llama, k) for k in recipe} == recipe
+    assert llama.max_iters == TrainConfig.max_iters  # nanoGPT's CPU budget: 2000 steps
+    assert plan(arch="gpt").lr == TrainConfig.lr  # the GPT keeps the TrainConfig defaults
+    mine = plan(arch="llama", lr=3e-3)  # a peak given: the floor keeps its share of it
+    assert mine.min_lr == pytest.approx(3e-3 * recipe["min_lr"] / recipe["lr"])
+    assert plan(arch="llama", beta2=0.99).beta2 == 0.99  # a flag given wins
+    fast = plan(arch="llama", preset="fast")  # the preset's recipe is for its shape
+    assert {k: getattr(fast, k) for k in PRESET_TRAINING["fast"]} == PRESET_TRAINING["fast"]

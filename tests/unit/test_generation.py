@@ -232,37 +232,65 @@ FIELDS = {
     "bias": st.booleans(),
     "pos": st.sampled_from(["learned", "sinusoidal", "rotary"]),
     "norm_first": st.booleans(),
-    "activation": st.sampled_from(["gelu", "gelu_tanh", "relu"]),
+    "activation": st.sampled_from(["gelu", "gelu_tanh", "relu", "silu", "gelu_new"]),
     "ln_eps": st.sampled_from([1e-5, 1e-3]),
     "tie_weights": st.booleans(),
     "mlp": st.booleans(),  # False: attention-only blocks
+    # the modern-decoder pieces FastForward restates (Llama, Mistral, Qwen): _valid makes the
+    # drawn combination one GPTConfig accepts
+    "norm": st.sampled_from(["layer", "rms", "rms-gemma"]),
+    "ffn": st.sampled_from(["mlp", "gated"]),
+    "n_kv_heads": st.sampled_from([None, 1, 2]),  # 2: GQA where n_head is 4, else MHA
+    "head_dim": st.sampled_from([None, 6]),
+    "rotary": st.sampled_from(["pairs", "half"]),
+    "rot_dim": st.sampled_from([None, 2]),
+    "rope_base": st.sampled_from([10000.0, 500.0]),
+    "rope_scaling": st.sampled_from([None, {"kind": "linear", "factor": 2.0}]),
+    "qk_norm": st.booleans(),
+    "qkv_bias": st.sampled_from([None, True, False]),
+    "out_bias": st.sampled_from([None, True, False]),
+    "attn_scale": st.sampled_from([None, 0.5]),
 }  # fmt: skip
-# The modern-decoder fields: FastForward steps aside for each of them (see
-# test_fast_forward_steps_aside_for_modern_decoders), so they are drawn at their defaults here.
+# The pieces FastForward steps aside for (see test_fast_forward_steps_aside_for_modern_decoders):
+# Gemma's and NeoX's, drawn at their defaults here.
 MODERN = {
-    "norm": "rms", "ffn": "gated", "n_kv_heads": 1, "head_dim": 6, "rotary": "half",
-    "rot_dim": 2, "rope_base": 500.0, "rope_scaling": {"kind": "linear", "factor": 2.0},
-    "local_rope_base": 100.0, "sliding_window": 2, "layer_types": ["sliding"], "qk_norm": True,
-    "qkv_bias": False, "out_bias": False, "attn_scale": 0.5, "attn_softcap": 5.0,
-    "final_softcap": 3.0, "parallel": True, "post_norms": True, "embed_scale": True,
+    "local_rope_base": 100.0, "sliding_window": 2, "layer_types": ["sliding"],
+    "attn_softcap": 5.0, "final_softcap": 3.0, "parallel": True, "post_norms": True,
+    "embed_scale": True,
 }  # fmt: skip
 FIELDS.update(
     {f.name: st.just(f.default) for f in dataclasses.fields(GPTConfig) if f.name in MODERN}
 )
 
 
+def _valid(fields: dict) -> dict:
+    """A drawn combination made one GPTConfig accepts: RMS norms and QK-norm are pre-norm,
+    QK-norm needs an RMS norm, the rotary options need rotary positions (rot_dim and scaling
+    the rotate-half layout), K/V heads divide the query heads."""
+    if fields["norm"] != "layer":
+        fields["norm_first"] = True
+    fields["qk_norm"] = fields["qk_norm"] and fields["norm"] != "layer"
+    if fields["pos"] != "rotary":
+        fields["rotary"] = "pairs"
+    if fields["rotary"] != "half":
+        fields["rot_dim"] = fields["rope_scaling"] = None
+    if fields["n_head"] % (fields["n_kv_heads"] or 1):
+        fields["n_kv_heads"] = None
+    return fields
+
+
 def test_the_fast_path_test_draws_every_config_field():
     assert {f.name for f in dataclasses.fields(GPTConfig)} == set(FIELDS)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(fields=st.fixed_dictionaries(FIELDS), seed=st.integers(0, 2**16), data=st.data())
 def test_fast_forward_is_the_forward_pass(fields, seed, data):
     """What decoding runs equals GPT.forward to 1e-5: a whole window without a cache; a prefix
     into the cache, then one token at a time."""
     fields["d_model"] *= fields["n_head"]
     torch.manual_seed(seed)
-    model = GPT(GPTConfig(**fields)).eval()
+    model = GPT(GPTConfig(**_valid(fields))).eval()
     for p in model.parameters():
         p.data.add_(torch.randn_like(p) * 0.3)
     assert FastForward.applies(model)
@@ -279,13 +307,34 @@ def test_fast_forward_is_the_forward_pass(fields, seed, data):
     torch.testing.assert_close(torch.stack(got, 1), full[:, prefix - 1 :], atol=1e-5, rtol=1e-5)
 
 
+LLAMA = dict(vocab_size=30, block_size=16, n_layer=2, n_head=4, d_model=32, norm="rms",
+             ffn="gated", activation="silu", pos="rotary", rotary="half", n_kv_heads=2,
+             bias=False, tie_weights=False)  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", [{}, {"qk_norm": True, "n_kv_heads": 1}], ids=["llama", "qwen3"])
+def test_a_llama_decodes_on_the_fast_path_with_the_forward_pass_tokens(extra):
+    """--arch llama's shape (RMSNorm, SwiGLU, rotate-half, GQA) and Qwen3's (QK-norm, MQA)
+    decode through FastForward, and sampling past the block picks the tokens forward picks."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**{**LLAMA, **extra})).eval()
+    for p in model.parameters():
+        p.data.add_(torch.randn_like(p) * 0.3)
+    prompt = torch.randint(0, 30, (2, 5))
+    dec = decoder_for(model)
+    assert dec.start(prompt, 8).path == "FastForward"
+    cfg = SamplingConfig(max_new_tokens=40, temperature=1.0, top_k=10, seed=3)
+    fast = generate_ids(model, prompt, cfg)  # past block 16: the window slides
+    for block in model.blocks:  # reference attention: decoding steps aside to forward
+        block.attn.use_fused = False
+    assert dec.start(prompt, 8).path == "forward"
+    assert torch.equal(fast, generate_ids(model, prompt, cfg))
+
+
 # each modern option with what it needs beside it
-NEEDS = {"rotary": {"pos": "rotary"}, "rot_dim": {"pos": "rotary", "rotary": "half"},
-         "rope_scaling": {"pos": "rotary", "rotary": "half"},
-         "local_rope_base": {"pos": "rotary", "rotary": "half", "sliding_window": 2,
+NEEDS = {"local_rope_base": {"pos": "rotary", "rotary": "half", "sliding_window": 2,
                              "layer_types": ["sliding"]},
-         "layer_types": {"sliding_window": 2}, "qk_norm": {"norm": "rms"},
-         "post_norms": {}, "parallel": {}}  # fmt: skip
+         "layer_types": {"sliding_window": 2}}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(MODERN))
@@ -347,16 +396,12 @@ def _softcap(model):
     model.blocks[1].attn.softcap = 2.0  # Gemma 2's attention softcap
 
 
-def _scale(model):
-    model.blocks[0].attn.scale = 0.5  # query_pre_attn_scalar instead of 1/sqrt(d_k)
-
-
 def _parallel(model):
     model.blocks[1].parallel = True  # NeoX: attention and MLP read the same input
 
 
 @pytest.mark.parametrize("change", [_swap_mlp, _train_a_block, _reference_attention, _torch_hook,
-                                    _own_forward, _window, _softcap, _scale, _parallel])  # fmt: skip
+                                    _own_forward, _window, _softcap, _parallel])  # fmt: skip
 def test_decoding_steps_aside_for_what_fast_forward_does_not_restate(change):
     """A module kind it does not mirror (here a FeedForward subclass), a block in training
     mode, reference attention, a torch hook, an overridden forward: decoding runs forward

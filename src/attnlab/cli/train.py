@@ -57,6 +57,7 @@ VARIANTS = [
     (name, name, {}) for name in ("lm", "mlm", "classify", "seq2seq", "vision", "induction")
 ]
 VARIANTS.insert(4, ("seq2seq --arch lstm*", "seq2seq", {"arch": "lstm"}))
+VARIANTS.insert(1, ("lm --arch llama", "lm", {"arch": "llama"}))  # its own recipe
 
 
 def _option_defaults() -> list[tuple[str, dict]]:
