@@ -26,6 +26,7 @@ from attnlab.cli import (
     NO_DTYPE_VERBS,
     NO_JSON_VERBS,
     READS_ONLY_VERBS,
+    WEIGHTS_DTYPE_VERBS,
     build_parser,
     main,
     verbs,
@@ -160,7 +161,8 @@ def test_every_verb_that_runs_a_model_takes_device_dtype_and_json():
         have = {o for a in parser._actions for o in a.option_strings}
         runs_a_model = verb not in READS_ONLY_VERBS
         assert ("--device" in have) == runs_a_model, verb
-        assert ("--dtype" in have) == (runs_a_model and verb not in NO_DTYPE_VERBS), verb
+        takes_dtype = (runs_a_model and verb not in NO_DTYPE_VERBS) or verb in WEIGHTS_DTYPE_VERBS
+        assert ("--dtype" in have) == takes_dtype, verb
         if runs_a_model and verb not in NO_JSON_VERBS:
             assert "--json" in have, verb
 

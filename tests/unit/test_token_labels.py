@@ -67,12 +67,38 @@ def test_a_character_split_across_byte_tokens_shows_its_bytes():
 
 def test_every_character_shows_as_something_printable_and_distinct():
     """A byte-level token can be any byte (GPT-2, Llama 3 and Qwen vocabularies hold \\x00 to
-    \\x1f as tokens): each shows as printable text (a picture or an escape), never as a
-    control character a terminal or a plot font cannot draw, and no two look the same."""
+    \\x1f as tokens): each shows as printable text, never as a control character a terminal
+    cannot draw, and no two look the same."""
     from attnlab.render.display import show_token
 
     shown = {c: show_token(c) for c in map(chr, range(0x3000))}
     assert all(s.isprintable() and s for s in shown.values())
-    controls = [shown[chr(i)] for i in (*range(0x20), 0x7F)]
+    controls = [shown[chr(i)] for i in (*range(0x20), 0x7F, 0x85, 0x200B)]
     assert len(set(controls)) == len(controls)
-    assert shown[" "] == "␣" and shown["\n"] == "↵" and shown["\x10"] == "␐"
+    assert shown[" "] == "␣" and shown["\n"] == "↵" and shown["\x10"] == "\\x10"
+
+
+def test_the_plots_font_draws_every_control_token_label():
+    """The heatmaps label their rows and columns with tokens: the labels of control tokens
+    must be glyphs the plotting font has (its control pictures, such as ␐, it lacks)."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from attnlab.render.plots import heatmap
+
+    tokens = [chr(i) for i in (*range(0x20), 0x7F, 0x200B)]
+    fig, ax = plt.subplots()
+    try:
+        heatmap(ax, np.eye(len(tokens)), tokens, tokens)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.canvas.draw()
+    finally:
+        plt.close(fig)
+    missing = [str(w.message) for w in caught if "missing from font" in str(w.message)]
+    assert not missing, missing[:3]

@@ -95,6 +95,8 @@ READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
 NO_JSON_VERBS = {"embed", "explore"}
 # check compares computations with float32 tolerances: it runs in float32 (no --dtype)
 NO_DTYPE_VERBS = {"check"}
+# verbs whose --dtype is the dtype of the weights they write, not of a model they run
+WEIGHTS_DTYPE_VERBS = {"import-hf"}
 
 
 class HelpFormatter(argparse.HelpFormatter):

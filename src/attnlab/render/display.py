@@ -22,13 +22,13 @@ TERMINAL_TOKENS = 32  # rows of each of trace's matrices (its columns page to th
 PIPE_WIDTH = 100  # the width tables are laid out for when stdout is not a terminal
 
 
-VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "␍", "\x7f": "␡"}
+VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "\\r"}
 
 
 def show_token(t: str) -> str:
-    """A token made visible: spaces and control characters become visible symbols (a byte
-    token's other C0 controls their Unicode pictures, e.g. \x10 as ␐; any other character
-    that prints nothing as its escape, e.g. \u200b)."""
+    """A token made visible: a space shows as ␣, a newline as ↵, a tab as ⇥, and any other
+    character that prints nothing as its escape (a byte token's \\x10, a zero-width space's
+    \\u200b): symbols the terminal and the plots' font both have."""
     if t == "":
         return "∅"
     return "".join(_visible(c) for c in t)
@@ -39,8 +39,6 @@ def _visible(c: str) -> str:
         return VISIBLE[c]
     if c.isprintable():
         return c
-    if ord(c) < 0x20:
-        return chr(0x2400 + ord(c))  # the control pictures block: ␀ .. ␟
     return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
 
