@@ -418,3 +418,24 @@ def test_the_intervention_on_an_lstm_classifiers_attention_is_its_imposed_weight
     out = example(subject, "the film was great", 3, np.random.default_rng(0))
     assert -1 <= out["tau_grad"] <= 1 and 0 <= out["adversarial_jsd"] <= math.log(2)
     assert 0 <= out["median_tvd_permuted"] <= 1
+
+
+@pytest.mark.parametrize("columns", [40, 60, 120])
+def test_the_summary_fits_the_terminal_it_is_printed_to(columns, monkeypatch):
+    """`attnlab experiment` prints its summary at the terminal's width (COLUMNS), and every
+    line, claims, long table cells and notes alike, fits it; into a pipe, 80 columns."""
+    from attnlab.cli.experiment import REPORT_WIDTH, summary_width
+
+    wide = Table("a table whose cells run long", ["model", "a long column heading", "value"],
+                 [["encoder-decoder", "x" * 70, "0.123..0.456"], ["gpt", "y", "1"]])  # fmt: skip
+    r = Report("x", "A title " * 8, "A & B (2020)", "how", claims=[claim({1: 0.3, 2: 0.1})],
+               tables=[wide], notes=["a note that goes on " * 6])  # fmt: skip
+    monkeypatch.setenv("COLUMNS", str(columns))
+    width = summary_width()
+    assert width == columns
+    lines = r.lines(width)
+    assert all(len(line) <= columns for line in lines), [x for x in lines if len(x) > columns]
+    text = " ".join(lines)
+    assert "encoder-decoder" in text and "0.123..0.456" in text  # labels and numbers whole
+    monkeypatch.delenv("COLUMNS")
+    assert summary_width() == REPORT_WIDTH  # pytest captures stdout: not a terminal

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
+
+REPORT_WIDTH = 80  # into a pipe or a file: the width the report is written for
 
 
 def seeds(text: str) -> list[int]:
@@ -21,6 +25,15 @@ def seeds(text: str) -> list[int]:
     return out
 
 
+def summary_width() -> int:
+    """The terminal's width (``COLUMNS`` where set), at least 40; REPORT_WIDTH into a pipe."""
+    from attnlab.render.display import console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        return max(40, console().width)
+    return REPORT_WIDTH
+
+
 def run(args: argparse.Namespace) -> int:
     from attnlab.experiments import run_experiment
 
@@ -34,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                           "figures": f"{args.out}/figures.json",
                           "claims": [c.to_dict() for c in report.claims]}, ensure_ascii=False))  # fmt: skip
         return 0
-    print("\n".join(report.lines(80)))
+    print("\n".join(report.lines(summary_width())))
     print(f"report: {args.out}/report.html  figures: {args.out}/figures.json")
     return 0
 

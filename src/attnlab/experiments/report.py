@@ -112,15 +112,27 @@ class Table:
                 "caption": self.caption}  # fmt: skip
 
     def lines(self, width: int = 80) -> list[str]:
-        """The table as plain text columns (cells cut to fit ``width``)."""
+        """The table as plain text columns where they fit ``width``; where they do not, each
+        row as "heading: value" pairs wrapped to it (a number is never cut)."""
         cells = [[str(c) for c in self.header]] + [[str(c) for c in r] for r in self.rows]
         n = len(self.header)
         widths = [max(len(r[i]) for r in cells) for i in range(n)]
-        while sum(widths) + 2 * (n - 1) > width and max(widths) > 8:
-            widths[widths.index(max(widths))] -= 1
-        out = [self.title]
-        for r in cells:
-            out.append("  ".join(c[: widths[i]].ljust(widths[i]) for i, c in enumerate(r)).rstrip())
+        if sum(widths) + 2 * (n - 1) <= width:
+            return [self.title] + [
+                "  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in cells
+            ]
+        wrap = textwrap.TextWrapper(width=width, subsequent_indent="    ", break_on_hyphens=False)
+        out = wrap.wrap(self.title)
+        for r in cells[1:]:  # a row: "  a: 1; b: 2;" then "    c: 3", no pair split
+            pairs = [f"{h}: {c}" if h else c for h, c in zip(self.header, r)]
+            line = "  " + pairs[0]
+            for pair in pairs[1:]:
+                if len(line) + 2 + len(pair) > width:
+                    out += wrap.wrap(line + ";")
+                    line = "    " + pair
+                else:
+                    line += "; " + pair
+            out += wrap.wrap(line)
         return out
 
 
