@@ -61,6 +61,14 @@ class Run:
         """The Hugging Face directory the weights came from, if they were imported."""
         return _imported(self.config)
 
+    @property
+    def no_data_of_its_own(self) -> str | None:
+        """Why the run has no held-out split of its own ("was imported from DIR", "names no
+        data"); None when its config.json names the data it was trained on."""
+        if self.imported:
+            return f"was imported from {self.imported}"
+        return None if self.config.get("data") else "names no data"
+
     def describe(self) -> str:
         """What the model is, in one sentence (and where imported weights came from)."""
         text = self.model.describe()
@@ -135,8 +143,8 @@ class Run:
         if options.data is not None:
             return self.task
         _ = self.task  # an encoder with no head is refused before any data is read
-        if self.imported or not self.config.get("data"):
-            where = f"was imported from {self.imported}" if self.imported else "names no data"
+        where = self.no_data_of_its_own
+        if where is not None:
             raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
                                 "--data FILE (Python: evaluate(data=...))")  # fmt: skip
         try:

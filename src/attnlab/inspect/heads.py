@@ -416,9 +416,8 @@ def heads_of_run(run, n: int = 16, seed: int = 0) -> HeadsReport:
     model, run_dir = run.model, run.path
     sample = None
     notes = []
-    if run.imported or not run.config.get("data"):  # its task's default data is not its own
-        why = f"imported from {run.imported}" if run.imported else "the run names no data"
-        notes.append(f"no held-out sample ({why})")
+    if run.no_data_of_its_own is not None:  # its task's default data is not its own
+        notes.append(f"no held-out sample (the run {run.no_data_of_its_own})")
     else:
         try:
             sample = open_task(run_dir, True, run.config, run.tokenizer).sample_inputs(4, 64)
