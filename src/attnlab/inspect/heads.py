@@ -240,6 +240,12 @@ def head_matrices(attn: nn.Module, ln: nn.Module | None = None) -> list[dict[str
     return out
 
 
+def _reading_norm(block: nn.Module, step) -> nn.Module | None:
+    """The norm between the stream and a residual step's sublayer, as the block declares it
+    (``attnlab.blocks.Residual.norm``: pre-norm; None where the sublayer reads the stream)."""
+    return block.get_submodule(step.norm) if step.norm else None
+
+
 def composition(reader: dict[str, Tensor], writer: Tensor) -> dict[str, float]:
     """Elhage et al.'s composition of a later head (``reader``: its W_QK and W_OV) with an
     earlier head's W_OV (``writer``), each ||M W_OV|| / (||M|| ||W_OV||) in the Frobenius norm:
@@ -263,8 +269,7 @@ def composition_scores(model: nn.Module) -> list[dict] | None:
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.ModuleList) or len(blocks) < 2:
         return None
-    mats = [head_matrices(b.attn, b.ln1 if getattr(b, "norm_first", True) else None)
-            for b in blocks]  # fmt: skip
+    mats = [head_matrices(b.attn, _reading_norm(b, b.step("attn"))) for b in blocks]
     rows = []
     for layer in range(1, len(mats)):
         for r, reader in enumerate(mats[layer]):

@@ -190,17 +190,18 @@ def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
     problems = []
     defaults = GPTConfig(vocab_size=config.vocab_size)
     for name in ("norm", "ffn", "n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "out_bias",
-                 "attn_scale", "attn_softcap", "final_softcap", "sliding_window", "parallel",
-                 "post_norms", "embed_scale"):  # fmt: skip
+                 "attn_scale", "attn_softcap", "final_softcap", "sliding_window",
+                 "embed_scale"):  # fmt: skip
         if getattr(config, name) != getattr(defaults, name):
             problems.append(f"{name}={getattr(config, name)!r} (GPT-2 has no such piece)")
     if config.pos != "learned":
         problems.append(f"pos={config.pos!r} (GPT-2 has learned positions)")
-    if not config.norm_first:
-        problems.append("post-norm blocks (GPT-2 is pre-norm)")
+    steps = config.residual_steps()  # the blocks' declaration: pre-norm attention, then MLP
+    if config.block_layout != "pre":
+        problems.append(f"{config.block_layout} blocks (GPT-2's are pre-norm)")
     if not config.bias:
         problems.append("bias=False (GPT-2 has biases)")
-    if not config.mlp:
+    if [s.sublayer for s in steps] != ["attn", "mlp"]:
         problems.append("attention-only blocks (every GPT-2 block has an MLP)")
     if config.activation not in GPT2_ACTIVATIONS:
         problems.append(f"activation={config.activation!r}")
@@ -635,8 +636,8 @@ def bert_hf_config(config: EncoderConfig, labels: list[str] | None = None) -> di
     problems = []
     if config.pos != "learned":
         problems.append(f"pos={config.pos!r} (BERT has learned positions)")
-    if config.norm_first:
-        problems.append("pre-norm blocks (BERT is post-norm)")
+    if config.block_layout != "post":
+        problems.append(f"{config.block_layout} blocks (BERT's are post-norm)")
     if not config.embed_norm:
         problems.append("no LayerNorm after the embeddings")
     if not config.bias:

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import KVCache, from_hf_attention_mask, softcap
-from attnlab.blocks import ACTIVATIONS, FFNS, LAYOUTS, Block, layout_name
+from attnlab.blocks import ACTIVATIONS, FFNS, LAYOUTS, Block, Residual, layout_name
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.models.declare import ModelKind, Unembed, register
@@ -127,6 +127,11 @@ class GPTConfig(BaseConfig):
         """The name of the blocks' layout (``attnlab.blocks.LAYOUTS``): ``layout``, or pre,
         post, parallel or four-norm as norm_first, parallel and post_norms say."""
         return self.layout or layout_name(self.norm_first, self.parallel, self.post_norms)
+
+    def residual_steps(self) -> tuple[Residual, ...]:
+        """Each block's residual steps, the declaration its Blocks are built from (what an
+        exporter reads to see whether another library's blocks can hold them)."""
+        return LAYOUTS[self.block_layout](("attn", "mlp") if self.mlp else ("attn",))
 
     @property
     def head_width(self) -> int:
