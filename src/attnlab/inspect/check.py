@@ -248,9 +248,13 @@ def check_residual_graph(model, ids, tol: float = 1e-4) -> CheckResult:
     diff = 0.0
     for stack in graph.stacks:
         embed = next(w for w in graph.writers if w.stack == stack and w.kind == "embed")
-        parts = Parts()
-        parts.add(embed.name, graph.output(cache, embed))
-        diff = max(diff, walk(model, stack, parts, cache))
+        try:
+            parts = Parts()
+            parts.add(embed.name, graph.output(cache, embed))
+            diff = max(diff, walk(model, stack, parts, cache))
+        except KeyError as e:  # a point the declared blocks record was never reached
+            return CheckResult(name, False, None, tol, f"the forward pass recorded no {e}: it "
+                               "does not run the blocks it declares")  # fmt: skip
     detail = (f"{len(graph.writers)} writers, {len(graph.readers)} readers, "
               f"{len(graph.edges())} edges")  # fmt: skip
     return CheckResult(name, diff <= tol, diff, tol, detail)

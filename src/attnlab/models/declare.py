@@ -207,6 +207,15 @@ def token_strings(tokenizer, text: str, ids: list[int]) -> list[str]:
     return [tokenizer.decode([i]) for i in ids]
 
 
+def output_tensor(out) -> Tensor:
+    """The main output of a model call: the tensor itself, or a tuple's first element."""
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if isinstance(out, dict):
+        out = out.get("logits", next(iter(out.values())))
+    return out
+
+
 def max_positions(model: nn.Module) -> int | None:
     cfg = getattr(model, "config", None)
     for key in ("block_size", "max_len", "max_positions", "n_positions"):
@@ -415,7 +424,8 @@ class ModelKind:
         """The norm on a stack's final stream (default: the output stack's, between the last
         block and the head; an Identity where there is none)."""
         stack = self.output_stack if stack is None else stack
-        return self.get_submodule(stack).ln_f if stack else self.ln_f
+        module = self.get_submodule(stack) if stack else self
+        return module.ln_f if "ln_f" in module._modules else nn.Identity()
 
     def graph(self) -> ResidualGraph:
         """The residual graph: every writer to and reader of each residual stream and the
