@@ -31,6 +31,19 @@ class Printed(str):
     def flat(self) -> str:
         return flat(self)
 
+    # what a test does to the text before it looks in it keeps it Printed
+    def strip(self, chars=None):
+        return Printed(str.strip(self, chars))
+
+    def rstrip(self, chars=None):
+        return Printed(str.rstrip(self, chars))
+
+    def lstrip(self, chars=None):
+        return Printed(str.lstrip(self, chars))
+
+    def lower(self):
+        return Printed(str.lower(self))
+
 
 def printed(result):
     """A CompletedProcess whose stdout and stderr are ``Printed`` (text mode), returned."""

@@ -292,7 +292,7 @@ class Block(nn.Module):
                 d_model, d_ff or 4 * d_model, activation, bias
             ),
         }
-        self.cross = None
+        self.cross = self.mlp = None  # a sublayer the block does not have
         # the modules in the order they always had (a model's random weights are drawn in it):
         # each sublayer after the norm that reads or closes it, the output norms last
         for s in self.residual:

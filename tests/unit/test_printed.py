@@ -14,6 +14,7 @@ def test_a_phrase_is_found_wherever_its_line_broke():
     assert "error is 0.02" not in out and "completeness\nerror" in out  # a newline: as written
     assert "\n" in out and "" in out and flat(out) == out.flat
     assert str.__contains__(out, "completeness error") is False  # what plain str would say
+    assert "COMPLETENESS error".lower() in out.strip().lower()
 
 
 def test_the_suites_captures_hand_out_printed_text(capsys):
