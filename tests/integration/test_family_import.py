@@ -300,7 +300,7 @@ def test_the_trace_says_what_each_new_step_is(capsys, imported):
 def test_import_hf_help_names_every_model_type_it_reads():
     """The help text lists the model_types by hand (the CLI starts without importing interop);
     this keeps it equal to the loaders every family module registers."""
-    from attnlab.cli.interop import IMPORTED_TYPES
+    from attnlab.cli.import_hf import IMPORTED_TYPES
     from attnlab.interop import hf
 
     assert IMPORTED_TYPES.split(", ") == list(hf.LOADERS)

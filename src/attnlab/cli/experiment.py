@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+from attnlab.cli import Verb, register
+
 REPORT_WIDTH = 80  # into a pipe or a file: the width the report is written for
 
 
@@ -52,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
+def add(sub) -> None:
     from attnlab.experiments import NAMES
 
     p = sub.add_parser(
@@ -76,3 +78,6 @@ def register(sub) -> None:
                    help="smaller models and fewer steps: under a minute (what CI runs)")  # fmt: skip
     p.add_argument("--seeds", type=seeds, default="1,2,3",
                    help="seeds to train and measure with, comma separated")  # fmt: skip
+
+
+VERB = register(Verb("experiment", 220, add))

@@ -8,6 +8,8 @@ import argparse
 import json
 import sys
 
+from attnlab.cli import Verb, register
+
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.training import run as training
@@ -95,7 +97,7 @@ def presets() -> tuple[list[str], str]:
     return list(dict.fromkeys([*PRESETS, *ENCODER_PRESETS])), whose
 
 
-def register(sub) -> None:
+def add(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a model on a text, a task or a TSV file",
@@ -207,3 +209,6 @@ def register(sub) -> None:
     a("--label-smoothing", type=float, help="seq2seq: label smoothing")
     a("--src-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: source tokenizer")
     a("--tgt-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: target tokenizer")
+
+
+VERB = register(Verb("train", 10, add, own_threads=True))

@@ -1,6 +1,5 @@
-"""The language-model verb ``generate`` and the decoding options it shares with ``translate``
-(``train --task lm`` is cli/train.py; ``predict`` and ``eval`` of every kind of run are
-cli/predict.py).
+"""`attnlab generate RUN [TEXT...]`: a GPT's continuation, sampled or beam-searched; and the
+decoding options it shares with ``translate`` (``add_sampling_options``, ``decoding_settings``).
 
 A thin layer over ``attnlab.generation`` (sampling, beam search), whose ``SamplingConfig`` holds
 the sampling options' defaults (``Run.generate`` uses the same).
@@ -12,7 +11,7 @@ import argparse
 import sys
 
 from attnlab import checkpoint as ckpt
-from attnlab.cli import DescribedHelpFormatter, UsageError, as_options
+from attnlab.cli import DescribedHelpFormatter, UsageError, Verb, as_options, register
 from attnlab.cli.limits import check_decoding_memory
 from attnlab.decoding import WINDOWS, decoder_for
 
@@ -207,8 +206,7 @@ Within the block all three are the KV cache, equal to recomputing the whole cont
 """
 
 
-def register(sub) -> None:
-    """Add ``generate`` (``train --task lm`` lives in cli/train.py)."""
+def add(sub) -> None:
     from attnlab.generation import SamplingConfig
 
     g = sub.add_parser(
@@ -235,3 +233,6 @@ def register(sub) -> None:
         action="store_true",
         help="recompute the whole window every step (no KV cache)",
     )
+
+
+VERB = register(Verb("generate", 40, add))
