@@ -30,15 +30,13 @@ class Registry:
         self.package = package
         self.key = key  # the attribute that names a thing (a model's is model_type)
         self.found: dict[str, Any] = {}  # name -> thing, in registration order
-        self._imported = False
+        self._scanned: tuple[str, ...] | None = None  # the package's folders, once imported
 
-    def register(self, thing: Any = None, *, name: str | None = None):
-        """Register ``thing`` under ``name`` (default: its ``key`` attribute) and return it, so
-        that it decorates a class (``@REG.register``) as well as it wraps an object
+    def register(self, thing: Any) -> Any:
+        """Register ``thing`` under its ``key`` attribute and return it, so that it decorates a
+        class (``@REG.register``) as well as it wraps an object
         (``EXPERIMENT = REG.register(Experiment(...))``). A name registered twice is a bug."""
-        if thing is None:  # @REG.register(name=...)
-            return lambda t: self.register(t, name=name)
-        name = name if name is not None else getattr(thing, self.key)
+        name = getattr(thing, self.key)
         held = self.found.get(name)
         if held is not None and _origin(held) != _origin(thing):
             raise TypeError(f"{self.package}: {name!r} is registered twice "
@@ -48,17 +46,14 @@ class Registry:
 
     def registered(self) -> dict[str, Any]:
         """Every thing of the package by name, in order (module docstring)."""
-        if not self._imported:
-            package = importlib.import_module(self.package)
+        package = importlib.import_module(self.package)
+        if self._scanned != tuple(package.__path__):  # once (again if a folder is added)
             for info in pkgutil.iter_modules(package.__path__):
                 importlib.import_module(f"{self.package}.{info.name}")
-            self._imported = True
+            self._scanned = tuple(package.__path__)
         position = {name: i for i, name in enumerate(self.found)}
         return dict(sorted(self.found.items(),
                            key=lambda kv: (getattr(kv[1], "order", 0), position[kv[0]])))  # fmt: skip
-
-    def names(self) -> list[str]:
-        return list(self.registered())
 
 
 def _origin(thing: Any) -> str:

@@ -188,11 +188,11 @@ def test_every_train_option_is_a_plan_field():
     import dataclasses
 
     from attnlab.cli import build_parser
-    from attnlab.tasks import TASKS, task_class
+    from attnlab.tasks import registered, task_class
     from attnlab.training import run as training
 
     fields = set(training.RUN_OPTIONS)
-    for name in TASKS:
+    for name in registered():
         fields |= training.option_names(task_class(name))
     train = verbs(build_parser())["train"]
     dests = {a.dest for a in train._actions if a.dest != "help"} - {"json"}

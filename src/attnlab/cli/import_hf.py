@@ -27,22 +27,17 @@ def import_hf(args: argparse.Namespace) -> int:
     return 0
 
 
-# the model_types import-hf reads (interop/hf.py LOADERS, once every family module has
-# registered; a test keeps the two equal without importing interop at start-up)
-IMPORTED_TYPES = (
-    "gpt2, bert, llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3_text, gpt_neox, t5, vit"
-)
-
-
 def add(sub) -> None:
+    from attnlab.interop.hf import families, loaders  # each family's module, found
+
+    labels = ", ".join(f.label for f in families().values())
     p = sub.add_parser(
         "import-hf",
-        help="convert a Hugging Face model directory (GPT-2, BERT, Llama, Mistral, Qwen2/3, "
-        "Gemma 1-3, Pythia, T5, ViT) into a run directory",
+        help=f"convert a Hugging Face model directory ({labels}) into a run directory",
         description="Read a Hugging Face model directory (config.json, model.safetensors or "
         "its shards with model.safetensors.index.json; tokenizer.json (byte-level BPE or SentencePiece-derived) or "
         "vocab.txt; preprocessor_config.json for a ViT) and write an "
-        "attnlab run directory. model_type: " + IMPORTED_TYPES + ". Float32, float16 and "
+        "attnlab run directory. model_type: " + ", ".join(loaders()) + ". Float32, float16 and "
         "bfloat16 weights; pickle weights are refused. DIR 'minilm' names the installed "
         "all-MiniLM-L6-v2 (attnlab[models]).",
     )

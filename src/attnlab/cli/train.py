@@ -54,18 +54,19 @@ RULES = {
     "tgt_tokenizer": "--tokenizer",
 }
 SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm", "ffn", "kv_heads"}
-# The tasks in the order their defaults are listed; a variant is (label, task, given options).
-VARIANTS = [
-    (name, name, {}) for name in ("lm", "mlm", "classify", "seq2seq", "vision", "induction")
-]
-VARIANTS.insert(4, ("seq2seq --arch lstm*", "seq2seq", {"arch": "lstm"}))
-VARIANTS.insert(1, ("lm --arch llama", "lm", {"arch": "llama"}))  # its own recipe
+# Variants of a task whose defaults are listed after its own: (label, given options) by task.
+VARIANTS = {
+    "lm": [("lm --arch llama", {"arch": "llama"})],  # its own recipe
+    "seq2seq": [("seq2seq --arch lstm*", {"arch": "lstm"})],
+}
 
 
 def _option_defaults() -> list[tuple[str, dict]]:
-    from attnlab.tasks import task_class
+    """(label, defaults) of every task, in the registry's order, each followed by its variants."""
+    from attnlab.tasks import registered
 
-    return [(label, task_class(t).option_defaults(given)) for label, t, given in VARIANTS]
+    return [(label, cls.option_defaults(given)) for name, cls in registered().items()
+            for label, given in [(name, {}), *VARIANTS.get(name, [])]]  # fmt: skip
 
 
 def default_text(name: str, per_task: list[tuple[str, dict]]) -> str | None:
@@ -120,10 +121,10 @@ def add(sub) -> None:
             help += f" (default: {shown})"
         p.add_argument(*names, **kw, help=help.replace("%", "%%"), default=None)
 
-    from attnlab.tasks import TASKS
+    from attnlab.tasks import registered
     from attnlab.train_config import DTYPES, SCHEDULES
 
-    a("--task", choices=list(TASKS), help="what to train (classify on images trains a ViT)")
+    a("--task", choices=list(registered()), help="what to train (classify on images trains a ViT)")
     a("--data",
       help="a text file, a directory of .txt files, a built-in corpus (shakespeare), a "
       "label<TAB>text or source<TAB>target file, a generated task (dates, copy, reverse, sort, "
