@@ -290,6 +290,18 @@ class GPT(ModelKind, nn.Module):
             layer_types=["sliding", "full"],
             local_rope_base=100.0,
         ),
+        # GPT-NeoX's (Pythia): parallel attention and MLP, rotary on part of each head
+        dict(
+            n_layer=2,
+            n_head=4,
+            d_model=16,
+            block_size=32,
+            dropout=0.0,
+            pos="rotary",
+            rotary="half",
+            rot_dim=2,
+            parallel=True,
+        ),
     )
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
     causal = True  # output t depends on ids 0..t only (checked by `attnlab check`)
