@@ -147,10 +147,6 @@ class Residual:
         or the block's ``mlp_out``."""
         return "mlp_out" if self.sublayer == "mlp" else f"{self.sublayer}.out"
 
-    def norms(self) -> tuple[str, ...]:
-        """The names of the norms this step uses, in the order it applies them."""
-        return tuple(n for n in (self.norm, self.post, self.after) if n)
-
 
 # A layout: a function of a block's sublayers (attn, then cross when it cross-attends, then mlp
 # when it has a feed-forward) to its residual steps. Registered by name (``layout``), so a

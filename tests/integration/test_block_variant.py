@@ -72,7 +72,7 @@ def test_every_look_inside_verb_reads_a_sandwich_model(variant, tmp_path, capsys
     # residual graph's among them): conformance checked those identities; what is left:
     assert (run / "e.html").is_file()
     steps = {s["name"]: s for s in out["trace"]["steps"]}
-    assert "attn_scaled" in steps and "mlp_post" in steps  # the scale and the second norm
+    assert {"ln1", "attn_post", "attn_scaled", "ln2", "mlp_post", "ffn_scaled"} <= set(steps)
     assert trace_sums_hold(out["trace"]["steps"], atol=1e-4) >= 2
     assert {c["name"] for c in out["check"]["checks"] if c["passed"]} >= {
         "residual graph == forward",

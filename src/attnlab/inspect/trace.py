@@ -312,13 +312,21 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
         add(Step(prefix_name + "block_input", title, x_in.shape,
                  f"the residual stream entering this layer: {what}, one M-vector per token.",
                  x_in, extra=extra))  # fmt: skip
-    if prefix + "ln1" in c:
-        x = _np(c[prefix + "ln1"][0])
-        rms = _norm_words(model.get_submodule(prefix + "ln1"))
+    norm = _attention_norm(model, prefix)
+    if norm and prefix + norm in c:
+        x = _np(c[prefix + norm][0])
+        rms = _norm_words(model.get_submodule(prefix + norm))
         add(Step(prefix_name + "ln1", f"{rms[0] if rms else 'layer norm'} before attention",
                  x.shape, (rms[1] if rms else "each row is normalised to mean 0 and variance "
                  "1, then scaled and shifted by learned weights") + ": X, the input to "
                  "attention.", x))  # fmt: skip
+
+
+def _attention_norm(model, prefix: str) -> str | None:
+    """The name of the norm in front of self-attention in the block at ``prefix`` ("blocks.0."),
+    as the block declares it (None: post-norm, attention reads the stream itself)."""
+    step = model.get_submodule(prefix.rstrip(".")).step("attn")
+    return step.norm if step is not None else None
 
 
 def _norm_words(norm) -> tuple[str, str] | None:
@@ -718,14 +726,14 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
     cross_maps = [m for m in rec.maps() if m.kind == "cross"]
     if any(m.module_path.endswith(".attn") and ".blocks." in m.module_path for m in self_maps):
         enc = rec.select(layer=layer, name="encoder.blocks")
-        enc_in = _stack_input(steps, rec, "encoder", enc)
+        enc_in = _stack_input(steps, model, rec, "encoder", enc)
         _attention_steps(steps, model, rec, enc, head, prefix_name="encoder.")
         _block_steps(steps, model, rec, enc, prefix_name="encoder.", input_name=enc_in)
         dec = rec.select(layer=layer, name="decoder.blocks")
         dec = next(m for m in self_maps if m.module_path == dec.module_path.rsplit(".", 1)[0]
                    + ".attn")  # fmt: skip
         cross = next(m for m in cross_maps if m.layer == dec.layer)
-        dec_in = _stack_input(steps, rec, "decoder", dec)
+        dec_in = _stack_input(steps, model, rec, "decoder", dec)
         _attention_steps(steps, model, rec, dec, head, prefix_name="decoder.")
         _block_steps(
             steps,
@@ -749,7 +757,7 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
                  rec.about)  # fmt: skip
 
 
-def _stack_input(steps, rec, stack, info) -> str:
+def _stack_input(steps, model, rec, stack, info) -> str:
     """An encoder-decoder stack's input (token embedding x sqrt(M), sinusoidal position, their
     sum) and the residual stream entering the chosen layer; returns the name of the step that
     holds the block's input."""
@@ -799,8 +807,9 @@ def _stack_input(steps, rec, stack, info) -> str:
         add(Step(f"{stack}.block_input", f"input to {stack} layer {info.layer}", x.shape,
                  f"the output of {stack} layer {info.layer - 1}.", x))  # fmt: skip
         name = f"{stack}.block_input"
-    if prefix + "ln1" in c:
-        x = _np(c[prefix + "ln1"][0])
+    norm = _attention_norm(model, prefix)
+    if norm and prefix + norm in c:
+        x = _np(c[prefix + norm][0])
         add(Step(f"{stack}.ln1", "layer norm before attention", x.shape,
                  "each row normalised: X, the input to attention.", x))  # fmt: skip
     return name
