@@ -197,6 +197,11 @@ def _self_attention_then_ffn(name: str, subs: tuple[str, ...]) -> None:
         raise ValueError(f"a {name} block is self-attention then a feed-forward network")
 
 
+def layout_words(name: str) -> str:
+    """A layout as a message says it: pre-norm, post-norm, parallel, four-norm, sandwich, ..."""
+    return {"pre": "pre-norm", "post": "post-norm"}.get(name, name)
+
+
 def layout_name(norm_first: bool = True, parallel: bool = False, post_norms: bool = False) -> str:
     """The registered layout a model config's flags describe: post-norm, parallel (NeoX),
     four norms (Gemma 2/3), else pre-norm."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab.blocks import layout_words
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, activation, register
@@ -154,7 +155,7 @@ def bert_hf_config(config: EncoderConfig, labels: list[str] | None = None) -> di
     if config.pos != "learned":
         problems.append(f"pos={config.pos!r} (BERT has learned positions)")
     if config.block_layout != "post":
-        problems.append(f"{config.block_layout} blocks (BERT's are post-norm)")
+        problems.append(f"{layout_words(config.block_layout)} blocks (BERT is post-norm)")
     if not config.embed_norm:
         problems.append("no LayerNorm after the embeddings")
     if not config.bias:

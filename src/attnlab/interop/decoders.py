@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab.blocks import layout_words
 from attnlab.checkpoint import RunError, build_model, weights_dtype
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, register
@@ -341,7 +342,10 @@ def llama_hf_config(c: GPTConfig, tokenizer=None) -> dict:
                 "a gated feed-forward (ffn=gated)",
                 c.ffn != "gated" or [s.sublayer for s in c.residual_steps()] != ["attn", "mlp"],
             ),
-            (f"pre-norm blocks (this model's are {c.block_layout})", c.block_layout != "pre"),
+            (
+                f"pre-norm blocks (this model's are {layout_words(c.block_layout)})",
+                c.block_layout != "pre",
+            ),
             (f"activation {c.activation!r}", c.activation not in HF_NAMES),
             ("partial rotary (rot_dim)", c.rot_dim is not None),
             ("sliding windows", c.sliding_window is not None),

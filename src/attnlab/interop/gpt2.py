@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab.blocks import layout_words
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, activation, export_hf, register
@@ -155,7 +156,7 @@ def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
         problems.append(f"pos={config.pos!r} (GPT-2 has learned positions)")
     steps = config.residual_steps()  # the blocks' declaration: pre-norm attention, then MLP
     if config.block_layout != "pre":
-        problems.append(f"{config.block_layout} blocks (GPT-2's are pre-norm)")
+        problems.append(f"{layout_words(config.block_layout)} blocks (GPT-2 is pre-norm)")
     if not config.bias:
         problems.append("bias=False (GPT-2 has biases)")
     if [s.sublayer for s in steps] != ["attn", "mlp"]:
