@@ -26,6 +26,7 @@ AREAS = (
     "intervene",
     "timeline",
     "experiment",
+    "serve",
 )
 
 
@@ -92,7 +93,7 @@ OWN_THREADS_VERBS = {"train"}
 # Verbs that run a model take --device and --dtype (and --json, but for these two: embed's
 # result is JSON already, explore's is a page); timeline reads snapshots and runs none.
 READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
-NO_JSON_VERBS = {"embed", "explore"}
+NO_JSON_VERBS = {"embed", "explore", "serve"}
 # check compares computations with float32 tolerances: it runs in float32 (no --dtype)
 NO_DTYPE_VERBS = {"check"}
 # verbs whose --dtype is the dtype of the weights they write, not of a model they run
