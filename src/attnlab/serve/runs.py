@@ -237,7 +237,7 @@ class RunPool:
         """Let go of the least recently used runs not in use until ``need`` more bytes fit."""
         with self._lock:
             held = sum(s.bytes for s in self._slots.values() if s.run is not None)
-            for path, s in list(self._slots.items()):
+            for s in list(self._slots.values()):
                 if held + need <= self.budget:
                     break
                 if s is keep or s.run is None or not s.lock.acquire(blocking=False):

@@ -186,8 +186,9 @@ def dla(run, params: dict, cache: dict, text: str) -> str:
 
 @view("ablate")
 def ablate(run, params: dict, cache: dict, text: str) -> str:
-    """``attnlab ablate RUN TEXT --head L.H --mode zero|mean --json`` (an LSTM: --context)."""
-    head = _str(params, "head")
+    """``attnlab ablate RUN TEXT --head L.H --mode zero|mean --json`` (an LSTM: --context);
+    params ``ablate`` (the head's label, or "context") and ``mode``."""
+    head = _str(params, "ablate")
     if not head:
         raise ServeError("say which head to ablate: click one in the grid")
     mode = _str(params, "mode", "zero")

@@ -282,7 +282,7 @@
   panel({
     name: "ablate", title: "poke: ablate a head", help: "click a head in the grid: its output is zeroed (or replaced by its mean) and the prediction and loss change beside the intact ones (attnlab ablate --json)",
     views: (ctx) => (ctx.col.params.ablate ? ["ablate"] : []),
-    params: (ctx) => (ctx.col.params.ablate ? { head: ctx.col.params.ablate.head, mode: ctx.col.params.ablate.mode } : {}),
+    params: (ctx) => (ctx.col.params.ablate ? { ablate: ctx.col.params.ablate.head, mode: ctx.col.params.ablate.mode } : {}),
     init(ctx) {
       const col = ctx.col, mode = h("select", {}, h("option", { value: "zero", text: "zero" }), h("option", { value: "mean", text: "mean" }));
       mode.onchange = () => { col.params.ablateMode = mode.value; if (col.params.ablate) { col.params.ablate.mode = mode.value; col.update(["ablate"]); } };
