@@ -54,7 +54,14 @@ def _uvicorn(app, log_level: str = "warning"):
 
 
 def serve(settings: Settings, announce=print) -> None:
-    """Serve until interrupted (what ``attnlab serve`` runs): bind, print the address, run."""
+    """Serve until interrupted (what ``attnlab serve`` runs): bind, print the address, run.
+
+    numpy's BLAS runs on one thread in this process: the views' matrices are small (tokens x
+    width), and a BLAS pool of one thread per core spends longer waking and waiting for its
+    threads than computing, the more so when other processes keep the cores busy."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(1, user_api="blas")
     app = create_app(settings)  # the runs named are checked before anything listens
     sock = listen(settings.host, settings.port)
     settings.port = app.wb.port = sock.getsockname()[1]

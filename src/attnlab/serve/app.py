@@ -161,7 +161,7 @@ class Workbench:
             for name in names:
                 t0 = time.perf_counter()
                 try:
-                    body = V.no_nan(V.VIEWS[name].fn(run, params, cache, text))
+                    body = V.VIEWS[name].fn(run, params, cache, text)
                 except _user_errors() as e:
                     body = json.dumps({"serve_error": _line(e)}, ensure_ascii=False)
                 except Exception as e:  # a bug: one line for the page, the traceback here
@@ -175,7 +175,7 @@ class Workbench:
         return head[:-1] + ',"views":{' + ",".join(parts) + "}}"
 
     def learn(self, name: str) -> str:
-        return V.no_nan(V.VIEWS["learn"].fn(self.runs.path(name), {}, {}))
+        return V.VIEWS["learn"].fn(self.runs.path(name), {}, {})
 
     def listing(self) -> dict:
         rows = [describe(n, p) for n, p in self.runs.names().items()]

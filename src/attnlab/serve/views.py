@@ -55,11 +55,20 @@ def view(name: str, needs_text: bool = True):
     return add
 
 
+def dumps(data) -> str:
+    """JSON text of ``data`` (orjson: the numbers are the same, written ten times faster than
+    the json module writes them; NaN and infinities, which JSON lacks, become null)."""
+    import orjson
+
+    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
 def _json(result, run) -> str:
-    """A result as the CLI's --json prints it (``about`` first)."""
+    """A result's JSON as the CLI's --json prints it (``about`` first)."""
     if getattr(result, "about", None) is None:
         result.about = run.about
-    return result.to_json(indent=None)
+    d = result.to_dict()
+    return dumps({"about": result.about, **d} if "about" not in d else d)
 
 
 def recording(run, cache: dict, text: str):
@@ -100,7 +109,7 @@ def _str(params: dict, key: str, default: str | None = None) -> str | None:
 def predict(run, params: dict, cache: dict, text: str) -> str:
     """``attnlab predict RUN TEXT --json``: {"about", "predictions": [one prediction]}."""
     pred = run.predict(text)
-    return json.dumps({"about": run.about, "predictions": [pred]}, ensure_ascii=False)
+    return dumps({"about": run.about, "predictions": [pred]})
 
 
 @view("explorer")
@@ -124,7 +133,7 @@ def explorer(run, params: dict, cache: dict, text: str) -> str:
         elif not run.model.residual:  # an LSTM: its one attention is the context vector
             labels[m["name"]] = ["context"] * m["H"]
     data["heads"] = labels
-    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    return dumps(data)
 
 
 @view("trace")
@@ -246,7 +255,7 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
                 steps.append({"position": t, "token": toks[t], "attention": rows})
             data["tokens"] = toks
     data["steps"] = steps
-    return json.dumps(data, ensure_ascii=False)
+    return dumps(data)
 
 
 # -- the run's files ----------------------------------------------------------------------------
@@ -272,10 +281,10 @@ def learn(run_path, params: dict, cache: dict, text: str = "") -> str:
         from attnlab.run import about_run
 
         tl.about = about_run(run_path)
-        out["timeline"] = json.loads(tl.to_json(indent=None))
+        out["timeline"] = {"about": tl.about, **tl.to_dict()}
     except InspectError as e:
         out["note"] = " ".join(str(e).split())
-    return json.dumps(out, ensure_ascii=False)
+    return dumps(out)
 
 
 def _retry(fn, tries: int = 3):
@@ -290,20 +299,3 @@ def _retry(fn, tries: int = 3):
             if attempt == tries - 1:
                 raise
             time.sleep(0.1)
-
-
-def no_nan(text: str) -> str:
-    """JSON the page can parse: NaN and infinities (which Python's json writes) become null."""
-    if "NaN" not in text and "Infinity" not in text:
-        return text
-
-    def clean(x):
-        if isinstance(x, float) and not math.isfinite(x):
-            return None
-        if isinstance(x, dict):
-            return {k: clean(v) for k, v in x.items()}
-        if isinstance(x, list):
-            return [clean(v) for v in x]
-        return x
-
-    return json.dumps(clean(json.loads(text)), ensure_ascii=False)

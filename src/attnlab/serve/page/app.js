@@ -68,16 +68,18 @@ const attnlab = (function () {
   // written in the cells (d decimals) up to `textMax` columns, and in each cell's title always.
   function heat(M, rows, cols, opts) {
     opts = opts || {};
-    const d = opts.decimals === undefined ? 3 : opts.decimals, textMax = opts.textMax || 24;
+    const d = opts.decimals === undefined ? 3 : opts.decimals, textMax = opts.textMax || 32;
     let top = opts.top;
     if (top === undefined) { top = 1e-12; for (const r of M) for (const v of r) if (v !== null && Math.abs(v) > top) top = Math.abs(v); }
+    const fill = (v) => (v === null ? "#e4e4e4" : opts.signed ? diverging(v, top) : colour(v / top));
+    if (M.length && M[0].length > textMax) return heatCanvas(M, rows, cols, fill, opts);
     const t = h("table", { class: "heat" });
     if (cols) t.append(h("tr", {}, h("th"), cols.map((c) => h("th", { text: show(c).slice(0, 8) }))));
     M.forEach((r, i) => {
       const tr = h("tr", {}, h("th", { text: rows ? show(rows[i]).slice(0, 12) : String(i) }));
       r.forEach((v, j) => {
         const td = h("td", { class: "cell", title: (rows ? show(rows[i]) : i) + " \u2192 " + (cols ? show(cols[j]) : j) + ": " + num(v, 6),
-          style: "background:" + (v === null ? "#e4e4e4" : opts.signed ? diverging(v, top) : colour(v / top)), data: { i: i, j: j, v: v === null ? "" : v } });
+          style: "background:" + fill(v), data: { i: i, j: j, v: v === null ? "" : v } });
         if (r.length <= textMax && v !== null) td.textContent = num(v, d);
         if (opts.onclick) td.onclick = () => opts.onclick(i, j);
         tr.append(td);
@@ -85,6 +87,28 @@ const attnlab = (function () {
       t.append(tr);
     });
     return t;
+  }
+  // A matrix too wide to write its numbers in: drawn on a canvas, each number on hover.
+  function heatCanvas(M, rows, cols, fill, opts) {
+    const cell = Math.max(3, Math.min(12, Math.floor(640 / M[0].length))), pad = 64;
+    const c = h("canvas", { class: "heat", width: pad + cell * M[0].length + 2, height: pad + cell * M.length + 2 });
+    const x = c.getContext("2d");
+    x.fillStyle = "#fff"; x.fillRect(0, 0, c.width, c.height);
+    M.forEach((r, i) => r.forEach((v, j) => { x.fillStyle = fill(v); x.fillRect(pad + j * cell, pad + i * cell, cell, cell); }));
+    if (cell >= 8) {
+      x.font = "9px monospace"; x.fillStyle = "#222"; x.textAlign = "right";
+      if (rows) rows.forEach((t, i) => x.fillText(show(t).slice(0, 8), pad - 3, pad + i * cell + cell - 1));
+      if (cols) cols.forEach((t, j) => { x.save(); x.translate(pad + j * cell + cell - 2, pad - 3); x.rotate(-Math.PI / 2); x.textAlign = "left"; x.fillText(show(t).slice(0, 8), 0, 0); x.restore(); });
+    }
+    const at = (e) => { const b = c.getBoundingClientRect(); return [Math.floor((e.clientY - b.top - pad) / cell), Math.floor((e.clientX - b.left - pad) / cell)]; };
+    c.onmousemove = (e) => {
+      const [i, j] = at(e);
+      if (i >= 0 && j >= 0 && i < M.length && j < M[0].length) tip(e, (rows ? show(rows[i]) : i) + " \u2192 " + (cols ? show(cols[j]) : j) + ": " + num(M[i][j], 4));
+      else tip(null);
+    };
+    c.onmouseleave = () => tip(null);
+    if (opts.onclick) c.onclick = (e) => { const [i, j] = at(e); if (i >= 0 && j >= 0 && i < M.length && j < M[0].length) opts.onclick(i, j); };
+    return c;
   }
   function bars(items, label, value, opts) {  // label / value: field names; bars scaled to the largest
     opts = opts || {};
@@ -198,6 +222,7 @@ const attnlab = (function () {
     S.updates++;
     document.body.dataset.updates = String(S.updates);
     document.body.dataset.done = S.input;
+    document.body.dataset.ms = (performance.now() - (S.t0 || 0)).toFixed(1);  // edit -> every panel drawn
     $("status").textContent = "updated";
   }
 
@@ -218,7 +243,7 @@ const attnlab = (function () {
     else refresh();
   }
   function setInput(v) {
-    S.input = v;
+    S.input = v; S.t0 = performance.now();
     if (!$("text").hidden) $("text").value = v;
     refresh();
   }
@@ -257,7 +282,7 @@ const attnlab = (function () {
     $("show-runs").onclick = () => { $("runs").hidden = !$("runs").hidden; };
     $("run-a").onchange = setColumns;
     $("run-b").onchange = setColumns;
-    $("text").oninput = () => { clearTimeout(S.timer); S.timer = setTimeout(() => setInput($("text").value), 30); };
+    $("text").oninput = () => setInput($("text").value);  // every edit; a column sends the latest when free
     $("testn").oninput = () => setInput("test:" + $("testn").value);
     $("file").onchange = () => { if ($("file").files[0]) upload($("file").files[0]); };
     const bar = $("inputbar");

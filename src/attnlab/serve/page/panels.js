@@ -115,11 +115,12 @@
       st.grid = h("div", { class: "grid" }); st.lines = h("canvas"); st.matrix = h("div"); st.cell = h("div", { class: "help" });
       st.image = h("canvas"); st.neuron = h("div");
       st.imagebox = h("div", { hidden: true }, h("h3", { text: "image: where the query looks (hover a query token on the left of the lines)" }), st.image);
-      ctx.body.append(st.controls, h("div", { class: "row" },
-        h("div", {}, h("h3", { text: "head view (hover a token)" }), st.lines),
-        h("div", {}, h("h3", { text: "matrix: row = query, column = key" }), st.matrix, st.cell), st.imagebox),
-        h("h3", { text: "Q\u00b7K neuron view: how the head scores every key for one query, dimension by dimension" }), st.neuron,
-        h("h3", { text: "model view: every layer \u00d7 head (each from white 0 to blue, its own largest weight)" }), st.grid);
+      ctx.body.append(st.controls,
+        h("h3", { text: "model view: every layer \u00d7 head (each from white 0 to blue, its own largest weight)" }), st.grid,
+        h("div", { class: "row" },
+          h("div", {}, h("h3", { text: "head view (hover a token)" }), st.lines),
+          h("div", {}, h("h3", { text: "matrix: row = query, column = key" }), st.matrix, st.cell), st.imagebox),
+        h("h3", { text: "Q\u00b7K neuron view: how the head scores every key for one query, dimension by dimension" }), st.neuron);
       st.nq = null; st.nk = null; st.hover = null;
     },
     render(ctx) {
@@ -205,11 +206,11 @@
       M = []; for (let i = 0; i < m.T; i++) { const r = []; for (let j = 0; j < m.S; j++) r.push(ok[i * m.S + j] ? Sc[i * m.S + j] : null); M.push(r); }
     } else M = rowsOf(weights(col, mi, hd), m);
     st.matrix.innerHTML = "";
-    const t = heat(M, qTokens(col, m), kTokens(col, m), { signed: !!scores, decimals: scores ? 2 : 3, textMax: 24,
+    const t = heat(M, qTokens(col, m), kTokens(col, m), { signed: !!scores, decimals: scores ? 2 : 3, textMax: 32,
       onclick: (i, j) => { st.nq = i; st.nk = j; drawMatrix(ctx); drawNeuron(ctx); } });
     t.dataset.map = m.name; t.dataset.head = String(hd);
     st.matrix.append(t);
-    const sel = st.nk === null ? null : t.querySelector('td[data-i="' + st.nq + '"][data-j="' + st.nk + '"]');
+    const sel = st.nk === null || t.tagName !== "TABLE" ? null : t.querySelector('td[data-i="' + st.nq + '"][data-j="' + st.nk + '"]');
     if (sel) sel.classList.add("sel");
     st.cell.textContent = st.nk === null ? "click a cell to open it in the neuron view" :
       "query " + show(qTokens(col, m)[st.nq]) + " (" + st.nq + ") \u2192 key " + show(kTokens(col, m)[st.nk]) + " (" + st.nk + "): weight " +
@@ -333,7 +334,7 @@
       if (s.values) {
         const V = Array.isArray(s.values[0]) ? s.values : [s.values];
         const R = V.slice(0, 24).map((r) => r.slice(0, 24));
-        out.append(heat(R, s.rows || (V.length === t.tokens.length ? t.tokens : null), s.cols || null, { signed: true, decimals: 3, textMax: 24 }));
+        out.append(heat(R, s.rows || (V.length === t.tokens.length ? t.tokens : null), s.cols || null, { signed: true, decimals: 3, textMax: 32 }));
         if (V.length > 24 || V[0].length > 24) out.append(h("div", { class: "help", text: "showing 24 \u00d7 24 of " + V.length + " \u00d7 " + V[0].length }));
         if (s.row_sums) out.append(h("div", { class: "help", text: "each row sums to 1: " + s.row_sums.map((x) => num(x, 3)).join(" ") }));
       }
@@ -357,8 +358,8 @@
       const x = L[st.layer];
       st.out.innerHTML = "";
       st.out.append(h("div", { class: "row" },
-        h("div", { class: "before" }, h("h3", { text: "before " + x.label + " (mean off-diagonal " + num(x.mean_before, 3) + ")" }), heat(x.before, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 20 })),
-        h("div", { class: "after" }, h("h3", { text: "after " + x.label + " (mean off-diagonal " + num(x.mean_after, 3) + ")" }), heat(x.after, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 20 }))));
+        h("div", { class: "before" }, h("h3", { text: "before " + x.label + " (mean off-diagonal " + num(x.mean_before, 3) + ")" }), heat(x.before, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 32 })),
+        h("div", { class: "after" }, h("h3", { text: "after " + x.label + " (mean off-diagonal " + num(x.mean_after, 3) + ")" }), heat(x.after, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 32 }))));
     },
   });
 
