@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from attnlab.cli import UsageError
+from attnlab.cli import UsageError, Verb, register
 
 
 def cmd_serve(args) -> int:
@@ -31,7 +31,7 @@ def cmd_serve(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def add(sub) -> None:
     from attnlab.serve.runs import default_budget
 
     p = sub.add_parser(
@@ -55,3 +55,6 @@ def register(sub) -> None:
     p.add_argument("--max-text", type=int, default=2000,
                    help="characters of one input the page may send")  # fmt: skip
     p.set_defaults(func=cmd_serve)
+
+
+VERB = register(Verb("serve", 230, add, json=False))
