@@ -103,7 +103,9 @@ def main() -> None:
                 status, d, dt = ask({"run": run, "input": text, "views": views})
                 with lock:
                     latencies.append(dt * 1000)
-                    if status != 200 or any("serve_error" in v for v in d.get("views", {}).values()):
+                    if status != 200 or any(
+                        "serve_error" in v for v in d.get("views", {}).values()
+                    ):
                         errors.append((i, k, status, str(d)[:200]))
                         continue
                     pred = d["views"]["predict"]["predictions"][0]

@@ -104,7 +104,11 @@ def edits(text: str, n: int, alphabet: str) -> list[str]:
     out, cur = [], list(text)
     for i in range(n):
         k = (7 * i + 3) % len(cur)
-        cur[k] = alphabet[(alphabet.index(cur[k]) + 1) % len(alphabet)] if cur[k] in alphabet else alphabet[0]
+        cur[k] = (
+            alphabet[(alphabet.index(cur[k]) + 1) % len(alphabet)]
+            if cur[k] in alphabet
+            else alphabet[0]
+        )
         out.append("".join(cur))
     return out
 
@@ -165,7 +169,9 @@ def in_browser(address: str, text: str, n: int, alphabet: str) -> dict:
 
         ms = []
         for i, t in enumerate(edits(text, n + 3, alphabet)):
-            b.eval("(() => { const e = document.getElementById('text'); e.focus(); e.select(); })()")
+            b.eval(
+                "(() => { const e = document.getElementById('text'); e.focus(); e.select(); })()"
+            )
             b.send("Input.insertText", {"text": t})
             took = wait_done(t)
             if i >= 3:
@@ -182,7 +188,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="attnlab-serve-bench-") as tmp:
-        for name in (("baby", "0.5b") if args.model == "both" else (args.model,)):
+        for name in ("baby", "0.5b") if args.model == "both" else (args.model,):
             d = Path(tmp) / name
             run, text = (build_baby if name == "baby" else build_half_b)(d)
             rows.append(measure(name, run, text, args.edits, args.browser))

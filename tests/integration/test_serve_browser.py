@@ -130,7 +130,9 @@ def check_prediction(b, capsys, run, text, col=0):
 def check_attention(b, capsys, run, text):
     """The large matrix of the head the CLI's `attention` shows by default (layer 0, head 0)."""
     a = cli(capsys, "attention", run, text)
-    mi = b.eval(f"attnlab.columns()[0].data.explorer.maps.findIndex(m => m.name === {json.dumps(a['name'])})")
+    mi = b.eval(
+        f"attnlab.columns()[0].data.explorer.maps.findIndex(m => m.name === {json.dumps(a['name'])})"
+    )
     assert mi >= 0
     b.eval(f"attnlab.columns()[0].select({mi}, 0)")
     cells = b.eval(f"Array.from(document.querySelectorAll('.column')[0].querySelectorAll("
@@ -168,9 +170,17 @@ def check_similarity_and_influence(b, capsys, run, text):
 
 
 def check_click_to_ablate(b, capsys, run, text):
-    label = b.eval("document.querySelector('.column .grid canvas[data-label]:not([data-label=\"\"])').dataset.label")
+    label = b.eval(
+        "document.querySelector('.column .grid canvas[data-label]:not([data-label=\"\"])').dataset.label"
+    )
     after(b, lambda: click(b, f'.column .grid canvas[data-label="{label}"]'))
-    wait(b, lambda: b.eval("(document.querySelector('[data-panel=ablate] [data-ablated]') || {}).dataset") is not None)
+    wait(
+        b,
+        lambda: (
+            b.eval("(document.querySelector('[data-panel=ablate] [data-ablated]') || {}).dataset")
+            is not None
+        ),
+    )
     args = ["--context"] if label == "context" else ["--head", label]
     a = cli(capsys, "ablate", run, text, *args)
     got = b.eval("document.querySelector('[data-panel=ablate] [data-ablated]').dataset.ablated")
@@ -189,11 +199,18 @@ def test_every_panel_shows_the_clis_numbers_and_a_click_ablates(page, runs, caps
     b, run, text = page, runs / name, TEXTS[name]
     choose(b, f"runs/{name}")
     if name == "vit":
-        after(b, lambda: b.eval("(() => { const n = document.getElementById('testn'); n.value = '0'; n.oninput(); })()"))
+        after(
+            b,
+            lambda: b.eval(
+                "(() => { const n = document.getElementById('testn'); n.value = '0'; n.oninput(); })()"
+            ),
+        )
         wait(b, lambda: b.eval("document.body.dataset.done") == text)
     else:
         type_text(b, text)
-    assert b.eval("document.getElementById('message').hidden"), b.eval("document.getElementById('message').textContent")
+    assert b.eval("document.getElementById('message').hidden"), b.eval(
+        "document.getElementById('message').textContent"
+    )
     check_prediction(b, capsys, run, text)
     check_attention(b, capsys, run, text)
     check_walkthrough(b, capsys, run, text)
@@ -244,7 +261,12 @@ def test_an_image_picked_for_a_vit_and_a_file_that_is_not_one(page, runs, capsys
     Image.fromarray((np.random.default_rng(0).random((8, 8)) * 255).astype("uint8")).save(png)
     n = updates(b)
     _set_file(b, png)
-    wait(b, lambda: updates(b) > n and (b.eval("document.body.dataset.done") or "").startswith("upload:"))
+    wait(
+        b,
+        lambda: (
+            updates(b) > n and (b.eval("document.body.dataset.done") or "").startswith("upload:")
+        ),
+    )
     check_prediction(b, capsys, runs / "vit", str(png))
     bad = tmp_path / "notes.png"
     bad.write_text("not an image")
