@@ -134,6 +134,7 @@ def main() -> None:
         "requests": len(latencies), "errors": len(errors), "crossed": len(crossed),
         "p50_ms": statistics.median(latencies), "p95_ms": sorted(latencies)[int(0.95 * (len(latencies) - 1))],
         "max_ms": max(latencies), "wall_s": wall, "loaded_runs": listing["loaded"],
+        "loads": listing["loads"], "evictions": listing["evictions"], "budget_mib": listing["budget"] / 2**20,
         "server_peak_rss_mib": peak / 1024, "weights_mib": weights / 2**20,
         "load_average": load, "cores": os.cpu_count(),
     }  # fmt: skip

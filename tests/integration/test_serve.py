@@ -319,3 +319,30 @@ def test_a_run_being_trained_is_watched_without_disturbing_it(tmp_path):
             train.kill()
         if srv is not None:
             srv.stop()
+
+
+def test_generation_is_the_clis_and_gives_each_new_tokens_attention(server, runs, capsys):
+    _, d = views(server, "runs/a", "I like", ["generate"], max_new_tokens=60, seed=3)
+    g = d["views"]["generate"]
+    cli_out = cli_json(capsys, "generate", runs / "a", "--prompt", "I like", "--max-new-tokens",
+                       "60", "--seed", "3")  # fmt: skip
+    assert g["samples"] == cli_out["samples"]
+    assert len(g["steps"]) == 48 and g["offset"] == 66 - 48  # past the block: its last 48 tokens
+    for s in g["steps"]:
+        rows = s["attention"]["blocks.0.attn.weights"]
+        assert all(abs(sum(r) - 1) < 1e-3 for r in rows)
+
+
+def test_an_image_model_never_reads_a_path_typed_into_the_page(tmp_path):
+    from serve_helpers import build_kind
+
+    build_kind("vit", tmp_path)
+    srv = start(tmp_path / "vit")
+    try:
+        for params in ({}, {"corrupt": "/etc/hostname", "target": "1"}):
+            status, d = views(srv, "vit", "/etc/hostname" if not params else "test:0",
+                              ["patch" if params else "predict"], **params)  # fmt: skip
+            assert status == 400 and "a path on the server is not read" in d["error"], d
+        assert views(srv, "vit", "test:0", ["predict"])[0] == 200
+    finally:
+        srv.stop()

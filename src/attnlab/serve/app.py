@@ -158,6 +158,8 @@ class Workbench:
         parts, times = [], {}
         with self.pool.use(req.get("run")) as (run, cache):
             text = self.text(req.get("input", ""), run.model.reads)
+            if params.get("corrupt") is not None:  # patching's second input: checked alike
+                params = {**params, "corrupt": self.text(params["corrupt"], run.model.reads)}
             for name in names:
                 t0 = time.perf_counter()
                 try:
@@ -182,8 +184,9 @@ class Workbench:
         for r in rows:
             if r.get("error"):
                 self.say_once(f"{r['name']}: {r['error']}")
-        return {"runs": rows, "loaded": self.pool.loaded(), "max_text": self.settings.max_text,
-                "views": [n for n in V.VIEWS]}  # fmt: skip
+        return {"runs": rows, "loaded": self.pool.loaded(), "loads": self.pool.loads,
+                "evictions": self.pool.evictions, "budget": self.pool.budget,
+                "max_text": self.settings.max_text, "views": list(V.VIEWS)}  # fmt: skip
 
 
 def _user_errors():

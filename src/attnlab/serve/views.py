@@ -230,7 +230,8 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
     --json`` ({"about", "samples": [{"prompt", "text"}]}), and ``steps``: each new token with
     its attention over the tokens before it, per map and head, from one recorded pass over
     prompt + continuation (a causal model's attention at a position is the same whether the
-    later tokens exist or not)."""
+    later tokens exist or not); past the model's block, over its last block of tokens
+    (``offset``: the tokens cut before ``tokens``)."""
     n = _int(params, "max_new_tokens", 20, 1, GENERATE_MAX)
     seed = _int(params, "seed", 0, 0, 2**32 - 1)
     temperature = params.get("temperature", 0.8)
@@ -240,20 +241,18 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
     data = {"about": run.about, "samples": [{"prompt": text, "text": out}]}
     steps = []
     if run.model.causal and run.model.reads == "text" and out:
-        block = getattr(run.model.config, "block_size", None)
-        full = text + out
-        ids = run.tokenizer.encode(full)
-        if block is None or len(ids) <= block:
-            rec = run.record(full)
-            start = len(run.tokenizer.encode(text))
-            toks = next(iter(rec.tokens.values()))
-            for t in range(start, len(toks)):
-                rows = {}
-                for info in rec.maps():
-                    w = rec.weights(info.name)[:, t, : t + 1]  # (H, t + 1): the keys it saw
-                    rows[info.name] = [[round(float(x), 4) for x in h] for h in w]
-                steps.append({"position": t, "token": toks[t], "attention": rows})
-            data["tokens"] = toks
+        ids = run.tokenizer.encode(text + out)
+        block = getattr(run.model.config, "block_size", None) or len(ids)
+        cut = max(0, len(ids) - block)  # past the block: the last block of tokens, as decoding slid
+        rec = run.record(run.tokenizer.decode(ids[cut:]))
+        toks = next(iter(rec.tokens.values()))
+        for t in range(max(0, len(run.tokenizer.encode(text)) - cut), len(toks)):
+            rows = {}
+            for info in rec.maps():
+                w = rec.weights(info.name)[:, t, : t + 1]  # (H, t + 1): the keys it saw
+                rows[info.name] = [[round(float(x), 4) for x in h] for h in w]
+            steps.append({"position": t + cut, "token": toks[t], "attention": rows})
+        data["tokens"], data["offset"] = toks, cut
     data["steps"] = steps
     return dumps(data)
 

@@ -469,7 +469,7 @@
       st.out.innerHTML = ""; st.att.innerHTML = "";
       st.out.append(h("div", { class: "output sample", text: d.samples[0].prompt + d.samples[0].text }));
       if (!d.steps.length) return;
-      const line = h("div"), start = d.steps[0].position;
+      const line = h("div"), off = d.offset || 0, start = d.steps[0].position - off;
       d.tokens.slice(0, start).forEach((t) => line.append(h("span", { class: "tok", text: show(t) })));
       st.out.append(h("h3", { text: "token by token (click a new token: its attention)" }), line);
       const showStep = (s) => {
@@ -478,7 +478,7 @@
         const rows = s.attention[name] || Object.values(s.attention)[0], hd = Math.max(0, Math.min(col.sel.head, rows.length - 1));
         st.att.innerHTML = "";
         st.att.append(h("div", { class: "help", text: "new token " + show(s.token) + " at " + s.position + ": " + name + " head " + hd }),
-          bars(rows[hd].map((w, j) => ({ token: j + ":" + d.tokens[j], w: w })), "token", "w"));
+          bars(rows[hd].map((w, j) => ({ token: (j + off) + ":" + show(d.tokens[j]), w: w })), "token", "w"));
       };
       let n = 0;
       st.timer = setInterval(() => {  // one token at a time, each with its attention
