@@ -192,21 +192,24 @@ class RunPool:
         path = self.runs.path(name)
         slot = self._slot(path)
         with slot.lock:
-            self._ensure(slot)
-            yield slot.run, slot.extra
+            run, extra = self._ensure(slot)
+            yield run, extra
 
     def loaded(self) -> dict[str, int]:
         """path -> bytes of every run held now."""
         with self._lock:
             return {str(p): s.bytes for p, s in self._slots.items() if s.run is not None}
 
-    def _ensure(self, slot: _Slot) -> None:
+    def _ensure(self, slot: _Slot):
+        """(run, its caches) of ``slot``, loaded if it is not held or its files changed."""
         if slot.path in self.preloaded:
             slot.run = self.preloaded[slot.path]
-            return
+            return slot.run, slot.extra
         stamp = _stamp(slot.path)
-        if slot.run is not None and stamp == slot.stamp:
-            return
+        with self._lock:  # read together: an eviction may clear them
+            run, extra = slot.run, slot.extra
+        if run is not None and stamp == slot.stamp:
+            return run, extra
         if slot.error is not None and stamp == slot.error_stamp:
             raise RunUnavailable(slot.error)
         need = _weights_bytes(slot.path)
@@ -216,7 +219,8 @@ class RunPool:
                 f"memory budget of {self.budget / GIB:.2f} GiB (start it with a larger "
                 "--memory-gb)"), stamp  # fmt: skip
             raise RunUnavailable(slot.error)
-        slot.run, slot.extra = None, {}
+        with self._lock:
+            slot.run, slot.extra, slot.bytes = None, {}, 0
         self._make_room(need, slot)
         from attnlab.run import load_run
 
@@ -230,24 +234,26 @@ class RunPool:
                     raise RunUnavailable(slot.error) from None
                 stamp = _stamp(slot.path)
                 time.sleep(0.2)
-        slot.run, slot.stamp, slot.bytes, slot.error = run, stamp, need, None
-        self.loads += 1
+        extra = {}
+        with self._lock:
+            slot.run, slot.extra, slot.stamp, slot.bytes, slot.error = run, extra, stamp, need, None
+            self.loads += 1
+        return run, extra
 
     def _make_room(self, need: int, keep: _Slot) -> None:
-        """Let go of the least recently used runs not in use until ``need`` more bytes fit."""
+        """Let go of the least recently used runs until ``need`` more bytes fit. A run in use
+        is let go too: the request computing on it keeps it until it answers, the pool no
+        longer does (so memory is at most the budget plus the runs of requests in flight)."""
         with self._lock:
             held = sum(s.bytes for s in self._slots.values() if s.run is not None)
             for s in list(self._slots.values()):
                 if held + need <= self.budget:
                     break
-                if s is keep or s.run is None or not s.lock.acquire(blocking=False):
+                if s is keep or s.run is None or s.path in self.preloaded:
                     continue
-                try:
-                    held -= s.bytes
-                    s.run, s.extra, s.bytes = None, {}, 0
-                    self.evictions += 1
-                finally:
-                    s.lock.release()
+                held -= s.bytes
+                s.run, s.extra, s.bytes, s.stamp = None, {}, 0, ()
+                self.evictions += 1
 
 
 def default_budget() -> int:
