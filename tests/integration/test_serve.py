@@ -216,6 +216,14 @@ def test_a_memory_budget_lets_go_of_the_least_recently_used_run(runs):
             assert views(srv, run, TEXT, ["predict"])[0] == 200
             assert len(srv.workbench.pool.loaded()) == 1
         assert srv.workbench.pool.evictions == 2 and srv.workbench.pool.loads == 3
+        statuses = []  # clients at once on both runs: the budget still holds
+        threads = [threading.Thread(target=lambda r=r: statuses.extend(
+            views(srv, r, TEXT, ["predict"])[0] for _ in range(3))) for r in ["runs/a", "runs/b"] * 2]  # fmt: skip
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert statuses == [200] * 12 and len(srv.workbench.pool.loaded()) == 1
     finally:
         srv.stop()
 

@@ -174,6 +174,7 @@ class RunPool:
         self.runs, self.budget, self.device = runs, int(budget), device
         self._slots: OrderedDict[Path, _Slot] = OrderedDict()
         self._lock = threading.Lock()
+        self._loading = threading.Lock()
         self.loads = 0  # how many times a run was loaded (the load test reads it)
         self.evictions = 0
         self.preloaded = dict(preloaded or {})  # path -> a Run already in memory (a notebook)
@@ -221,24 +222,29 @@ class RunPool:
             raise RunUnavailable(slot.error)
         with self._lock:
             slot.run, slot.extra, slot.bytes = None, {}, 0
-        self._make_room(need, slot)
+        with self._loading:  # one load at a time, so the room made is not taken meanwhile
+            self._make_room(need, slot)
+            run, stamp = self._load(slot, stamp)
+            extra = {}
+            with self._lock:
+                slot.run, slot.extra, slot.stamp, slot.bytes = run, extra, stamp, need
+                slot.error = None
+                self.loads += 1
+        return run, extra
+
+    def _load(self, slot: _Slot, stamp: tuple):
         from attnlab.run import load_run
 
         for attempt in range(3):  # a checkpoint being renamed into place: read it again
             try:
-                run = load_run(slot.path, self.device)
-                break
+                return load_run(slot.path, self.device), stamp
             except (AttnlabError, OSError, ValueError) as e:
                 if attempt == 2 or _stamp(slot.path) == stamp:
                     slot.error, slot.error_stamp = f"{slot.path.name}: {_line(e)}", stamp
                     raise RunUnavailable(slot.error) from None
                 stamp = _stamp(slot.path)
                 time.sleep(0.2)
-        extra = {}
-        with self._lock:
-            slot.run, slot.extra, slot.stamp, slot.bytes, slot.error = run, extra, stamp, need, None
-            self.loads += 1
-        return run, extra
+        raise AssertionError("unreachable")
 
     def _make_room(self, need: int, keep: _Slot) -> None:
         """Let go of the least recently used runs until ``need`` more bytes fit. A run in use
