@@ -38,6 +38,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.demo",
             "attnlab.experiments",
             "attnlab.experiments.*",
+            "attnlab.serve",
+            "attnlab.serve.*",
         ],
     ),
     # The doors to a run: Run (open, predict, score, generate), and Hugging Face in and out.
