@@ -242,8 +242,9 @@ class Block(nn.Module):
     scale, softcap, window, ...; a rotary module goes in ``rotary``, self-attention only).
 
     Recorded: resid_pre, each pre-norm step's normed input (ln1, ln_cross, ln2), attn.*,
-    resid_mid (after attention), cross.* and resid_cross when cross-attending, mlp.hidden and
-    mlp_out (with an FFN), {sublayer}_post (an output norm's result, what is added), {sublayer}_sum
+    resid_mid (after attention), cross.* and resid_cross when cross-attending, mlp_in (what
+    the FFN reads, after any norm: its own input, which an edit changes for it alone),
+    mlp.hidden and mlp_out (with an FFN), {sublayer}_post (an output norm's result, what is added), {sublayer}_sum
     (post-norm: the sum before its norm), resid_post (the block's output).
     """
 
@@ -309,7 +310,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         names = ["resid_pre", *(s.norm for s in self.residual if s.norm)]
         names += [s.point for s in self.residual if s.point] + ["resid_post"]
-        names += ["mlp_out"] if mlp else []
+        names += ["mlp_in", "mlp_out"] if mlp else []
         names += [f"{s.sublayer}_post" for s in self.residual if s.post]
         names += [f"{s.sublayer}_sum" for s in self.residual if s.after]
         for n in dict.fromkeys(names):
@@ -341,7 +342,7 @@ class Block(nn.Module):
                 h, mask=mask, causal=self.causal, cache=cache, position_bias=position_bias
             ),
             "cross": lambda h: self.cross(h, kv=memory, mask=memory_mask, cache=cross_cache),
-            "mlp": lambda h: self.hook_mlp_out(self.mlp(h)),
+            "mlp": lambda h: self.hook_mlp_out(self.mlp(self.hook_mlp_in(h))),
         }
         x = x0 = self.hook_resid_pre(x)  # (B, T, C)
         for s in self.residual:
