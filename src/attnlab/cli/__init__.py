@@ -26,6 +26,9 @@ AREAS = (
     "intervene",
     "timeline",
     "experiment",
+    "walk",
+    "what_if",
+    "align",
 )
 
 
@@ -85,7 +88,7 @@ def int_at_least(low: int):
 
 
 # Verbs that run no model; every other verb takes --threads (see add_threads_option).
-NO_MODEL_VERBS = {"import-hf", "export-hf"}
+NO_MODEL_VERBS = {"import-hf", "export-hf", "walk"}
 # Verbs whose library call chooses the threads itself (training.run.train: the Python API makes
 # the same choice); the CLI passes --threads on to them instead of choosing first.
 OWN_THREADS_VERBS = {"train"}

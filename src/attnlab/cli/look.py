@@ -102,7 +102,7 @@ def cmd_similarity(args) -> int:
     from attnlab.inspect.similarity import similarity
 
     _, _, rec = _record(args)
-    result = similarity(rec, layer=args.layer)
+    result = similarity(rec, layer=args.layer, measure=args.measure)
     result.start = _start(args.start, max(len(ly.tokens) for ly in result.layers))
     _print(result, args.json)
     return 0
@@ -258,6 +258,9 @@ def register(sub) -> None:
     )
     p.add_argument("--start", type=nonneg, default=0,
                    help="first token (column) shown in the terminal's matrices")  # fmt: skip
+    p.add_argument("--measure", choices=("cosine", "dot"), default="cosine",
+                   help="the matrices shown: cosine similarity, or the raw dot products h_i . "
+                   "h_j (--json has both)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print every layer's matrices as JSON")
     p.set_defaults(func=cmd_similarity)
 
