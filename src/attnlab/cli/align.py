@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import sys
 
+from attnlab.cli import Verb, int_at_least, output_file, register
+
 
 def cmd_align(args) -> int:
-    from attnlab.cli import output_file
     from attnlab.inspect.source_attention import side_by_side
     from attnlab.render.display import console
     from attnlab.run import load_run
@@ -33,8 +34,7 @@ def cmd_align(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    from attnlab.cli import int_at_least
+def add(sub) -> None:
 
     nonneg = int_at_least(0)
     p = sub.add_parser(
@@ -55,3 +55,6 @@ def register(sub) -> None:
                    help="add up the weights of the tokens of each word (let ' s -> let's)")  # fmt: skip
     p.add_argument("--png", metavar="FILE", help="draw the models side by side into a PNG")
     p.set_defaults(func=cmd_align)
+
+
+VERB = register(Verb("align", 145, add))

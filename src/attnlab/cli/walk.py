@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from attnlab.cli import UsageError
+from attnlab.cli import UsageError, Verb, register
 
 MATRIX_HELP = ("a file (JSON rows, CSV or whitespace-separated rows), '-' for stdin, or the "
                "rows typed inline, ';' between them")  # fmt: skip
@@ -99,7 +99,7 @@ def cmd_walk(args) -> int:
     return 0
 
 
-def register(sub) -> None:
+def add(sub) -> None:
     p = sub.add_parser(
         "walk",
         help="attention by hand: your own X, W_Q, W_K, W_V (or random ones), step by step",
@@ -152,3 +152,6 @@ def register(sub) -> None:
                    "each row's entropy and largest weight before and after")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the steps (or what-ifs) as JSON")
     p.set_defaults(func=cmd_walk)
+
+
+VERB = register(Verb("walk", 55, add, runs="nothing"))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from attnlab.cli import Verb, int_at_least, register
+
 
 def cmd_what_if(args) -> int:
     from attnlab.inspect.by_hand import indented
@@ -27,8 +29,7 @@ def cmd_what_if(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    from attnlab.cli import int_at_least
+def add(sub) -> None:
     from attnlab.inspect.what_if import DEFAULT_PAD, DEFAULT_TEMPERATURE
 
     nonneg = int_at_least(0)
@@ -57,3 +58,6 @@ def register(sub) -> None:
                    help="a longer text batched with TEXT: TEXT gets as many pads as it is "
                    "shorter")  # fmt: skip
     p.set_defaults(func=cmd_what_if)
+
+
+VERB = register(Verb("what-if", 65, add))
