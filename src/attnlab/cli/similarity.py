@@ -21,8 +21,7 @@ def add(sub) -> None:
     nonneg = int_at_least(0)
 
     p = sub.add_parser(
-        "similarity",
-        help="token x token cosine similarity (or dot products) before and after each block",
+        "similarity", help="token x token cosine similarity before and after each block"
     )
     run_and_text(p)
     p.add_argument(
