@@ -201,12 +201,13 @@ class Run:
         return rec
 
     def what_if(self, text: str, layer: int | None = None, head: int = 0, *,
-                map: str | None = None, temperature: float = 2.0, pad: int = 2,
-                pad_text: str | None = None):  # fmt: skip
+                map: str | None = None, temperature: float | None = None,
+                pad: int | None = None, pad_text: str | None = None):  # fmt: skip
         """As ``attnlab what-if RUN TEXT``: one head's attention as the model computes it and
         with one piece changed at a time (no 1/sqrt(d_k), no causal mask, temperature T and
         1/T, ``pad`` pads without a padding mask; ``pad_text``: as many pads as ``text`` is
-        shorter than it). An ``attnlab.inspect.what_if.WhatIf``."""
+        shorter than it; None: the defaults of ``attnlab.inspect.what_if``, T = 2, 2 pads).
+        An ``attnlab.inspect.what_if.WhatIf``."""
         from attnlab.inspect.recording import InspectError
         from attnlab.inspect.what_if import what_if
 
@@ -219,7 +220,8 @@ class Run:
                 raise InspectError(f"the pad text must be longer than the text, which it pads: "
                                    f"it has {theirs} tokens, the text {mine}")  # fmt: skip
             pad = theirs - mine
-        return what_if(rec, self.model, layer, head, map, temperature, pad, text)
+        given = {k: v for k, v in (("temperature", temperature), ("pad", pad)) if v is not None}
+        return what_if(rec, self.model, layer, head, map, text=text, **given)
 
     def source_attention(self, text: str, layer: int | None = None, head: int | None = None,
                          words: bool = False):  # fmt: skip

@@ -192,3 +192,14 @@ def test_entropy_in_bits():
 def test_settings_refuse_a_temperature_of_zero():
     with pytest.raises(MatrixError, match="temperature"):
         Settings(temperature=0.0)
+
+
+def test_a_notebook_draws_the_walk_and_the_what_ifs():
+    from attnlab.inspect.what_if import what_if_by_hand
+
+    m = random_matrices(m=4, d_k=2, seed=0, tokens="<s> I like")
+    page = walk(m, pad=1)._repr_html_()
+    assert page.count("<table") >= 10 and "&lt;pad&gt;" in page and "&lt;s&gt;" in page
+    assert "<s>" not in page.replace("<script", "")  # every token escaped
+    w = what_if_by_hand(m)._repr_html_()
+    assert w.count("<table") == 1 + 5 and "no causal mask" in w

@@ -8,6 +8,7 @@ It loads each run and calls ``Run.source_attention``, then
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from attnlab.cli import Verb, int_at_least, output_file, register
 
@@ -21,7 +22,7 @@ def cmd_align(args) -> int:
     runs = [load_run(r, args.device) for r in args.runs]  # every run loads before any output
     results = [r.source_attention(args.text, layer=args.layer, head=args.head, words=args.words)
                for r in runs]  # fmt: skip
-    names = [f"{path} ({r.kind})" for path, r in zip(args.runs, runs)]
+    names = [f"{Path(path).name or path} ({r.kind})" for path, r in zip(args.runs, runs)]
     result = side_by_side(results, names, args.text)
     if png is not None:  # written before anything is printed
         result.save_png(png)

@@ -52,6 +52,7 @@ RULES = {
     "token_cache": "a corpus of 32 MiB or more streams, into $ATTNLAB_CACHE or ~/.cache/attnlab",
     "src_tokenizer": "--tokenizer",
     "tgt_tokenizer": "--tokenizer",
+    "attend_eos": "--attend-eos",
 }
 SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm", "ffn", "kv_heads"}
 # Variants of a task whose defaults are listed after its own: (label, given options) by task.
