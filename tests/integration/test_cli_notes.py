@@ -212,6 +212,7 @@ def test_align_puts_the_lstm_and_the_transformer_side_by_side(cli, pair, tmp_pat
 
 def test_align_and_the_lstm_options_refuse_in_one_line(cli, words, pair, tmp_path):
     assert "no attention over a source" in one_error_line(cli("align", words, "I like"))
+    assert "at most 8" in one_error_line(cli("align", *[pair[0]] * 9, "let's go"))
     assert "no layer 3 reads the source" in one_error_line(
         cli("align", pair[1], "let's go", "--layer", "3"))  # fmt: skip
     line = one_error_line(cli("train", *SEQ2SEQ, "--arch", "transformer", "--no-attend-eos",

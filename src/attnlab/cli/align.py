@@ -10,7 +10,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from attnlab.cli import Verb, int_at_least, output_file, register
+from attnlab.cli import UsageError, Verb, int_at_least, output_file, register
+
+MAX_RUNS = 8  # side by side, each picture still readable
 
 
 def cmd_align(args) -> int:
@@ -18,6 +20,8 @@ def cmd_align(args) -> int:
     from attnlab.render.display import console
     from attnlab.run import load_run
 
+    if len(args.runs) > MAX_RUNS:
+        raise UsageError(f"{len(args.runs)} runs: align draws at most {MAX_RUNS} side by side")
     png = output_file(args.png, ".png", "--png")
     runs = [load_run(r, args.device) for r in args.runs]  # every run loads before any output
     results = [r.source_attention(args.text, layer=args.layer, head=args.head, words=args.words)
