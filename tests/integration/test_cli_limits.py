@@ -50,6 +50,7 @@ BASE = {
     "walk": ["walk"],
     "what-if": ["what-if", "run", "All"],
     "align": ["align", "run", "All"],
+    "serve": ["serve", "run"],
 }
 
 
