@@ -278,6 +278,43 @@ class Run:
         return self._about(patch(self.subject, clean, corrupt, target, foil=foil, by=by,
                                  position=position, reverse=reverse, positions=positions))  # fmt: skip
 
+    def circuit(self, *, pairs: str | None = None, clean: str | None = None,
+                corrupt: str | None = None, target: str | None = None, foil: str | None = None,
+                induction: int | None = None, half: int = 12, metric: str | None = None,
+                method: str = "eap-ig", steps: int = 5, ablation: str = "corrupt",
+                k: int | None = None, fraction: float | None = None, reach: float = 0.9,
+                random_sets: int = 20, resamples: int = 1000, seed: int = 0,
+                acdc: float | None = None, positions: bool = False,
+                position: int | None = None):  # fmt: skip
+        """As ``attnlab circuit RUN``: every edge of the residual graph scored on clean/corrupt
+        pairs (a TSV file ``pairs``, one pair ``clean``/``corrupt``/``target``[/``foil``], or
+        ``induction`` random r r vs r' r pairs of ``half`` tokens) by ``method`` (eap, eap-ig
+        with ``steps``, exact), the top-k circuit and its faithfulness curve beside random sets
+        with bootstrap CIs, and with ``acdc`` ACDC's greedy pruning at that tau. The result's
+        ``to_dict()`` is what ``--json`` prints (plain JSON-able data)."""
+        from attnlab.interventions import InterventionError
+        from attnlab.interventions.circuits import find_circuit
+        from attnlab.interventions.pairs import induction_pairs, one_pair, read_pairs
+
+        given = sum(x is not None for x in (pairs, clean, induction))
+        if given != 1 or (clean is not None) != (corrupt is not None):
+            raise InterventionError("give the pairs one way: --pairs FILE, --clean A --corrupt B "
+                                    "--target T [--foil F], or --induction N")  # fmt: skip
+        if pairs is not None:
+            prompts = read_pairs(pairs)
+        elif clean is not None:
+            if target is None:
+                raise InterventionError("--clean/--corrupt need --target (the token the clean "
+                                        "input gives)")  # fmt: skip
+            prompts = one_pair(clean, corrupt, target, foil)
+        else:
+            prompts = induction_pairs(self.subject, induction, half, seed)
+        return self._about(find_circuit(
+            self.subject, prompts, method=method, steps=steps, metric=metric, ablation=ablation,
+            positions=positions, k=k, fraction=fraction, target=reach,
+            random_sets=random_sets, resamples=resamples, seed=seed, acdc=acdc,
+            position=position))  # fmt: skip
+
     def lens(self, text: str, *, tuned: bool = False):
         """As ``attnlab lens RUN TEXT``: the logit lens (``tuned``: the run's tuned lens)."""
         from attnlab.interventions import TunedLens, logit_lens

@@ -327,3 +327,72 @@ def test_pairs_that_cannot_line_up_are_refused_in_one_line(tmp_path):
     empty.write_text("# nothing\n\n")
     with pytest.raises(InterventionError, match="has no pairs"):
         read_pairs(empty)
+
+
+# ---------------------------------------------------------------------------------------------
+# The verb
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def char_run(tmp_path_factory):
+    from attnlab.checkpoint import save_model
+
+    s = char_gpt()
+    path = tmp_path_factory.mktemp("circuit") / "run"
+    save_model(path, s.model.float(), s.tokenizer)
+    return path
+
+
+def test_the_verb_refuses_bad_input_in_one_line_exit_2(char_run, tmp_path, capsys):
+    from attnlab.cli import main
+
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("\n")
+    cases = [
+        (["--clean", "abcab", "--corrupt", "abca", "--target", "c", "--foil", "d"], "same length"),
+        (["--clean", "abcab", "--corrupt", "dbcab", "--target", "cc", "--foil", "d"], "one token"),
+        (["--clean", "abcab", "--corrupt", "dbcab", "--target", "c", "--foil", "d", "--k",
+          "100000"], "--k 100000"),
+        (["--pairs", str(empty)], "has no pairs"),
+        (["--induction", "4", "--random-sets", "3"], "--random-sets"),
+        (["--induction", "4", "--clean", "ab", "--corrupt", "cd"], "one way"),
+    ]  # fmt: skip
+    for extra, words in cases:
+        try:  # argparse's refusals exit; the verb's return 2
+            code = main(["circuit", str(char_run), *extra])
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2, (extra, err)
+        assert words in err and "\n" not in err and "Traceback" not in err, err
+
+
+def test_the_verb_prints_json_and_draws_the_graph_curve_and_page(char_run, tmp_path, capsys):
+    import json
+
+    from attnlab.cli import main
+
+    png, curve, page = tmp_path / "g.png", tmp_path / "c.png", tmp_path / "p.html"
+    code = main(["circuit", str(char_run), "--induction", "4", "--half", "4", "--method", "eap",
+                 "--resamples", "50", "--json", "--png", str(png), "--curve-png", str(curve),
+                 "--html", str(page)])  # fmt: skip
+    assert code == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["method"] == "eap" and d["about"] and d["definitions"]["faithfulness"]
+    assert d["random_sets"] == 20 and len(d["curve"]) >= 2
+    assert png.stat().st_size > 1000 and curve.stat().st_size > 1000
+    html = page.read_text()
+    assert 'type="range"' in html and "http" not in html.replace("http://www.w3.org", "")
+
+
+def test_the_table_fits_80_columns_with_no_trailing_spaces(char_run, capsys, monkeypatch):
+    from attnlab.cli import main
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code = main(["circuit", str(char_run), "--induction", "4", "--half", "4", "--method", "eap",
+                 "--resamples", "50", "--ablation", "mean"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "faithfulness of the top k" in out and "mean over the corrupt" in out
+    for line in out.splitlines():
+        assert len(line) <= 80 and line == line.rstrip(), repr(line)

@@ -211,6 +211,15 @@ BOUNDS: dict = {
     "steps": _count(4096, why="a forward and backward pass each; Gauss-Legendre: at most 256"),
     "residual": _rate(1.0),
     "windows": _count(1024, why="every window is scored again for every head"),
+    # circuit
+    ("circuit", "k"): _count(INDEX_MAX, why="units; the graph then says how many it has"),
+    "fraction": Bound(float, 0.0, 1.0, low_open=True),
+    "reach": Bound(float, 0.0, 1.0, low_open=True),
+    "random_sets": _count(10_000, low=20, why="sets per size, each a patched forward pass"),
+    "resamples": _count(10**6, why="bootstrap resamples of the pairs"),
+    "acdc": _rate(1e6, why="tau, a drop in faithfulness"),
+    "induction": _count(4096, why="pairs, each a forward pass per patched set"),
+    "half": _count(4096, why="tokens repeated"),
     # attention by hand (walk) and its what-ifs (what-if): hand-sized
     ("walk", "n"): _count(256, why="tokens by hand; a real run: attnlab trace"),
     "m": _count(1024, why="columns of X by hand"),

@@ -47,6 +47,21 @@ BOOTSTRAP = 1000  # resamples of the pairs for each confidence interval
 BUDGET = 2**27  # bytes of terms one batched patched run may hold
 
 
+class Prose:
+    """A paragraph wrapped at the console's width at spaces, no line ending in a space."""
+
+    def __init__(self, text: str, style: str = ""):
+        self.text, self.style = text, style
+
+    def __rich_console__(self, console, options):
+        import textwrap
+
+        from rich.text import Text
+
+        for line in textwrap.wrap(self.text, width=max(20, options.max_width)) or [""]:
+            yield Text(line, style=self.style)
+
+
 @dataclass
 class Point:
     """The faithfulness of the top k units and of random sets of k (a point of the curve)."""
@@ -136,24 +151,23 @@ class CircuitResult(Result):
 
         from attnlab.render.tables import FitTable
 
-        what = f"edges per position: {self.units:,} units" if self.positions else (
-            f"{self.units:,} edges")  # fmt: skip
+        what = (
+            f"edges per position: {self.units:,} units"
+            if self.positions
+            else f"{self.units:,} edges"
+        )
         parts = []
         if self.warning:
-            parts.append(Text(f"warning: {self.warning}", style="bold red"))
+            parts.append(Prose(f"warning: {self.warning}", "bold red"))
+        ablated = f", all units at their mean {self.ablated:.4f}" if self.ablation == "mean" else ""
         parts += [
-            Text(f"circuit of {METRIC_WORDS[self.metric]} on {self.prompts}", style="bold"),
-            Text(f"method: {self.method_words()}; ablation: {self.ablation_words()}; {what}"),
-            Text(
+            Prose(f"circuit of {METRIC_WORDS[self.metric]} on {self.prompts}", "bold"),
+            Prose(f"method: {self.method_words()}; ablation: {self.ablation_words()}; {what}"),
+            Prose(
                 f"metric, mean over {self.n_pairs} pair{'s' * (self.n_pairs != 1)}: clean "
-                f"{self.clean:.4f}, corrupt {self.corrupt:.4f}"
-                + (
-                    f", all units at their mean {self.ablated:.4f}"
-                    if self.ablation == "mean"
-                    else ""
-                )
-                + "\n"
+                f"{self.clean:.4f}, corrupt {self.corrupt:.4f}{ablated}"
             ),  # fmt: skip
+            Text(""),
         ]
         t = FitTable(title=f"the {min(12, self.units)} largest of {self.units:,} scores")
         t.add_column("unit")
@@ -172,19 +186,20 @@ class CircuitResult(Result):
         parts.append(Text(""))
         parts.append(c)
         p = self.chosen
-        parts.append(Text(
-            f"\nthe circuit: the top {p.k:,} units ({100 * p.fraction:.1f}%) recover "
+        parts.append(Text(""))
+        parts.append(Prose(
+            f"the circuit: the top {p.k:,} units ({100 * p.fraction:.1f}%) recover "
             f"{p.faithfulness:.3f} of the gap (95% CI {p.lo:.3f}..{p.hi:.3f}); random sets of "
             f"{p.k:,}: {p.random_mean:.3f} on average ({p.random_lo:.3f}..{p.random_hi:.3f})",
-            style="bold"))  # fmt: skip
+            "bold"))  # fmt: skip
         if self.acdc:
             a = self.acdc
-            parts.append(Text(
+            parts.append(Prose(
                 f"ACDC (tau {a['tau']:g}, {a['runs']:,} runs): kept {a['k']:,} units, "
                 f"faithfulness {a['faithfulness']:.3f}; {a['overlap']:,} of them are among "
                 f"{self.method.upper()}'s top {a['k']:,}, whose faithfulness is "
                 f"{a['method_faithfulness']:.3f}"))  # fmt: skip
-        parts += [Text(f"note: {n}", style="dim") for n in self.notes]
+        parts += [Prose(f"note: {n}", "dim") for n in self.notes]
         return Group(*parts)
 
     def to_dict(self, top: int = 200) -> dict:
