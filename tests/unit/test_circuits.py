@@ -396,3 +396,32 @@ def test_the_table_fits_80_columns_with_no_trailing_spaces(char_run, capsys, mon
     assert code == 0 and "faithfulness of the top k" in out and "mean over the corrupt" in out
     for line in out.splitlines():
         assert len(line) <= 80 and line == line.rstrip(), repr(line)
+
+
+# ---------------------------------------------------------------------------------------------
+# Circuits in the weights
+# ---------------------------------------------------------------------------------------------
+
+
+def test_composition_scores_are_elhages_definition_by_hand_and_scale_free():
+    from attnlab.interventions.weights import composition_scores
+
+    model = small_gpt(n_kv_heads=1).float()  # multi-query: one K/V head serves both
+    d = composition_scores(Subject(model))
+    a0, b1 = model.blocks[0], model.blocks[1]
+    dk = 8
+    g0, g1 = a0.ln1.weight.detach().double(), b1.ln1.weight.detach().double()
+    Wv = a0.attn.v_proj.weight.detach().double()[:dk] * g0
+    ov_a = a0.attn.out_proj.weight.detach().double()[:, dk:] @ Wv  # head 0.1's OV
+    Wq = b1.attn.q_proj.weight.detach().double()[:dk] * g1
+    Wk = b1.attn.k_proj.weight.detach().double()[:dk] * g1
+    qk_b = Wq.T @ Wk  # head 1.0's QK
+    want = float((qk_b @ ov_a).norm() / (qk_b.norm() * ov_a.norm()))
+    got = next(p for p in d["pairs"] if (p["from"], p["to"]) == ("0.1", "1.0"))
+    assert got["k"] == pytest.approx(want, rel=1e-6)
+    assert len(d["pairs"]) == 4 and all(0 < p[k] <= 1 for p in d["pairs"] for k in "qkv")
+    assert 0 < d["baseline"]["k"] < 1 and "K-composition" in d["definition"]
+    with torch.no_grad():
+        a0.attn.out_proj.weight.mul_(3.0)
+    again = composition_scores(Subject(model))["pairs"]
+    assert [p["k"] for p in again] == pytest.approx([p["k"] for p in d["pairs"]], rel=1e-6)
