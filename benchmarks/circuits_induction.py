@@ -76,7 +76,9 @@ def measure(path: str, pairs: int = 32, half: int = 12) -> dict:
         "induction_attention": [round(x, 3) for x in ind_scores],
         "top_k_composition": [top_k["from"], top_k["to"], round(top_k["k"], 4)],
         "k_baseline": round(comp["baseline"]["k"], 4),
-        "top_k_is_prev_into_induction": [top_k["from"], top_k["to"]] == [prev, ind],
+        # an induction head: a last-layer head putting >= 0.5 on the token after the match
+        "top_k_is_prev_into_an_induction_head": top_k["from"] == prev
+        and ind_scores[int(top_k["to"].split(".")[1])] >= 0.5,
         "units": edges.count, "spearman_top50": rho, "sign_agreement_top50": sign,
         "circuit_units": c.k, "circuit_fraction": round(c.fraction, 4),
         "faithfulness": round(c.faithfulness, 4), "ci95": [round(c.lo, 4), round(c.hi, 4)],

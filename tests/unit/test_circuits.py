@@ -425,3 +425,27 @@ def test_composition_scores_are_elhages_definition_by_hand_and_scale_free():
         a0.attn.out_proj.weight.mul_(3.0)
     again = composition_scores(Subject(model))["pairs"]
     assert [p["k"] for p in again] == pytest.approx([p["k"] for p in d["pairs"]], rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# Why a head attends there
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls,cfg", RESIDUAL)
+def test_a_score_split_into_query_and_key_writers_sums_to_the_models_score(cls, cfg):
+    from attnlab.interventions.why import split_score
+
+    model = example(cls, cfg)
+    s = Subject(model)
+    args = args_of(model, 0)
+    graph = graph_of(s)
+    heads = [w for w in graph.writers if w.kind == "head"]
+    for w in (heads[-1], next((h for h in heads if h.sublayer == "cross"), heads[0])):
+        with torch.no_grad(), hooks.record(model, [f"{w.path}.scores"]) as c:
+            model.forward_logits(*args)
+        T, S = c[f"{w.path}.scores"].shape[-2:]
+        got = split_score(s, args, w.name, T - 1, S // 2, row=1)
+        assert got.error <= 1e-5 * (1 + abs(got.score)), (w.name, got.error, got.score)
+        assert got.table.shape == (len(got.query_terms), len(got.key_terms))
+        assert float(got.table.abs().max()) > 0
