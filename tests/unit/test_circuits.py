@@ -449,3 +449,16 @@ def test_a_score_split_into_query_and_key_writers_sums_to_the_models_score(cls, 
         assert got.error <= 1e-5 * (1 + abs(got.score)), (w.name, got.error, got.score)
         assert got.table.shape == (len(got.query_terms), len(got.key_terms))
         assert float(got.table.abs().max()) > 0
+
+
+def test_acdc_prunes_every_edge_once_and_reports_what_it_kept():
+    from attnlab.interventions.circuits import find_circuit
+    from attnlab.interventions.pairs import induction_pairs
+
+    s = char_gpt()
+    prompts = induction_pairs(s, n=4, half=4, seed=1)
+    r = find_circuit(s, prompts, method="eap", random_sets=20, resamples=50, acdc=0.02)
+    a = r.acdc
+    assert a["runs"] == r.units + 1 and a["k"] == len(a["units"]) <= r.units
+    assert a["faithfulness"] >= 1 - 0.02 * r.units  # each removal cost < tau
+    assert 0 <= a["overlap"] <= a["k"] and "ACDC" in str(r)
