@@ -462,3 +462,42 @@ def test_acdc_prunes_every_edge_once_and_reports_what_it_kept():
     assert a["runs"] == r.units + 1 and a["k"] == len(a["units"]) <= r.units
     assert a["faithfulness"] >= 1 - 0.02 * r.units  # each removal cost < tau
     assert 0 <= a["overlap"] <= a["k"] and "ACDC" in str(r)
+
+
+def test_path_patching_matches_a_naive_run_and_a_path_to_the_logits_is_the_direct_edge():
+    """Sender 0.0 into head 1.1's values only: the naive GPT run on the clean input with that one
+    term taken from the corrupt run (nothing upstream of the receiver changes, everything
+    after it runs on). Into the logits: the exact score of that edge, noising."""
+    from attnlab.interventions.edges import path_patch
+
+    model = small_gpt()
+    with torch.no_grad():  # larger weights: the paths carry more than rounding
+        for p in model.parameters():
+            p.mul_(3.0)
+    g = torch.Generator().manual_seed(2)
+    clean, corrupt = (torch.randint(0, 11, (2, 6), generator=g) for _ in range(2))
+    batch = Batch([0, 1], (clean,), (corrupt,), torch.tensor([1, 2]), torch.tensor([3, 4]),
+                  torch.tensor([5, 5]), {"": 6})  # fmt: skip
+    circ = Circuits(Subject(model))
+    got = path_patch(circ, batch, "blocks.0.attn.head0", ["blocks.1.attn.head1.v"], "logit-diff")
+    with torch.no_grad():
+        _, r_out = naive_reader_inputs(model, corrupt)
+
+        def swap(reader, writer, term):
+            if (reader, writer) == ("blocks.1.attn.head1.v", "blocks.0.attn.head0"):
+                return r_out[writer]
+            return term
+
+        want = metric_values(naive_reader_inputs(model, clean, swap)[0], batch, "logit-diff")
+    torch.testing.assert_close(got["patched"], want, atol=1e-8, rtol=1e-6)
+    assert float((got["patched"] - got["clean"]).abs().max()) > 1e-6
+    to_logits = path_patch(circ, batch, "blocks.1.attn.head0", ["readout"], "logit-diff")
+    with torch.no_grad():
+
+        def swap2(reader, writer, term):
+            return r_out[writer] if (reader, writer) == ("readout", "blocks.1.attn.head0") else term
+
+        want2 = metric_values(naive_reader_inputs(model, clean, swap2)[0], batch, "logit-diff")
+    torch.testing.assert_close(to_logits["patched"], want2, atol=1e-8, rtol=1e-6)
+    with pytest.raises(InterventionError, match="does not write"):
+        path_patch(circ, batch, "blocks.1.attn.head0", ["blocks.0.attn.head0.q"], "logit-diff")
