@@ -315,6 +315,37 @@ class Run:
             random_sets=random_sets, resamples=resamples, seed=seed, acdc=acdc,
             position=position))  # fmt: skip
 
+    def path_patch(self, clean: str, corrupt: str, target: str, sender: str,
+                   receivers: list[str], *, foil: str | None = None,
+                   position: int | None = None) -> dict:  # fmt: skip
+        """A sender's effect along chosen paths only (``interventions.edges.path_patch``):
+        ``sender`` a writer's name (``blocks.0.attn.head1``, ``embed``), ``receivers`` readers'
+        names (``blocks.1.attn.head0.k``, ``readout``). Plain data: the metric clean, corrupt
+        and path-patched per pair, and the share of the change the path carries."""
+        from attnlab.interventions import InterventionError
+        from attnlab.interventions.edges import Circuits, path_patch
+        from attnlab.interventions.pairs import one_pair, prepare_pairs
+
+        metric = "logit-diff" if foil is not None else "logprob"
+        (batch,) = prepare_pairs(self.subject, one_pair(clean, corrupt, target, foil), metric,
+                                 position)  # fmt: skip
+        circ = Circuits(self.subject)
+        try:
+            out = path_patch(circ, batch, sender, receivers, metric)
+        except KeyError as e:
+            raise InterventionError(str(e).strip("'\"")) from None
+        return {"metric": metric, **{k: (v.tolist() if hasattr(v, "tolist") else v)
+                                     for k, v in out.items()}}  # fmt: skip
+
+    def why(self, text: str, head: str, query: int, key: int) -> dict:
+        """Why head ``head`` (``blocks.1.attn.head0``) attends from position ``query`` to
+        ``key`` on ``text``: its score split into (query-side writer, key-side writer) parts
+        that sum to the model's score (``interventions.why.split_score``), as plain data."""
+        from attnlab.interventions.why import split_score
+
+        p = self.subject.prepare(text)
+        return split_score(self.subject, p.args, head, query, key).to_dict()
+
     def lens(self, text: str, *, tuned: bool = False):
         """As ``attnlab lens RUN TEXT``: the logit lens (``tuned``: the run's tuned lens)."""
         from attnlab.interventions import TunedLens, logit_lens

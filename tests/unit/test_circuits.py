@@ -501,3 +501,18 @@ def test_path_patching_matches_a_naive_run_and_a_path_to_the_logits_is_the_direc
     torch.testing.assert_close(to_logits["patched"], want2, atol=1e-8, rtol=1e-6)
     with pytest.raises(InterventionError, match="does not write"):
         path_patch(circ, batch, "blocks.1.attn.head0", ["blocks.0.attn.head0.q"], "logit-diff")
+
+
+def test_the_run_methods_return_plain_data(char_run):
+    import json
+
+    from attnlab.run import load_run
+
+    run = load_run(char_run)
+    why = run.why("abcabc", "blocks.1.attn.head0", 5, 2)
+    assert abs(sum(map(sum, why["table"])) + why["position_bias"] - why["score"]) < 1e-5
+    path = run.path_patch("abcab", "dbcab", "c", "blocks.0.attn.head0", ["readout"], foil="d")
+    assert path["sender"] == "0.0" and len(path["patched"]) == 1
+    json.dumps([why, path])
+    with pytest.raises(InterventionError, match="no node"):
+        run.path_patch("abcab", "dbcab", "c", "blocks.9.attn.head0", ["readout"], foil="d")
