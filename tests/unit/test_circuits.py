@@ -516,3 +516,18 @@ def test_the_run_methods_return_plain_data(char_run):
     json.dumps([why, path])
     with pytest.raises(InterventionError, match="no node"):
         run.path_patch("abcab", "dbcab", "c", "blocks.9.attn.head0", ["readout"], foil="d")
+
+
+def test_a_heads_qk_and_ov_circuits_through_the_embeddings():
+    from attnlab.interventions.weights import head_circuits, head_maps
+
+    s = char_gpt()
+    d = head_circuits(s, "blocks.1.attn.head0")
+    m = next(x for x in head_maps(s) if x.name == "blocks.1.attn.head0")
+    E = s.model.tok_embed.weight.detach().double()
+    V = E.size(0)
+    assert len(d["qk_tokens"]) == V and len(d["ov_tokens"][0]) == V
+    i, j = 3, 7
+    assert d["qk_tokens"][i][j] == pytest.approx(float(E[i] @ m.qk @ E[j]), rel=1e-9)
+    assert len(d["qk_singular_values"]) <= 8  # the rank is at most the head width
+    assert d["ov_directions"][0]["output_side"] and d["qk_directions"][0]["key_side"]

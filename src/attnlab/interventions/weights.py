@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from attnlab.interventions.edges import graph_of
-from attnlab.interventions.subjects import Subject
+from attnlab.interventions.subjects import InterventionError, Subject
 
 
 @dataclass
@@ -117,3 +117,51 @@ def composition_scores(subject: Subject) -> dict:
     base = {k: baseline(C, attn.d_k, k) for k in "qkv"} if maps else {}
     return {"pairs": pairs, "baseline": base, "definition": __doc__.split("The composition")[1]
             .split("with a baseline")[0].strip()}  # fmt: skip
+
+
+TOKEN_TABLE_MAX = 256  # vocabularies up to this size get the token x token tables
+
+
+def head_circuits(subject: Subject, head: str, top: int = 5) -> dict:
+    """Head ``head`` (its writer's name)'s QK and OV circuits read through the embeddings:
+    with E the token embeddings (V, C) (positions left out) and U the unembedding (V, C),
+
+        QK tokens  E QK E^T (V, V): how much a query token attends to a key token
+        OV tokens  E OV^T U^T (V, V): the logits a source token, attended to, writes
+
+    (tables only for a vocabulary of at most ``TOKEN_TABLE_MAX``), the singular values of QK
+    and OV (their rank is the head width), and each top singular direction read as the
+    ``top`` tokens whose embedding (the input side) or unembedding (OV's output side) is most
+    aligned with it. Plain data."""
+    maps = {m.name: m for m in head_maps(subject)}
+    if head not in maps:
+        raise KeyError(f"no self-attention head {head!r}")
+    m = maps[head]
+    model = subject.model
+    if model.reads != "text" or model.predicts != "next-token" or len(model.stacks) != 1:
+        raise InterventionError("a head's token x token circuits read a GPT's embeddings and "
+                                "unembedding; composition_scores works on every kind")  # fmt: skip
+    E = model.tok_embed.weight.detach().double()  # (V, C)
+    U = model.lm_head.weight.detach().double()  # (V, C)
+    names = [subject.decode(i) for i in range(E.size(0))]
+
+    def read(vec: Tensor, M: Tensor) -> list[str]:
+        return [names[i] for i in (M @ vec).topk(min(top, M.size(0))).indices.tolist()]
+
+    out = {"head": m.label, "definition": head_circuits.__doc__.split("Plain data")[0].strip()}
+    for kind, M in (("qk", m.qk), ("ov", m.ov)):
+        Uu, sv, Vh = torch.linalg.svd(M)
+        k = int((sv > sv[0] * 1e-9).sum())
+        out[f"{kind}_singular_values"] = [round(float(x), 6) for x in sv[:k]]
+        dirs = []
+        for i in range(min(3, k)):
+            left = read(Uu[:, i], U if kind == "ov" else E)
+            dirs.append({"singular_value": float(sv[i]), "output_side" if kind == "ov"
+                         else "query_side": left, "input_side" if kind == "ov"
+                         else "key_side": read(Vh[i], E)})  # fmt: skip
+        out[f"{kind}_directions"] = dirs
+    if E.size(0) <= TOKEN_TABLE_MAX:
+        out["tokens"] = names
+        out["qk_tokens"] = (E @ m.qk @ E.T).tolist()
+        out["ov_tokens"] = (E @ m.ov.T @ U.T).tolist()
+    return out
