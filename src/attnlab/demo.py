@@ -21,7 +21,7 @@ SENTENCE = "I like to eat apples"
 
 def train() -> None:
     from attnlab.cli import main as cli
-    from attnlab.training.rundir import read_trainer_state
+    from attnlab.rundir import read_trainer_state
 
     state = read_trainer_state(RUN) if (RUN / "trainer_state.json").is_file() else None
     if state is not None and state["step"] >= MAX_ITERS:
@@ -92,7 +92,7 @@ def look_inside(model, tokenizer) -> None:
 
 
 def real_model() -> None:
-    from attnlab.checkpoint import RunError
+    from attnlab.rundir import RunError
 
     try:
         from attnlab.interop.minilm import (

@@ -22,13 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab import __version__ as ATTNLAB_VERSION
-from attnlab.checkpoint import (
-    RunError,
-    read_json_object,  # noqa: F401  (vit reads it from here)
-    save_model,
-    save_tensors,
-    with_weights_dtype,
-)
 from attnlab.files import FileLock, atomic_write_json, atomic_write_text
 from attnlab.interop.hf_files import (
     KeyMap,  # noqa: F401  (the families read it from here)
@@ -38,6 +31,13 @@ from attnlab.interop.hf_files import (
     weight_files,
 )
 from attnlab.registry import Registry
+from attnlab.rundir import (
+    RunError,
+    read_json_object,  # noqa: F401  (vit reads it from here)
+    save_model,
+    save_tensors,
+    with_weights_dtype,
+)
 from attnlab.tokenizers import HFTokenizer, Tokenizer, TokenizerError, tokenizer_from_json
 
 # HF activation name -> ours

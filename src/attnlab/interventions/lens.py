@@ -126,7 +126,7 @@ class TunedLens:
     @classmethod
     def load(cls, run_dir: str | Path, subject: Subject) -> TunedLens:
         """The probes saved in ``run_dir``, checked against this model before use."""
-        from attnlab.checkpoint import load_tensors, read_json_object
+        from attnlab.rundir import load_tensors, read_json_object
 
         run_dir = Path(run_dir)
         if not (run_dir / LENS_META).is_file() or not (run_dir / LENS_FILE).is_file():

@@ -25,7 +25,7 @@ and on a signal at every step, so they read it back every step.) Every ``eval_in
 steps (and at step 0 and the last step): an evaluation, best/ if it is the best so far, and a
 checkpoint; also a checkpoint whenever ``checkpoint_seconds`` have passed since the last, so a
 run killed early still leaves one. The run directory is one object, ``out_dir``'s
-``attnlab.training.rundir.RunDir``, that the Trainer calls a handful of times: ``start``,
+``attnlab.rundir.RunDir``, that the Trainer calls a handful of times: ``start``,
 ``append_metrics``, ``save_best``, ``save_checkpoint`` (whole or not at all), and
 ``read_checkpoint`` to resume; rank 0 alone writes.
 
@@ -72,11 +72,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoint import check_state_dict, state_dict_for_saving
 from attnlab.files import RunError
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric, val_loss_metric
 from attnlab.modes import evaluating
+from attnlab.rundir import RunDir, check_state_dict, state_dict_for_saving
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import (
@@ -100,7 +100,6 @@ from attnlab.training.optim import (
 )
 from attnlab.training.plots import plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
-from attnlab.training.rundir import RunDir
 from attnlab.training.state import check_rng_state, rng_state, set_rng_state
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -34,16 +34,16 @@ from pathlib import Path
 
 import torch
 
-from attnlab import checkpoint as ckpt
+from attnlab import rundir
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
+from attnlab.rundir import RunDir
 from attnlab.runtime import THREADS_PER_CORE_MAX, max_threads, resolve_device, using_threads
 from attnlab.tasks.base import ARCHITECTURE_OPTIONS, InitFrom, Task, task_class, task_for_run
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 from attnlab.training.memory import check_fits, size_warnings
-from attnlab.training.rundir import RunDir
 
 RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads", "force", "init_from"}
 # Options that may change when a run is resumed; every other one comes from the run.
@@ -118,7 +118,7 @@ def plan(given: dict) -> TrainPlan:
     if given.get("init_from") and not given.get("resume"):
         init, cls, planned = fine_tune_source(given)  # may set block_size: the source's
     elif given.get("resume") and "task" not in given and given.get("out"):
-        cls = task_for_run(ckpt.read_run_config(given["out"]))  # the run says what it is
+        cls = task_for_run(rundir.read_run_config(given["out"]))  # the run says what it is
     else:
         cls = task_class(given.get("task") or "lm").redirect(given)
     opt_fields = {f.name for f in dataclasses.fields(cls.Options)}
@@ -178,10 +178,10 @@ def fine_tune_source(given: dict) -> tuple[InitFrom, type[Task], BaseConfig]:
 
     path = given["init_from"]
     try:
-        checked = ckpt.check_run(path)
+        checked = rundir.check_run(path)
     except OSError as e:
         raise ConfigError(f"--init-from {path}: cannot read it ({e.strerror or e})") from None
-    except ckpt.RunError as e:
+    except rundir.RunError as e:
         raise ConfigError(f"--init-from {e}") from None
     cfg, model = checked.config, checked.model
     what = f"{path} holds a model of kind {model.kind}"
@@ -282,16 +282,16 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
         task, config = p.task(p.options, seed=p.config.seed), p.config
         if p.init_from is not None:  # fine-tuning: the run's tokenizer, then its weights
             task.init = p.init_from
-            task.tokenizer = ckpt.read_tokenizer_files(p.init_from.path)
+            task.tokenizer = rundir.read_tokenizer_files(p.init_from.path)
             if task.tokenizer is None:  # it was there when planned
-                raise ckpt.RunError(f"--init-from {p.init_from.path}: its tokenizer.json is gone")
+                raise rundir.RunError(f"--init-from {p.init_from.path}: its tokenizer.json is gone")
         if not p.quiet and dist.is_main:
             task.log = log
         beat = _heartbeat(log, p.quiet or not dist.is_main)
         model = _prepare(task, run_dir, beat) if dist.is_main else None
         barrier(dist)
         if model is None:  # the other processes read what rank 0 prepared
-            task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
+            task.reload(p.out, rundir.read_tokenizer_files(p.out), {})
             model = _build(task, config)
             if task.init is not None:  # each process starts where rank 0 does
                 start_from(model, task)
@@ -304,7 +304,7 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
     if p.resume:  # a checkpoint that cannot be continued: one line, before anything else
         trainer.load_checkpoint()
         if task.model_config().to_dict() != model.config.to_dict():
-            raise ckpt.RunError(
+            raise rundir.RunError(
                 f"{p.out / 'config.json'}: its model config is not the one the run's task "
                 "options and tokenizer give; it was edited, so it cannot be resumed"
             )
@@ -318,7 +318,7 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
     if not result.interrupted and dist.is_main:
         metrics = {k: v for k, v in result.last_eval.items() if k != "lr"}
         extra = {**trainer.run_record(), "metrics": metrics, **final}
-        ckpt.write_run_config(p.out, trainer.raw_model, extra)  # the final figures too
+        rundir.write_run_config(p.out, trainer.raw_model, extra)  # the final figures too
     summary = task.summary(result, final)
     return TrainOutcome(result, task, final, summary, p.out, dist.is_main)
 
@@ -358,7 +358,7 @@ def _prepare(task: Task, run_dir: RunDir, beat):
     run_dir.create()
     try:
         task.prepare(run_dir.path)
-        ckpt.write_tokenizer(run_dir.path, task.tokenizer)
+        rundir.write_tokenizer(run_dir.path, task.tokenizer)
         torch.manual_seed(task.seed)
         with beat("building the model"):
             model = task.build_model()
@@ -377,16 +377,16 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
     out = p.out
     # config.json, the weights' header and the tokenizer must agree before the model config.json
     # describes is built for real: an edited config could otherwise allocate without bound
-    cfg = ckpt.check_run(out).config
+    cfg = rundir.check_run(out).config
     cls = task_for_run(cfg)
     if "task" in p.given and cls is not p.task:
-        raise ckpt.RunError(
+        raise rundir.RunError(
             f"{out}: a {cfg.get('task', 'lm')} run ({cfg.get('model_type')}), not --task "
             f"{p.given['task']}; resume it without --task"
         )
     saved = cfg.get("task_options")
     if not isinstance(saved, dict):
-        raise ckpt.RunError(
+        raise rundir.RunError(
             f"{out}: config.json does not record the task's options (an older attnlab wrote "
             "it), so it cannot be resumed; start a new run"
         )
@@ -405,7 +405,7 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
         changes = {k: v for k, v in p.given.items() if k in RESUMABLE}
         config = TrainConfig.from_dict({**saved_train, **changes})
     except (ConfigError, TypeError) as e:
-        raise ckpt.RunError(
+        raise rundir.RunError(
             f"{out / 'config.json'}: cannot resume with these settings ({e})"
         ) from None
     task = cls(options, seed=config.seed)
@@ -421,7 +421,7 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
         was = f"was started from {task.init.path}" if task.init else "was not fine-tuned"
         raise ConfigError(f"--init-from cannot change on --resume (the run {was}); drop "
                           "--init-from to continue it")  # fmt: skip
-    task.reload(out, ckpt.read_tokenizer_files(out), cfg)
+    task.reload(out, rundir.read_tokenizer_files(out), cfg)
     if state is None:
         log(f"{out}: no checkpoint written yet, starting from step 0 with the run's settings")
     return task, config, _model_of(cfg, out / "config.json", config.seed)
@@ -430,12 +430,12 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
 def start_from(model: torch.nn.Module, task: Task) -> str:
     """Copy the weights of the run ``task.init`` names into ``model`` (built from its config,
     with the task's head and block size), read through the one loader
-    (``checkpoint.open_model``); returns what it did, in one line. Each tensor comes from the
+    (``rundir.open_model``); returns what it did, in one line. Each tensor comes from the
     source's tensor of the same name, a table with one row per position keeps its first
     block_size rows, and a head the source lacks (or that ``task.fresh`` names) keeps the
     initialisation it was built with."""
     init = task.init
-    source, _ = ckpt.open_model(init.path)
+    source, _ = rundir.open_model(init.path)
     theirs = source.state_dict()
     blocks = (init.config.get("block_size"), getattr(model.config, "block_size", None))
     copied, fresh, cut = set(), [], []
@@ -450,7 +450,7 @@ def start_from(model: torch.nn.Module, task: Task) -> str:
                 their = their[: mine.shape[0]]  # (block_size, C): the first positions
                 cut.append(name)
             if their.shape != mine.shape:
-                raise ckpt.RunError(f"{init.path}: {name} is {tuple(their.shape)}; the model "
+                raise rundir.RunError(f"{init.path}: {name} is {tuple(their.shape)}; the model "
                                     f"it starts needs {tuple(mine.shape)}")  # fmt: skip
             mine.copy_(their)
             copied.add(mine.data_ptr())
@@ -468,12 +468,12 @@ def _model_of(cfg: dict, source: Path, seed: int) -> torch.nn.Module:
     """The model a run's config.json describes, built to be trained (a RunError if it names an
     unknown model type or an invalid config)."""
     try:
-        cls = ckpt.model_class(cfg.get("model_type", ""))
-    except ckpt.RunError as e:
-        raise ckpt.RunError(f"{source}: {e}") from None
+        cls = rundir.model_class(cfg.get("model_type", ""))
+    except rundir.RunError as e:
+        raise rundir.RunError(f"{source}: {e}") from None
     try:
         config = cls.config_class.from_dict(cfg.get("config", {}))
     except (ConfigError, TypeError) as e:
-        raise ckpt.RunError(f"{source}: invalid {cls.__name__} config ({e})") from None
+        raise rundir.RunError(f"{source}: invalid {cls.__name__} config ({e})") from None
     torch.manual_seed(seed)
     return cls(config)

@@ -6,7 +6,7 @@ A run directory looks like a Hugging Face model directory:
     model.safetensors    the weights (tied copies stored once)
     tokenizer.json       see attnlab.tokenizers (an encoder-decoder adds target_tokenizer.json)
 A training run adds its checkpoint, metrics, best/ and snapshots: those are written and read
-by ``attnlab.training.rundir.RunDir``, the object the Trainer talks to. The pieces under both:
+by ``attnlab.rundir.RunDir``, the object the Trainer talks to. The pieces under both:
 ``attnlab.files`` (atomic writes, the writer lock) and ``attnlab.safetensors_io`` (the header
 read and checked first, then the data).
 

@@ -1,6 +1,6 @@
 """The run directory of a training run: the one object the Trainer writes it through.
 
-A training run's directory is a model directory (``attnlab.checkpoint``: config.json,
+A training run's directory is a model directory (``attnlab.rundir``: config.json,
 model.safetensors, tokenizer.json) plus:
     optimizer.safetensors   AdamW moments of the same step as model.safetensors
     trainer_state.json      step, train config, RNG states, data position, best metric so far
@@ -22,7 +22,7 @@ commit point. The files are then moved into place one by one (each move atomic) 
 ``ckpt-ready/`` removed. A crash before the commit leaves the previous checkpoint untouched
 (``ckpt-tmp/`` is discarded by ``recover``); a crash after it is rolled forward by finishing
 the moves. ``model.safetensors`` is always one whole file, and config.json and tokenizer.json
-never change during training, so ``attnlab.checkpoint.load_run`` works at every instant.
+never change during training, so ``attnlab.load_run`` works at every instant.
 
 One process writes a run directory at a time: a ``RunDir`` entered with ``with`` holds the
 directory's ``FileLock``, an OS lock on the directory itself that dies with the process (kill
@@ -43,7 +43,6 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab.checkpoint import MODEL_FILE, write_run_config, write_tokenizer
 from attnlab.files import (
     FileLock,
     RunError,
@@ -51,6 +50,7 @@ from attnlab.files import (
     atomic_write_text,
     fsync_dir,
 )
+from attnlab.rundir.read import MODEL_FILE, write_run_config, write_tokenizer
 from attnlab.safetensors_io import error_line, load_tensors, read_header, save_tensors
 
 OPTIMIZER_FILE = "optimizer.safetensors"
