@@ -1,6 +1,6 @@
 """How often the train path enters the run-directory package, counted as it runs.
 
-    python benchmarks/train_walk.py                  # a new language-model run, then its resume
+    python benchmarks/train_walk.py                  # a language-model run: new, resumed, fine-tuned
     python benchmarks/train_walk.py --package checkpoint.py,training/rundir.py,run.py
 
 ``attnlab.training.run.train`` is called on a tiny run (a character GPT, one step) with a
@@ -11,9 +11,11 @@ files under src/attnlab, ``--package``; default ``rundir/``) whose nearest attnl
 is outside the package: attnlab code handing work to the run directory, callbacks included.
 The package's calls to itself, and torch calling back into it, are not entries; nor are the
 no-op stand-ins for torch.nn.init's initialisers that the loader installs while it builds a
-model on the meta device (the model's own __init__ calls them). The script prints each entry (caller -> callee), the count for a new run and
-for ``--resume`` of it (and with ``--all-tasks`` for every task), and the number of distinct
-call sites. Nothing is timed: the count does not depend on the machine's load.
+model on the meta device (the model's own __init__ calls them). The script prints each entry (caller -> callee) and the counts, before the loop begins
+(its first ``on_step``: the set-up) and to the first step (the loop's step-0 evaluation
+writes its metrics row and checkpoint first), for a new run, its ``--resume``, a run
+fine-tuned from it (``--init-from``, also with ``--snapshot-every``) and with ``--all-tasks``
+a new run of every task. Nothing is timed: the count does not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -54,15 +56,16 @@ def inside(filename: str, files: list[str]) -> bool:
     return any(filename.startswith(f) if f.endswith("/") else filename == f for f in files)
 
 
-def walk(plan_args: dict, files: list[str]) -> list[tuple[str, str]]:
-    """(caller, callee) of every entry into the package from train() to the first step."""
+def walk(plan_args: dict, files: list[str]) -> tuple[list[tuple[str, str]], int]:
+    """(caller, callee) of every entry into the package from train() to the first step, and
+    how many of them came before the loop began (its first ``on_step``)."""
     from attnlab.training.loop import Trainer
     from attnlab.training.run import plan, train
 
     p = plan(plan_args)
-    step_code = Trainer.train_step.__code__
+    step_code, notify = Trainer.train_step.__code__, Trainer._notify.__code__
     entries: list[tuple[str, str]] = []
-    state = {"on": True}
+    state = {"on": True, "setup": None}
 
     def where(frame) -> str:
         name = frame.f_code.co_filename
@@ -75,6 +78,9 @@ def walk(plan_args: dict, files: list[str]) -> list[tuple[str, str]]:
         if frame.f_code is step_code:
             state["on"] = False
             return
+        is_step = frame.f_code is notify and frame.f_locals.get("event") == "on_step"
+        if is_step and state["setup"] is None:
+            state["setup"] = len(entries)
         if inside(frame.f_code.co_filename, files):
             caller = frame.f_back  # the nearest attnlab frame below (past torch, contextlib)
             while caller is not None and not caller.f_code.co_filename.startswith(ATTNLAB):
@@ -93,7 +99,7 @@ def walk(plan_args: dict, files: list[str]) -> list[tuple[str, str]]:
         train(p)
     finally:
         sys.setprofile(None)
-    return entries
+    return entries, state["setup"]
 
 
 def data_for(kind: str, tmp: Path) -> str:
@@ -108,8 +114,10 @@ def data_for(kind: str, tmp: Path) -> str:
     return kind
 
 
-def report(label: str, entries: list[tuple[str, str]]) -> None:
-    print(f"{label}: {len(entries)} entries, {len(set(entries))} distinct call sites")
+def report(label: str, walked: tuple[list[tuple[str, str]], int]) -> None:
+    entries, setup = walked
+    print(f"{label}: {setup} entries before the loop begins, {len(entries)} to the first "
+          f"train_step ({len(set(entries))} distinct call sites)")  # fmt: skip
     for (caller, callee), n in Counter(entries).items():
         print(f"    {n} x  {caller}  ->  {callee}")
 
@@ -138,6 +146,12 @@ def main() -> None:
         }
         report("lm, a new run", walk(lm, files))
         report("lm, --resume", walk({**lm, "resume": True, "max_iters": 2}, files))
+        fine = {**lm, "init_from": str(out), "out": str(tmp / "fine")}
+        for k in ("n_layer", "n_head", "d_model", "tokenizer"):  # the source's
+            fine.pop(k)
+        report("lm, --init-from the run above", walk(fine, files))
+        snap = {**fine, "out": str(tmp / "fine-snap"), "snapshot_every": 1}
+        report("lm, --init-from with --snapshot-every", walk(snap, files))
         if args.all_tasks:
             from attnlab.tasks import task_class
             from attnlab.training.run import option_names

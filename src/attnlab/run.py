@@ -59,7 +59,7 @@ class Run:
     @property
     def imported(self) -> str | None:
         """The Hugging Face directory the weights came from, if they were imported."""
-        return _imported(self.config)
+        return rundir.imported_from(self.config)
 
     @property
     def no_data_of_its_own(self) -> str | None:
@@ -342,17 +342,10 @@ class Run:
         return Subject(self.model, self.tokenizer, self.config.get("labels"))
 
 
-def _imported(config: dict) -> str | None:
-    source = config.get("source")
-    if isinstance(source, dict) and source.get("format") == "huggingface":
-        return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
-    return None
-
-
 def about(model: nn.Module, config: dict) -> dict:
     """{"kind", "model_type", "description"} of a model and its run's config.json: what every
     ``--json`` output starts with."""
-    imported = _imported(config)
+    imported = rundir.imported_from(config)
     text = model.describe() + (f" (imported from {imported})" if imported else "")
     return {"kind": model.kind, "model_type": config.get("model_type", ""), "description": text}
 

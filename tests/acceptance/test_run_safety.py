@@ -37,7 +37,8 @@ from attnlab import rundir
 from attnlab.data.images import ImageTokenizer
 from attnlab.files import FileLock, atomic_write_text
 from attnlab.run import load_run
-from attnlab.rundir import RunDir, RunError, read_header, save_model
+from attnlab.rundir import RunDir, RunError, save_model
+from attnlab.safetensors_io import load_tensors, read_header
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from attnlab.training import run as training
 from cli_helpers import SRC, run_cli
@@ -216,7 +217,7 @@ def test_load_tensors_matches_safetensors_for_every_dtype_and_shape(tmp_path):
         assert header.metadata == {"step": str(trial)}
         reference = load_file(str(path))
         for mmap in (False, True):
-            got = rundir.load_tensors(path, mmap=mmap)
+            got = load_tensors(path, mmap=mmap)
             assert set(got) == set(reference) == set(header.tensors)
             for k, t in reference.items():
                 assert got[k].dtype == t.dtype == header.tensors[k].dtype
@@ -266,7 +267,7 @@ def test_a_lying_header_is_refused_before_any_data_is_read(tmp_path, case):
     assert str(e.value).startswith(f"{path}: not a valid safetensors file (")
     assert needle in str(e.value)
     with pytest.raises(RunError):
-        rundir.load_tensors(path)
+        load_tensors(path)
 
 
 def test_a_duplicate_tensor_name_is_refused(tmp_path):
@@ -855,8 +856,7 @@ def test_every_task_trains_holding_the_lock(tmp_path, task_id, monkeypatch):
 
         return checked
 
-    monkeypatch.setattr(rundir, "write_tokenizer", checking(rundir.write_tokenizer))
-    for name in ("save_checkpoint", "save_best", "append_metrics"):
+    for name in ("write_tokenizer", "save_checkpoint", "save_best", "append_metrics"):
         monkeypatch.setattr(RunDir, name, checking(getattr(RunDir, name)))
     more = ("--max-iters", "2", "--eval-interval", "1", "--checkpoint-seconds", "0")
     training.train(training.plan(given(task_id, tmp_path, run, *more)))
@@ -977,5 +977,5 @@ def test_a_file_replaced_after_its_header_was_checked_is_not_read(tmp_path, mmap
     save_file({"a": torch.ones(3), "b": torch.zeros(5)}, str(path), metadata={"step": "1" * 20})
     assert read_header(path).data_start != old.data_start
     with pytest.raises(rundir.FileChangedError, match="replaced while it was being read"):
-        rundir.load_tensors(path, mmap=mmap, header=old)
-    assert torch.equal(rundir.load_tensors(path, mmap=mmap)["a"], torch.ones(3))
+        load_tensors(path, mmap=mmap, header=old)
+    assert torch.equal(load_tensors(path, mmap=mmap)["a"], torch.ones(3))

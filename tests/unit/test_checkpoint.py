@@ -10,7 +10,8 @@ import torch
 
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.run import load_run
-from attnlab.rundir import RunError, save_model, save_tensors
+from attnlab.rundir import RunError, save_model
+from attnlab.safetensors_io import save_tensors
 from attnlab.tokenizers import CharTokenizer
 
 

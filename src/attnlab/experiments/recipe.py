@@ -46,7 +46,7 @@ class Context:
             given = {**given, "data": str(example_file(given["data"]))}
         p = plan({**given, "out": str(path), "quiet": True, "device": self.device,
                   "threads": self.threads})  # fmt: skip
-        if (path / "config.json").is_file():
+        if rundir.has_run_config(path):
             cfg = rundir.read_run_config(path)
             same = cfg.get("task_options") == p.options.to_dict() and (
                 (cfg.get("train_config") or {}).get("seed") == p.config.seed)  # fmt: skip

@@ -120,7 +120,7 @@ def open_task(run_dir: str | Path, with_data: bool = False, cfg: dict | None = N
     try:
         options = cls.Options.from_dict(saved)
     except (ConfigError, TypeError) as e:
-        raise rundir.RunError(f"{Path(run_dir) / 'config.json'}: task options ({e})") from None
+        raise rundir.RunError(f"{Path(run_dir) / rundir.CONFIG_FILE}: task options ({e})") from None
     seed = (cfg.get("train_config") or {}).get("seed", 1337)
     task = cls(options, seed=seed)
     if cfg.get("init_from") is not None:  # fine-tuned from another run: its model config
