@@ -38,6 +38,8 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.demo",
             "attnlab.experiments",
             "attnlab.experiments.*",
+            "attnlab.serve",
+            "attnlab.serve.*",
         ],
     ),
     # The doors to a run: Run (open, predict, score, generate), the train verb (it plans a run
