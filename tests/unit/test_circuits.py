@@ -336,7 +336,7 @@ def test_pairs_that_cannot_line_up_are_refused_in_one_line(tmp_path):
 
 @pytest.fixture(scope="module")
 def char_run(tmp_path_factory):
-    from attnlab.checkpoint import save_model
+    from attnlab.rundir import save_model
 
     s = char_gpt()
     path = tmp_path_factory.mktemp("circuit") / "run"
