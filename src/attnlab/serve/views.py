@@ -107,8 +107,10 @@ def _str(params: dict, key: str, default: str | None = None) -> str | None:
 
 @view("predict")
 def predict(run, params: dict, cache: dict, text: str) -> str:
-    """``attnlab predict RUN TEXT --json``: {"about", "predictions": [one prediction]}."""
-    pred = run.predict(text)
+    """``attnlab predict RUN TEXT --json``: {"about", "predictions": [one prediction]}, read
+    off the recording the other views share wherever ``predict`` reads a recorded pass."""
+    rec = recording(run, cache, text) if run.recorded_predict(text) else None
+    pred = run.predict(text, rec=rec)
     return dumps({"about": run.about, "predictions": [pred]})
 
 
