@@ -13,7 +13,8 @@ function (most often a ``Run`` method) that the CLI verb calls, and returning th
     ablate        attnlab ablate RUN TEXT --head L.H --mode M
     patch         attnlab patch RUN --clean A --corrupt B --target T --by B
     generate      attnlab generate RUN --prompt TEXT --json, and each new token's attention
-    learn         attnlab timeline RUN --json, read again as training writes
+    learn         attnlab timeline RUN --json and explore RUN --steps's maps, read again as
+                  training writes
 
 A new view is one function here, registered with ``@view("name", needs_text=...)``; the page
 draws it with one ``panel({...})`` entry in ``page/panels.js`` (docs/serve.md says how).
@@ -266,9 +267,13 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
 def learn(run_path, params: dict, cache: dict, text: str = "") -> str:
     """What ``attnlab train`` has written so far, read without its lock: the loss rows of
     metrics.jsonl (as ``timeline`` reads them) and, where the run takes snapshots,
-    ``attnlab timeline RUN --json`` (every head's scores at every snapshot). ``run_path`` is
-    the run directory (this view loads no model)."""
+    ``attnlab timeline RUN --json`` (every head's scores at every snapshot) and ``maps``: the
+    data ``attnlab explore RUN --steps`` embeds (``step_data``: per probe, every head's
+    attention pattern at each snapshot that kept one, one byte per weight, round(255 w),
+    base64), so the page shows the maps as well as the scores forming. ``run_path`` is the
+    run directory (this view loads no model)."""
     from attnlab.inspect.recording import InspectError
+    from attnlab.inspect.step_explorer import step_data
     from attnlab.inspect.timeline import timeline
     from attnlab.training.rundir import read_metrics
 
@@ -276,7 +281,7 @@ def learn(run_path, params: dict, cache: dict, text: str = "") -> str:
     loss = [{"step": r["step"], "train_loss": r["train_loss"]} for r in metrics
             if "train_loss" in r and "val_loss" not in r]  # fmt: skip
     evals = [r for r in metrics if "val_loss" in r]
-    out: dict = {"loss": loss, "evals": evals, "timeline": None, "note": ""}
+    out: dict = {"loss": loss, "evals": evals, "timeline": None, "maps": None, "note": ""}
     try:
         tl = _retry(lambda: timeline(run_path))
         from attnlab.run import about_run
@@ -284,6 +289,11 @@ def learn(run_path, params: dict, cache: dict, text: str = "") -> str:
         tl.about = about_run(run_path)
         out["timeline"] = {"about": tl.about, **tl.to_dict()}
     except InspectError as e:
+        out["note"] = " ".join(str(e).split())
+        return dumps(out)
+    try:
+        out["maps"] = _retry(lambda: step_data(run_path))
+    except InspectError as e:  # snapshots without patterns (a model with no self-attention)
         out["note"] = " ".join(str(e).split())
     return dumps(out)
 

@@ -546,5 +546,34 @@
         h("td", { text: f ? String(f.step) : "-" }), h("td", {}, curve(pts, 160, 36))));
     });
     out.append(t);
+    drawMaps(ctx, d.maps, out);
+  }
+  // Each head's attention at each snapshot that kept one (attnlab explore RUN --steps's data:
+  // one byte per weight, round(255 w), base64): the head picked, at the snapshot on the slider
+  // (the newest one, as they land, until the slider is moved back).
+  function drawMaps(ctx, maps, out) {
+    const st = ctx.state, probe = maps && (maps.probes.repeat || maps.probes.sample);
+    if (!probe) return;
+    const heads = probe.heads.filter((hd) => probe.frames.some((f) => f.maps[hd.map]));
+    if (!heads.length) return;
+    if (!heads.some((hd) => hd.name === st.mapHead)) st.mapHead = heads[heads.length - 1].name;
+    const n = probe.frames.length, k = st.frame === undefined || st.frame === null ? n - 1 : Math.min(st.frame, n - 1);
+    const pick = h("select", {}, heads.map((hd) => h("option", { value: hd.name, text: "head " + hd.name })));
+    pick.value = st.mapHead;
+    pick.onchange = () => { st.mapHead = pick.value; drawLearn(ctx); };
+    const slider = h("input", { type: "range", min: "0", max: String(n - 1), value: String(k), class: "snapshot" });
+    slider.oninput = () => { st.frame = +slider.value >= n - 1 ? null : +slider.value; drawLearn(ctx); };  // the last: follow new ones
+    const hd = heads.find((x) => x.name === st.mapHead), frame = probe.frames[k];
+    const rows = (frame.maps[hd.map] || [])[hd.head];
+    out.append(h("h3", { text: "attention map at each snapshot" }),
+      h("div", { class: "controls" }, h("label", {}, "head ", pick), h("label", {}, "snapshot ", slider),
+        h("span", { class: "status learn-map", data: { step: frame.step, head: hd.name, frames: n }, text: "step " + frame.step + " (" + (k + 1) + " of " + n + " snapshots with maps)" })));
+    if (!rows) { out.append(h("div", { class: "help", text: "this snapshot kept no map of " + hd.map })); return; }
+    const bytes = atob(rows), T = probe.T, M = [];
+    for (let i = 0; i < T; i++) { const r = []; for (let j = 0; j < T; j++) r.push(bytes.charCodeAt(i * T + j) / 255); M.push(r); }
+    const last = M[T - 1], tok = probe.tokens || [];
+    out.append(h("div", { class: "learn-heat" }, heat(M, tok, tok, { top: 1, decimals: 2, textMax: 24 })),
+      h("div", { class: "help" }, "the last query (" + show(tok[T - 1] || String(T - 1)) + ") over the keys: ",
+        h("span", { class: "learn-row", text: last.map((v) => num(v, 2)).join(" ") })));
   }
 })();
