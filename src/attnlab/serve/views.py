@@ -13,6 +13,7 @@ function (most often a ``Run`` method) that the CLI verb calls, and returning th
     ablate        attnlab ablate RUN TEXT --head L.H --mode M
     patch         attnlab patch RUN --clean A --corrupt B --target T --by B
     generate      attnlab generate RUN --prompt TEXT --json, and each new token's attention
+    walk          attnlab walk --tokens TEXT ... (attention by hand: no model runs)
     learn         attnlab timeline RUN --json and explore RUN --steps's maps, read again as
                   training writes
 
@@ -258,6 +259,67 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
         data["tokens"], data["offset"] = toks, cut
     data["steps"] = steps
     return dumps(data)
+
+
+# -- by hand ------------------------------------------------------------------------------------
+
+
+def _bool(params: dict, key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise ServeError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+@view("walk")
+def walk(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab walk --tokens TEXT [--x X --wq W_Q --wk W_K --wv W_V] --m M --d-k D --d-v E
+    --seed S [--no-scale] [--no-causal] --temperature T --pad P --json``: the words typed are
+    the tokens (the notes' "I like to eat apples": 5 x 5); params ``hand_`` + ``x``, ``wq``,
+    ``wk``, ``wv`` (rows typed, ";" or a new line between them; any left empty drawn at random
+    as the CLI draws them), ``m``, ``d_k``, ``d_v``, ``seed`` and the switches ``scale``,
+    ``causal``, ``temperature``, ``pad``, ``padding_mask`` (prefixed: generation has a seed and
+    a temperature of its own). No model runs: the run is not read."""
+    from attnlab.inspect.by_hand import (
+        MAX_TOKENS,
+        MAX_WIDTH,
+        HandMatrices,
+        Settings,
+        parse_matrix,
+        random_matrices,
+        token_labels,
+    )
+    from attnlab.inspect.by_hand import walk as walk_
+
+    given = {}
+    for key, name in (("x", "X"), ("wq", "W_Q"), ("wk", "W_K"), ("wv", "W_V")):
+        value = (_str(params, "hand_" + key) or "").strip()
+        given[key] = parse_matrix(value, name)[0] if value else None
+    x, w_q, w_k, w_v = given["x"], given["wq"], given["wk"], given["wv"]
+    tokens = token_labels(text)
+    m = next((a.shape[0] for a in (w_q, w_k, w_v) if a is not None), None)
+    m = x.shape[1] if x is not None else (m or _int(params, "hand_m", 8, 1, MAX_WIDTH))
+    d_k = next((a.shape[1] for a in (w_q, w_k) if a is not None), None)
+    d_k = d_k or _int(params, "hand_d_k", 3, 1, MAX_WIDTH)
+    d_v = w_v.shape[1] if w_v is not None else _int(params, "hand_d_v", d_k, 1, MAX_WIDTH)
+    if len(tokens) > MAX_TOKENS:
+        raise ServeError(f"{len(tokens)} words: by hand takes at most {MAX_TOKENS}")
+    seed = _int(params, "hand_seed", 0, 0, 2**32 - 1)
+    drawn = random_matrices(len(tokens), m, d_k, d_v, seed, tokens)
+    picked = [a if a is not None else b for a, b in ((x, drawn.x), (w_q, drawn.w_q),
+                                                      (w_k, drawn.w_k), (w_v, drawn.w_v))]  # fmt: skip
+    random_ones = [n for k, n in (("x", "X"), ("wq", "W_Q"), ("wk", "W_K"), ("wv", "W_V"))
+                   if given[k] is None]  # fmt: skip
+    source = ("given" if not random_ones else drawn.source if len(random_ones) == 4 else
+              f"{', '.join(random_ones)} {drawn.source}, the rest given")  # fmt: skip
+    temperature = params.get("hand_temperature", 1.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ServeError(f"temperature must be a number, got {temperature!r}")
+    settings = Settings(scale=_bool(params, "hand_scale", True),
+                        causal=_bool(params, "hand_causal", True), temperature=float(temperature),
+                        pad=_int(params, "hand_pad", 0, 0, MAX_TOKENS),
+                        padding_mask=_bool(params, "hand_padding_mask", True))  # fmt: skip
+    return walk_(HandMatrices(tokens, *picked, source), settings).to_json(indent=None)
 
 
 # -- the run's files ----------------------------------------------------------------------------

@@ -490,6 +490,49 @@
     },
   });
 
+  // -- attention by hand ---------------------------------------------------------------------------
+  panel({
+    name: "walk", title: "by hand", help: "the words typed as the tokens, with your own X, W_Q, W_K, W_V (rows typed, ';' between them) or random ones of the sizes given, walked through the steps of attention; the switches show what each piece is for (attnlab walk --tokens TEXT --json)",
+    views: ["walk"], open: false,
+    applies: (r) => r.reads !== "image",
+    params(ctx) {
+      const st = ctx.state, p = { hand_m: +st.m.value, hand_d_k: +st.dk.value, hand_d_v: +st.dv.value, hand_seed: +st.seed.value,
+        hand_scale: st.scale.checked, hand_causal: st.causal.checked, hand_temperature: +st.temp.value, hand_pad: +st.pad.value, hand_padding_mask: st.pmask.checked };
+      for (const k of ["x", "wq", "wk", "wv"]) p["hand_" + k] = st[k].value;
+      return p;
+    },
+    init(ctx) {
+      const st = ctx.state, again = () => ctx.col.update(["walk"]), num_ = (v, w) => h("input", { type: "number", min: 0, value: v, style: "width:" + (w || 4) + "em", onchange: again });
+      st.i = 0; st.m = num_(8); st.dk = num_(3); st.dv = num_(3); st.seed = num_(0, 6); st.pad = num_(0);
+      st.temp = h("input", { type: "number", min: 0.01, step: 0.1, value: 1, style: "width:4em", onchange: again });
+      const box = (v) => h("input", { type: "checkbox", checked: v, onchange: again });
+      st.scale = box(true); st.causal = box(true); st.pmask = box(true);
+      for (const k of ["x", "wq", "wk", "wv"]) st[k] = h("textarea", { rows: 2, cols: 28, class: "hand-" + k, placeholder: "random", onchange: again });
+      st.pick = h("select"); st.pick.onchange = () => { st.i = +st.pick.value; ctx.def.render(ctx); };
+      st.out = h("div");
+      ctx.body.append(
+        h("div", { class: "controls" }, h("label", {}, "M ", st.m), h("label", {}, "d_k ", st.dk), h("label", {}, "d_v ", st.dv), h("label", {}, "seed ", st.seed)),
+        h("div", { class: "controls" }, h("label", {}, "X ", st.x), h("label", {}, "W_Q ", st.wq), h("label", {}, "W_K ", st.wk), h("label", {}, "W_V ", st.wv)),
+        h("div", { class: "controls" }, h("label", {}, st.scale, " 1/\u221ad_k scale"), h("label", {}, st.causal, " causal mask"), h("label", {}, "temperature ", st.temp),
+          h("label", {}, "pad ", st.pad), h("label", {}, st.pmask, " padding mask")),
+        h("div", { class: "controls steps" }, st.pick), st.out);
+    },
+    render(ctx) {
+      const w = ctx.col.data.walk, st = ctx.state, steps = w.steps;
+      st.i = Math.min(st.i, steps.length - 1);
+      st.pick.innerHTML = ""; steps.forEach((s, i) => st.pick.add(new Option((i + 1) + ". " + s.title, String(i))));
+      st.pick.value = String(st.i);
+      const s = steps[st.i], out = st.out;
+      out.innerHTML = ""; out.dataset.step = s.name;
+      out.append(h("h3", { text: s.title + (s.shape ? "   (" + s.shape.join(" \u00d7 ") + ")" : "") }), h("div", { class: "help", text: s.meaning }));
+      if (st.i === 0) out.append(h("div", { class: "output", text: w.tokens.map(show).join("  ") + "   (" + w.inputs.source + ")" }));
+      if (s.values) {
+        const V = Array.isArray(s.values[0]) ? s.values : [s.values];
+        out.append(heat(V, s.rows || null, s.cols || null, { signed: true, decimals: 3, textMax: 32 }));
+      }
+    },
+  });
+
   // -- watch it learn ------------------------------------------------------------------------------
   panel({
     name: "learn", title: "watch it learn", help: "what attnlab train has written to this run so far: the loss curve and, with snapshots, every head's scores (attnlab timeline --json); read without the writer's lock, every 2 s while ticked",
