@@ -1,6 +1,8 @@
-"""Attention by hand in the workbench, in a real headless Chromium: the words typed are the
-tokens ("I like to eat apples": a 5 x 5 matrix), with random or typed X, W_Q, W_K, W_V and the
-switches; every step the panel shows is the numbers ``attnlab walk --json`` gives."""
+"""The notes' questions in the workbench, in a real headless Chromium. By hand: the words
+typed are the tokens ("I like to eat apples": a 5 x 5 matrix), with random or typed X, W_Q,
+W_K, W_V and the switches; every step the panel shows is the numbers ``attnlab walk --json``
+gives. What if: the selected head without its scale, its mask, at a temperature, padded,
+as ``attnlab what-if --json`` gives it."""
 
 from __future__ import annotations
 
@@ -66,38 +68,86 @@ def shows_walk(b, want: dict) -> bool:
     return True
 
 
-def test_the_by_hand_panel_shows_the_walks_numbers(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def page(tmp_path_factory):
     from attnlab.serve import start
     from cdp import Browser
 
-    build_kind("gpt", tmp_path / "runs")
-    srv = start(tmp_path / "runs")
+    root = tmp_path_factory.mktemp("serve-notes") / "runs"
+    build_kind("gpt", root)
+    srv = start(root)
     b = Browser(timeout=120)
     try:
         b.open(srv.url)
         wait(b, lambda: b.eval("document.body.dataset.updates") is not None)
-        b.eval("document.querySelector('[data-panel=walk] header').onclick()")
-        b.eval("(() => { const t = document.getElementById('text'); t.focus(); t.select(); })()")
-        b.send("Input.insertText", {"text": TEXT})
-        set_value(b, "input[type=number]", 4)  # M
-        want = walk_json(capsys, "--m", 4, "--d-k", 3, "--seed", 0)
-        assert [s["name"] for s in want["steps"]][:4] == ["tokens", "X", "similarity_dot",
-                                                          "similarity_cosine"]  # fmt: skip
-        wait(b, lambda: shows_walk(b, want))
-
-        # typed X and W_Q (the rest random), no scale, a temperature: the CLI's numbers again
-        x = "1 0 0 1; 0 1 0 1; 1 1 0 0; 0 0 1 1; 1 0 1 0"
-        wq = "1 0 0; 0 1 0; 0 0 1; 1 1 1"
-        set_value(b, ".hand-x", x)
-        set_value(b, ".hand-wq", wq)
-        set_value(b, "label:nth-child(1) input[type=checkbox]", False)  # the 1/sqrt(d_k) scale
-        b.eval("(() => { const e = Array.from(document.querySelectorAll('[data-panel=walk] input'))"
-               ".find(i => i.step === '0.1'); e.value = '2'; e.onchange(); })()")  # fmt: skip
-        want = walk_json(capsys, "--x", x, "--wq", wq, "--d-k", 3, "--no-scale",
-                         "--temperature", 2, "--seed", 0)  # fmt: skip
-        assert want["settings"]["scale"] is False and want["inputs"]["X"][0] == [1, 0, 0, 1]
-        wait(b, lambda: shows_walk(b, want))
-        assert not b.errors()
+        yield b, root / "gpt"
     finally:
         b.close()
         srv.stop()
+
+
+def test_the_by_hand_panel_shows_the_walks_numbers(page, capsys):
+    b, _ = page
+    b.eval("document.querySelector('[data-panel=walk] header').onclick()")
+    b.eval("(() => { const t = document.getElementById('text'); t.focus(); t.select(); })()")
+    b.send("Input.insertText", {"text": TEXT})
+    set_value(b, "input[type=number]", 4)  # M
+    want = walk_json(capsys, "--m", 4, "--d-k", 3, "--seed", 0)
+    assert [s["name"] for s in want["steps"]][:4] == ["tokens", "X", "similarity_dot",
+                                                      "similarity_cosine"]  # fmt: skip
+    wait(b, lambda: shows_walk(b, want))
+
+    # typed X and W_Q (the rest random), no scale, a temperature: the CLI's numbers again
+    x = "1 0 0 1; 0 1 0 1; 1 1 0 0; 0 0 1 1; 1 0 1 0"
+    wq = "1 0 0; 0 1 0; 0 0 1; 1 1 1"
+    set_value(b, ".hand-x", x)
+    set_value(b, ".hand-wq", wq)
+    set_value(b, "label:nth-child(1) input[type=checkbox]", False)  # the 1/sqrt(d_k) scale
+    b.eval("(() => { const e = Array.from(document.querySelectorAll('[data-panel=walk] input'))"
+           ".find(i => i.step === '0.1'); e.value = '2'; e.onchange(); })()")  # fmt: skip
+    want = walk_json(capsys, "--x", x, "--wq", wq, "--d-k", 3, "--no-scale",
+                     "--temperature", 2, "--seed", 0)  # fmt: skip
+    assert want["settings"]["scale"] is False and want["inputs"]["X"][0] == [1, 0, 0, 1]
+    wait(b, lambda: shows_walk(b, want))
+    assert not b.errors()
+
+
+def cells(b, where: str) -> list[float]:
+    return [float(x) for x in b.eval(f"Array.from(document.querySelectorAll('[data-panel=what_if] {where} td.cell'))"
+                                     ".map(e => e.textContent)")]  # fmt: skip
+
+
+def test_the_what_if_panel_shows_the_clis_changes(page, capsys):
+    b, run = page
+    text = "the bank of the river"
+    b.eval("document.querySelector('[data-panel=what_if] header').onclick()")
+    b.eval("(() => { const t = document.getElementById('text'); t.focus(); t.select(); })()")
+    b.send("Input.insertText", {"text": text})
+    b.eval("(() => { const e = document.querySelectorAll('[data-panel=what_if] input')[0];"
+           " e.value = '3'; e.onchange(); })()")  # the temperature  # fmt: skip
+    rc, out, err = run_main(capsys, "what-if", str(run), text, "--layer", "0", "--head", "0",
+                            "--temperature", "3", "--json")  # fmt: skip
+    assert rc == 0, err
+    want = json.loads(out)
+    assert [c["name"] for c in want["changes"]] == ["no_scale", "no_causal_mask",
+        "temperature_flatter", "temperature_sharper", "padding"]  # fmt: skip
+
+    def near(got, rows):
+        flat = [v for r in rows for v in r]
+        return len(got) == len(flat) and all(abs(g - v) <= 0.005 + 1e-9 for g, v in zip(got, flat))
+
+    wait(b, lambda: b.eval("(document.querySelector('[data-panel=what_if] .help') || {}).textContent || ''")
+         .startswith(want["heading"]) and near(cells(b, ".before"), want["before"]))  # fmt: skip
+    for c in want["changes"]:
+        b.eval("(() => { const p = document.querySelector('[data-panel=what_if] select');"
+               f" p.value = {json.dumps(c['name'])}; p.onchange(); }})()")  # fmt: skip
+        assert (
+            b.eval("document.querySelector('[data-panel=what_if] .after').dataset.change")
+            == c["name"]
+        )
+        assert near(cells(b, ".after"), c["after"]), c["name"]
+        assert (
+            b.eval("document.querySelector('[data-panel=what_if] .finding').textContent")
+            == c["finding"]
+        )
+    assert not b.errors()

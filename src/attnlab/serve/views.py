@@ -13,6 +13,7 @@ function (most often a ``Run`` method) that the CLI verb calls, and returning th
     ablate        attnlab ablate RUN TEXT --head L.H --mode M
     patch         attnlab patch RUN --clean A --corrupt B --target T --by B
     generate      attnlab generate RUN --prompt TEXT --json, and each new token's attention
+    what_if       attnlab what-if RUN TEXT --layer L --head H
     walk          attnlab walk --tokens TEXT ... (attention by hand: no model runs)
     learn         attnlab timeline RUN --json and explore RUN --steps's maps, read again as
                   training writes
@@ -259,6 +260,25 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
         data["tokens"], data["offset"] = toks, cut
     data["steps"] = steps
     return dumps(data)
+
+
+@view("what_if")
+def what_if(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab what-if RUN TEXT --layer L --head H --temperature T --pad P --json``: the
+    selected head's attention as the model computes it, and with one piece changed at a time
+    (no 1/sqrt(d_k), no causal mask, temperature T and 1/T, P pads without a padding mask);
+    params ``layer``, ``head``, ``what_if_temperature`` (default 2), ``what_if_pad`` (2)."""
+    from attnlab.inspect.what_if import DEFAULT_PAD, DEFAULT_TEMPERATURE
+    from attnlab.inspect.what_if import what_if as what_if_
+
+    layer, head = _int(params, "layer", 0), _int(params, "head", 0)
+    t = params.get("what_if_temperature", DEFAULT_TEMPERATURE)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        raise ServeError(f"the temperature must be a number, got {t!r}")
+    pad = _int(params, "what_if_pad", DEFAULT_PAD, 0, 256)
+    rec = recording(run, cache, text)
+    return _json(what_if_(rec, run.model, layer, head, text=text, temperature=float(t), pad=pad),
+                 run)  # fmt: skip
 
 
 # -- by hand ------------------------------------------------------------------------------------

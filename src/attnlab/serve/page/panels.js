@@ -490,6 +490,33 @@
     },
   });
 
+  // -- what if: one piece of the selected head's attention changed at a time ----------------------
+  panel({
+    name: "what_if", title: "what if", help: "the selected head's attention as the model computes it, and with one piece changed at a time: no 1/\u221ad_k scale, no causal mask, a temperature T and 1/T, pads without a padding mask (attnlab what-if --json)",
+    views: ["what_if"], open: false,
+    applies: (r) => r.residual,
+    params: (ctx) => ({ what_if_temperature: +ctx.state.temp.value, what_if_pad: +ctx.state.pad.value }),
+    init(ctx) {
+      const st = ctx.state, again = () => ctx.col.update(["what_if"]);
+      st.temp = h("input", { type: "number", min: 0.01, step: 0.1, value: 2, style: "width:4em", onchange: again });
+      st.pad = h("input", { type: "number", min: 0, max: 256, value: 2, style: "width:4em", onchange: again });
+      st.pick = h("select"); st.pick.onchange = () => ctx.def.render(ctx); st.out = h("div");
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "change ", st.pick), h("label", {}, "temperature ", st.temp), h("label", {}, "pads ", st.pad)), st.out);
+    },
+    render(ctx) {
+      const w = ctx.col.data.what_if, st = ctx.state, was = st.pick.value;
+      st.pick.innerHTML = ""; w.changes.forEach((c) => st.pick.add(new Option(c.title, c.name)));
+      if (w.changes.some((c) => c.name === was)) st.pick.value = was;
+      const c = w.changes.find((x) => x.name === st.pick.value) || w.changes[0];
+      st.out.innerHTML = "";
+      st.out.append(h("div", { class: "help", text: w.heading + " \u2014 " + w.baseline }),
+        h("div", { class: "help finding", text: c.finding }),
+        h("div", { class: "row" },
+          h("div", { class: "before" }, h("h3", { text: "as it runs" }), heat(w.before, w.rows, w.cols, { top: 1, decimals: 2, textMax: 32 })),
+          h("div", { class: "after", data: { change: c.name } }, h("h3", { text: c.title }), heat(c.after, w.rows, c.cols || w.cols, { top: 1, decimals: 2, textMax: 32 }))));
+    },
+  });
+
   // -- attention by hand ---------------------------------------------------------------------------
   panel({
     name: "walk", title: "by hand", help: "the words typed as the tokens, with your own X, W_Q, W_K, W_V (rows typed, ';' between them) or random ones of the sizes given, walked through the steps of attention; the switches show what each piece is for (attnlab walk --tokens TEXT --json)",
