@@ -2,7 +2,8 @@
 typed are the tokens ("I like to eat apples": a 5 x 5 matrix), with random or typed X, W_Q,
 W_K, W_V and the switches; every step the panel shows is the numbers ``attnlab walk --json``
 gives. What if: the selected head without its scale, its mask, at a temperature, padded,
-as ``attnlab what-if --json`` gives it."""
+as ``attnlab what-if --json`` gives it. Source attention: an LSTM beside a Transformer on
+one source, each as ``attnlab align LSTM TRANSFORMER TEXT --words --json`` gives it."""
 
 from __future__ import annotations
 
@@ -74,7 +75,8 @@ def page(tmp_path_factory):
     from cdp import Browser
 
     root = tmp_path_factory.mktemp("serve-notes") / "runs"
-    build_kind("gpt", root)
+    for kind in ("gpt", "lstm", "seq2seq"):
+        build_kind(kind, root)
     srv = start(root)
     b = Browser(timeout=120)
     try:
@@ -150,4 +152,40 @@ def test_the_what_if_panel_shows_the_clis_changes(page, capsys):
             b.eval("document.querySelector('[data-panel=what_if] .finding').textContent")
             == c["finding"]
         )
+    assert not b.errors()
+
+
+def test_an_lstm_beside_a_transformer_shows_aligns_numbers(page, capsys):
+    b, gpt = page
+    root, text = gpt.parent, "bad cafe"
+    b.eval("document.getElementById('run-b').value = 'runs/seq2seq';"
+           "document.getElementById('run-a').value = 'runs/lstm';"
+           "document.getElementById('run-a').onchange()")  # fmt: skip
+    wait(b, lambda: b.eval("document.querySelectorAll('.column [data-panel=align]').length") == 2)
+    b.eval(
+        "document.querySelectorAll('.column [data-panel=align] header').forEach(e => e.onclick())"
+    )
+    b.eval("(() => { const t = document.getElementById('text'); t.focus(); t.select(); })()")
+    b.send("Input.insertText", {"text": text})
+    b.eval("document.querySelectorAll('.column [data-panel=align] input[type=checkbox]')"
+           ".forEach(e => { e.checked = true; e.onchange(); })")  # fmt: skip
+    rc, out, err = run_main(capsys, "align", str(root / "lstm"), str(root / "seq2seq"), text,
+                            "--words", "--json")  # fmt: skip
+    assert rc == 0, err
+    models = json.loads(out)["models"]
+    assert models[0]["source"] == ["bad", "cafe", "<eos>"]  # words, not characters
+
+    def column(i: int) -> dict:
+        return b.eval(f"(() => {{ const p = document.querySelectorAll('.column')[{i}]"
+                      ".querySelector('[data-panel=align]');"
+                      " return {output: (p.querySelector('.output') || {}).textContent,"
+                      " cells: Array.from(p.querySelectorAll('td.cell')).map(e => +e.textContent)}; })()")  # fmt: skip
+
+    def shows(i: int, m: dict) -> bool:
+        c = column(i)
+        flat = [w for s in m["steps"] for w in s["weights"]]
+        return (c["output"] == m["output"] and len(c["cells"]) == len(flat)
+                and all(abs(x - w) <= 0.005 + 1e-9 for x, w in zip(c["cells"], flat)))  # fmt: skip
+
+    wait(b, lambda: shows(0, models[0]) and shows(1, models[1]))
     assert not b.errors()

@@ -14,6 +14,7 @@ function (most often a ``Run`` method) that the CLI verb calls, and returning th
     patch         attnlab patch RUN --clean A --corrupt B --target T --by B
     generate      attnlab generate RUN --prompt TEXT --json, and each new token's attention
     what_if       attnlab what-if RUN TEXT --layer L --head H
+    align         attnlab align RUN TEXT [--words]
     walk          attnlab walk --tokens TEXT ... (attention by hand: no model runs)
     learn         attnlab timeline RUN --json and explore RUN --steps's maps, read again as
                   training writes
@@ -279,6 +280,25 @@ def what_if(run, params: dict, cache: dict, text: str) -> str:
     rec = recording(run, cache, text)
     return _json(what_if_(rec, run.model, layer, head, text=text, temperature=float(t), pad=pad),
                  run)  # fmt: skip
+
+
+@view("align")
+def align(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab align RUN TEXT [--words] --json`` for this run: the output it decodes and each
+    decoder step's weights over the source (an LSTM's alignment, a Transformer's
+    cross-attention, mean over heads and layers); param ``align_words`` adds up each word's
+    tokens. Two columns, an LSTM beside a Transformer, are ``align LSTM TRANSFORMER TEXT``."""
+    from pathlib import Path
+
+    from attnlab.inspect.source_attention import side_by_side, source_attention
+
+    words = params.get("align_words", False)
+    if not isinstance(words, bool):
+        raise ServeError(f"align_words must be true or false, got {words!r}")
+    result = source_attention(recording(run, cache, text), run.tokenizer, None, None, words, text)
+    return side_by_side([result], [f"{Path(run.path).name} ({run.kind})"], text).to_json(
+        indent=None
+    )
 
 
 # -- by hand ------------------------------------------------------------------------------------

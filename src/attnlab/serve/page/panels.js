@@ -517,6 +517,25 @@
     },
   });
 
+  // -- each decoder step's attention over the source ------------------------------------------------
+  panel({
+    name: "align", title: "source attention", help: "the output decoded and, one row per decoder step (the token fed \u2192 the token output), its weights over the source: an LSTM's alignment, a Transformer's cross-attention (mean over heads and layers); put an LSTM beside a Transformer for the notes' \u201clet's go\u201d \u2192 \u201cvamos\u201d (attnlab align --json)",
+    views: ["align"], open: false,
+    applies: (r) => r.reads === "source",
+    params: (ctx) => ({ align_words: ctx.state.words.checked }),
+    init(ctx) {
+      const st = ctx.state;
+      st.words = h("input", { type: "checkbox", onchange: () => ctx.col.update(["align"]) }); st.out = h("div");
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, st.words, " words (each word's tokens added up)")), st.out);
+    },
+    render(ctx) {
+      const m = ctx.col.data.align.models[0], out = ctx.state.out;
+      out.innerHTML = "";
+      out.append(h("div", { class: "help", text: m.model + ": " + m.label }), h("div", { class: "output", text: m.output }),
+        heat(m.steps.map((s) => s.weights), m.steps.map((s) => s.fed + " \u2192 " + s.next), m.source, { top: 1, decimals: 2, textMax: 32 }));
+    },
+  });
+
   // -- attention by hand ---------------------------------------------------------------------------
   panel({
     name: "walk", title: "by hand", help: "the words typed as the tokens, with your own X, W_Q, W_K, W_V (rows typed, ';' between them) or random ones of the sizes given, walked through the steps of attention; the switches show what each piece is for (attnlab walk --tokens TEXT --json)",
