@@ -178,7 +178,7 @@ def test_an_lstm_beside_a_transformer_shows_aligns_numbers(page, capsys):
     def column(i: int) -> dict:
         return b.eval(f"(() => {{ const p = document.querySelectorAll('.column')[{i}]"
                       ".querySelector('[data-panel=align]');"
-                      " return {output: (p.querySelector('.output') || {}).textContent,"
+                      " return {output: (p.querySelector('.output') || {}).textContent || '',"
                       " cells: Array.from(p.querySelectorAll('td.cell')).map(e => +e.textContent)}; })()")  # fmt: skip
 
     def shows(i: int, m: dict) -> bool:
@@ -188,4 +188,33 @@ def test_an_lstm_beside_a_transformer_shows_aligns_numbers(page, capsys):
                 and all(abs(x - w) <= 0.005 + 1e-9 for x, w in zip(c["cells"], flat)))  # fmt: skip
 
     wait(b, lambda: shows(0, models[0]) and shows(1, models[1]))
+    assert not b.errors()
+
+
+def test_similarity_as_dot_products_and_as_cosines(page, capsys):
+    b, run = page
+    b.eval("document.getElementById('run-b').value = '';"
+           "document.getElementById('run-a').value = 'runs/gpt';"
+           "document.getElementById('run-a').onchange()")  # fmt: skip
+    wait(
+        b,
+        lambda: b.eval("document.querySelectorAll('.column [data-panel=similarity]').length") == 1,
+    )
+    text = "the bank of the river"
+    b.eval("(() => { const t = document.getElementById('text'); t.focus(); t.select(); })()")
+    b.send("Input.insertText", {"text": text})
+    rc, out, err = run_main(capsys, "similarity", str(run), text, "--json")
+    assert rc == 0, err
+    layer = json.loads(out)["layers"][0]
+
+    def shows(key: str) -> bool:
+        got = b.eval("Array.from(document.querySelectorAll('[data-panel=similarity] .before td.cell'))"
+                     ".map(e => +e.textContent)")  # fmt: skip
+        flat = [v for r in layer[key] for v in r]
+        return len(got) == len(flat) and all(abs(g - v) <= 0.005 + 1e-9 for g, v in zip(got, flat))
+
+    wait(b, lambda: b.eval("document.body.dataset.done") == text and shows("before"))
+    b.eval("(() => { const m = document.querySelector('[data-panel=similarity] select.measure');"
+           " m.value = 'dot'; m.onchange(); })()")  # fmt: skip
+    assert layer["dot_before"] != layer["before"] and shows("dot_before")
     assert not b.errors()

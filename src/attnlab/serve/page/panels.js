@@ -345,21 +345,24 @@
 
   // -- similarity before and after each block -----------------------------------------------------
   panel({
-    name: "similarity", title: "similarity", help: "cosine similarity of every pair of token vectors before and after each block (attnlab similarity --json)",
+    name: "similarity", title: "similarity", help: "cosine similarity (or the raw dot product) of every pair of token vectors before and after each block (attnlab similarity [--measure dot] --json)",
     views: ["similarity"],
     applies: (r) => r.residual,
     init(ctx) { ctx.state.layer = 0; ctx.state.pick = h("select"); ctx.state.out = h("div");
       ctx.state.pick.onchange = () => { ctx.state.layer = +ctx.state.pick.value; ctx.def.render(ctx); };
-      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "layer ", ctx.state.pick)), ctx.state.out); },
+      ctx.state.measure = h("select", { class: "measure", onchange: () => ctx.def.render(ctx) }, h("option", { value: "cosine", text: "cosine" }), h("option", { value: "dot", text: "dot product" }));
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "layer ", ctx.state.pick), h("label", {}, "measure ", ctx.state.measure)), ctx.state.out); },
     render(ctx) {
       const L = ctx.col.data.similarity.layers, st = ctx.state;
       st.layer = Math.min(st.layer, L.length - 1);
       st.pick.innerHTML = ""; L.forEach((x, i) => st.pick.add(new Option(x.label, String(i)))); st.pick.value = String(st.layer);
-      const x = L[st.layer];
+      const x = L[st.layer], dot = st.measure.value === "dot" && x.dot_before !== undefined;
+      const [B, A, mb, ma] = dot ? [x.dot_before, x.dot_after, x.mean_dot_before, x.mean_dot_after] : [x.before, x.after, x.mean_before, x.mean_after];
+      const o = dot ? { signed: true, decimals: 2, textMax: 32 } : { signed: true, top: 1, decimals: 2, textMax: 32 };  // a dot product has no bound: its own largest
       st.out.innerHTML = "";
       st.out.append(h("div", { class: "row" },
-        h("div", { class: "before" }, h("h3", { text: "before " + x.label + " (mean off-diagonal " + num(x.mean_before, 3) + ")" }), heat(x.before, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 32 })),
-        h("div", { class: "after" }, h("h3", { text: "after " + x.label + " (mean off-diagonal " + num(x.mean_after, 3) + ")" }), heat(x.after, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 32 }))));
+        h("div", { class: "before" }, h("h3", { text: "before " + x.label + " (mean off-diagonal " + num(mb, 3) + ")" }), heat(B, x.tokens, x.tokens, o)),
+        h("div", { class: "after" }, h("h3", { text: "after " + x.label + " (mean off-diagonal " + num(ma, 3) + ")" }), heat(A, x.tokens, x.tokens, o))));
     },
   });
 
