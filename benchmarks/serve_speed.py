@@ -38,9 +38,9 @@ VISIBLE = ["predict", "explorer", "trace", "similarity", "influence"]  # the pan
 def build_baby(out: Path) -> tuple[Path, str]:
     import torch
 
-    from attnlab.checkpoint import save_model
     from attnlab.data.corpus import load_text
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+    from attnlab.rundir import save_model
     from attnlab.tokenizers import CharTokenizer
 
     text = load_text("shakespeare")

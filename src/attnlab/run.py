@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab import checkpoint as ckpt
+from attnlab import rundir
 from attnlab.data import DataError
 from attnlab.models.declare import InputError, max_positions
 from attnlab.modes import evaluating
@@ -61,7 +61,7 @@ class Run:
     @property
     def imported(self) -> str | None:
         """The Hugging Face directory the weights came from, if they were imported."""
-        return _imported(self.config)
+        return rundir.imported_from(self.config)
 
     @property
     def no_data_of_its_own(self) -> str | None:
@@ -88,8 +88,8 @@ class Run:
         if self._task is None:
             try:
                 self._task = open_task(self.path, cfg=self.config, tokenizer=self.tokenizer)
-            except ckpt.RunError as e:
-                raise ckpt.RunError(f"{self.path}: {e}") from None
+            except rundir.RunError as e:
+                raise rundir.RunError(f"{self.path}: {e}") from None
         return self._task
 
     def __repr__(self) -> str:
@@ -124,7 +124,7 @@ class Run:
         options = predict_options(options, given)
         task = self.task
         if options.beam != 1 and task.name != "seq2seq":
-            raise ckpt.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
+            raise rundir.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
         single = isinstance(inputs, str)
         items = [inputs] if single else list(inputs)
         if any(x == "" for x in items):  # as trace and attention say
@@ -191,7 +191,7 @@ class Run:
         _ = self.task  # an encoder with no head is refused before any data is read
         where = self.no_data_of_its_own
         if where is not None:
-            raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
+            raise rundir.RunError(f"{self.path} {where}, so it has no held-out split: give "
                                 "--data FILE (Python: evaluate(data=...))")  # fmt: skip
         try:
             return open_task(self.path, True, self.config, self.tokenizer)
@@ -218,7 +218,7 @@ class Run:
         from attnlab.generation import generate as sample
 
         if not self.model.decodes:
-            raise ckpt.RunError(
+            raise rundir.RunError(
                 f"{self.path}: generate samples text from a GPT (or an encoder-decoder); this "
                 f"run is a {self.kind} ({self.describe()}): use predict"
             )
@@ -420,17 +420,10 @@ class Run:
         return Subject(self.model, self.tokenizer, self.config.get("labels"))
 
 
-def _imported(config: dict) -> str | None:
-    source = config.get("source")
-    if isinstance(source, dict) and source.get("format") == "huggingface":
-        return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
-    return None
-
-
 def about(model: nn.Module, config: dict) -> dict:
     """{"kind", "model_type", "description"} of a model and its run's config.json: what every
     ``--json`` output starts with."""
-    imported = _imported(config)
+    imported = rundir.imported_from(config)
     text = model.describe() + (f" (imported from {imported})" if imported else "")
     return {"kind": model.kind, "model_type": config.get("model_type", ""), "description": text}
 
@@ -438,7 +431,7 @@ def about(model: nn.Module, config: dict) -> dict:
 def about_run(path: str | Path) -> dict:
     """``about`` of the run at ``path`` without reading its weights (the model is built on the
     meta device): for verbs that read a run's files but run no model (timeline, train)."""
-    checked = ckpt.check_run(path)
+    checked = rundir.check_run(path)
     return about(checked.model, checked.config)
 
 
@@ -446,6 +439,6 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> Run:
     """The run directory at ``path`` (trained or imported, any kind), loaded on ``device``:
     the one door to a run (config.json is read once, then checked against the weights and
     the tokenizer before any weight is read)."""
-    config = ckpt.read_run_config(path)
-    model, tokenizer = ckpt.open_model(path, device=device, cfg=config)
+    config = rundir.read_run_config(path)
+    model, tokenizer = rundir.open_model(path, device=device, cfg=config)
     return Run(path, model, tokenizer, config)

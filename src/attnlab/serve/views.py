@@ -377,7 +377,7 @@ def learn(run_path, params: dict, cache: dict, text: str = "") -> str:
     from attnlab.inspect.recording import InspectError
     from attnlab.inspect.step_explorer import step_data
     from attnlab.inspect.timeline import timeline
-    from attnlab.training.rundir import read_metrics
+    from attnlab.rundir import read_metrics
 
     metrics = _retry(lambda: read_metrics(run_path))
     loss = [{"step": r["step"], "train_loss": r["train_loss"]} for r in metrics

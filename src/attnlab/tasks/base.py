@@ -109,9 +109,9 @@ def open_task(run_dir: str | Path, with_data: bool = False, cfg: dict | None = N
     ``eval`` and ``--resume`` do. Runs written before tasks recorded their options get the
     task's defaults. ``cfg`` and ``tokenizer``: the run's, where they were read already (an
     opened ``Run``)."""
-    from attnlab import checkpoint as ckpt
+    from attnlab import rundir
 
-    cfg = ckpt.read_run_config(run_dir) if cfg is None else cfg
+    cfg = rundir.read_run_config(run_dir) if cfg is None else cfg
     cls = task_for_run(cfg)
     saved = cfg.get("task_options")
     if not isinstance(saved, dict):
@@ -120,12 +120,12 @@ def open_task(run_dir: str | Path, with_data: bool = False, cfg: dict | None = N
     try:
         options = cls.Options.from_dict(saved)
     except (ConfigError, TypeError) as e:
-        raise ckpt.RunError(f"{Path(run_dir) / 'config.json'}: task options ({e})") from None
+        raise rundir.RunError(f"{Path(run_dir) / rundir.CONFIG_FILE}: task options ({e})") from None
     seed = (cfg.get("train_config") or {}).get("seed", 1337)
     task = cls(options, seed=seed)
     if cfg.get("init_from") is not None:  # fine-tuned from another run: its model config
         task.init = InitFrom.from_dict(cfg["init_from"])
-    tokenizer = ckpt.read_tokenizer_files(run_dir) if tokenizer is None else tokenizer
+    tokenizer = rundir.read_tokenizer_files(run_dir) if tokenizer is None else tokenizer
     if with_data:
         task.reload(Path(run_dir), tokenizer, cfg)
     else:
@@ -149,8 +149,8 @@ def task_for_run(cfg: dict) -> type[Task]:
 
 def imported_task(cfg: dict) -> str:
     """The task of a run that names none (imported weights, or a run older than tasks)."""
-    from attnlab.checkpoint import RunError
     from attnlab.models.declare import registered
+    from attnlab.rundir import RunError
 
     cls = registered().get(cfg.get("model_type"))
     task = cls.default_task(cfg.get("config") or {}) if cls is not None else "lm"
@@ -193,7 +193,7 @@ class InitFrom:
 
     @classmethod
     def from_dict(cls, d: dict) -> InitFrom:
-        from attnlab.checkpoint import RunError
+        from attnlab.rundir import RunError
 
         if not (isinstance(d, dict) and isinstance(d.get("config"), dict)
                 and isinstance(d.get("model_type"), str)):  # fmt: skip
