@@ -23,9 +23,11 @@ from torch import nn
 
 from attnlab import rundir
 from attnlab.data import DataError
-from attnlab.models.declare import InputError
+from attnlab.models.declare import InputError, max_positions
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, PredictOptions, Task, open_task, predict_options
+
+RECORDED_PREDICT_TOKENS = 512  # predict reads a recorded pass up to this many tokens (Run.predict)
 
 
 class Run:
@@ -107,19 +109,63 @@ class Run:
 
     # -- what it does --------------------------------------------------------------------------
 
-    def predict(self, inputs: str | list[str], options: PredictOptions | None = None, **given):
+    def predict(self, inputs: str | list[str], options: PredictOptions | None = None, *,
+                rec=None, **given):  # fmt: skip
         """The model's prediction for one input (a dict) or several (a list): the next tokens
         of a GPT, the fillers of each [MASK], the classes of a text or image (a file or
-        ``test:N``), the translation of an encoder-decoder (greedy, or ``beam=N``)."""
+        ``test:N``), the translation of an encoder-decoder (greedy, or ``beam=N``).
+
+        Each input the model reads whole, of at most ``RECORDED_PREDICT_TOKENS`` tokens, is
+        predicted from one recorded forward pass (``record``; ``rec``: a recording of the one
+        input already made, used where that applies): the pass every look-inside tool reads,
+        so the workbench's panels share it and show these numbers to the bit. A longer input
+        (a GPT's prompt past its block: the last block), a beam search, or an input the task
+        reads otherwise runs the task's own pass (the same prediction, to float rounding)."""
         options = predict_options(options, given)
         task = self.task
         if options.beam != 1 and task.name != "seq2seq":
             raise rundir.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
         single = isinstance(inputs, str)
-        if any(x == "" for x in ([inputs] if single else inputs)):  # as trace and attention say
+        items = [inputs] if single else list(inputs)
+        if any(x == "" for x in items):  # as trace and attention say
             raise InputError("the text has no tokens")
-        preds = task.predict(self.model, [inputs] if single else list(inputs), options)
+        if rec is not None and not (single and rec.text == inputs):
+            raise InputError("rec must be a recording of the one input predicted")
+        preds = [self._predict_recorded(x, options, rec) for x in items]
+        if any(p is None for p in preds):
+            rest = iter(task.predict(self.model, [x for x, p in zip(items, preds) if p is None],
+                                     options))  # fmt: skip
+            preds = [p if p is not None else next(rest) for p in preds]
         return preds[0] if single else preds
+
+    def _predict_recorded(self, text: str, options: PredictOptions, rec=None) -> dict | None:
+        """``predict``'s answer for ``text`` read off a recording of it (``rec``, else one made
+        here) where ``recorded_predict`` says so; None: the task's own pass answers."""
+        if not self.recorded_predict(text):
+            return None
+        if rec is None:
+            from attnlab.inspect.recording import InspectError
+
+            try:
+                rec = self.record(text)
+            except (InspectError, InputError):  # the task's own pass says why, in its words
+                return None
+        with torch.no_grad():
+            return self.task.predict_recorded(self.model, rec, options)
+
+    def recorded_predict(self, text: str) -> bool:
+        """Whether ``predict`` reads ``text`` off a recorded forward pass: the model reads it
+        whole, in at most ``RECORDED_PREDICT_TOKENS`` tokens (a recording holds every head's
+        tokens x tokens weights; past that, the task's own pass keeps memory flat)."""
+        if self.model.reads == "image":
+            return True  # a ViT's patches: a fixed, small number
+        try:
+            n = len(self.tokenizer.encode_source(text) if self.model.reads == "source"
+                    else self.tokenizer.encode(text))  # fmt: skip
+        except (ValueError, AttributeError):  # a character it cannot read: predict says so
+            return False
+        limit = max_positions(self.model)
+        return 0 < n <= RECORDED_PREDICT_TOKENS and (limit is None or n <= limit)
 
     def prediction_lines(self, pred: dict) -> list[str]:
         """A prediction as terminal lines, in the words of the run's task."""

@@ -391,6 +391,15 @@ class Task:
         keyword arguments (``top_k=3``) override ``PredictOptions``'s defaults."""
         raise NotImplementedError(f"the {self.name} task has no prediction yet")
 
+    def predict_recorded(self, model: nn.Module, rec, options: PredictOptions) -> dict | None:
+        """``predict``'s answer for the one input of ``rec``, read off that recorded forward
+        pass (an ``attnlab.inspect.Recording``: its ``text``, ``logits``, ``cache``, ``ids``
+        and ``extra``) instead of a pass of its own: ``Run.predict`` shares one pass with the
+        tools that look inside (the workbench's panels). None where this task's answer needs
+        another pass (a beam search) or the recording does not hold it: ``predict`` then runs
+        its own."""
+        return None
+
     def prediction_lines(self, pred: dict) -> list[str]:
         """One prediction as terminal lines."""
         return [str(pred)]
