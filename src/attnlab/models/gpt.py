@@ -71,6 +71,10 @@ class GPTConfig(BaseConfig):
     parallel: bool = False  # x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, Pythia)
     post_norms: bool = False  # a norm on each sublayer's output too (Gemma 2, 3)
     embed_scale: bool = False  # token embeddings times sqrt(d_model) (Gemma)
+    # The GPU speedrun's initialisation: each block's output projections (attention's W_O, the
+    # feed-forward's last matrix) start at zero, and so does an untied head: every block
+    # starts as the identity and the first logits are uniform
+    zero_init: bool = False
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
@@ -302,6 +306,10 @@ class GPT(ModelKind, nn.Module):
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
             if name.endswith(("out_proj.weight", "fc2.weight", "mlp.down.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+                if c.zero_init:  # the speedrun's: each block starts as the identity
+                    nn.init.zeros_(p)
+        if c.zero_init and not c.tie_weights:  # uniform first predictions (a tied head is
+            nn.init.zeros_(self.lm_head.weight)  # the embedding, which must not be zero)
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:

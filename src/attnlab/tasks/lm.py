@@ -28,13 +28,16 @@ from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import beating
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
+from attnlab.blocks import ACTIVATIONS
 from attnlab.models.gpt import ARCHS, FFN_KINDS, GPT, PRESETS, GPTConfig, arch_fields
 from attnlab.tasks.base import EvalOptions, Task, predict_options
 from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from attnlab.train_config import TrainConfig
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
-DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm")  # the modern-decoder pieces
+# the modern-decoder pieces, and the speedrun's (each None unless given: the preset's)
+DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm", "activation", "tie_weights", "zero_init",
+                   "softcap", "bias")  # fmt: skip
 
 # How a preset is trained when it is not the TrainConfig default. ``fast``: the quickest way
 # found to val <= 1.88 on tiny Shakespeare (nanoGPT's CPU run reaches 1.886 in 2000 steps at lr
@@ -134,6 +137,11 @@ class LMOptions(BaseConfig):
     ffn: str | None = None  # mlp, swiglu or geglu
     kv_heads: int | None = None  # K/V heads shared by groups of query heads (GQA)
     qk_norm: bool | None = None  # an RMSNorm on each head's queries and keys
+    activation: str | None = None  # the feed-forward's: gelu (GPT-2), relu2 (ReLU squared), ...
+    tie_weights: bool | None = None  # the head is the token embedding (GPT-2); False: its own
+    zero_init: bool | None = None  # output projections and an untied head start at zero
+    softcap: float | None = None  # logits -> cap tanh(logits / cap); 0: none
+    bias: bool | None = None  # biases in the linear layers and LayerNorms
     token_cache: str | None = None  # stream the tokens through shards cached here
 
     def to_dict(self) -> dict:
@@ -170,8 +178,16 @@ class LMOptions(BaseConfig):
             fields["activation"] = act or fields.get("activation", "gelu")
         if self.kv_heads is not None:
             fields["n_kv_heads"] = self.kv_heads
-        if self.qk_norm:
-            fields["qk_norm"] = True
+        if self.activation is not None:
+            self._one_of("activation", ACTIVATIONS)
+            fields["activation"] = self.activation
+        for name in ("qk_norm", "tie_weights", "zero_init", "bias"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        if self.softcap is not None:
+            if self.softcap < 0:
+                raise ConfigError(f"softcap must be >= 0 (0: none), got {self.softcap}")
+            fields["final_softcap"] = self.softcap or None
         try:
             return GPTConfig(vocab_size=vocab_size, **fields)
         except ConfigError as e:

@@ -97,6 +97,7 @@ from attnlab.training.optim import (
     make_optimizer,
     optimizer_state_dict,
     optimizer_tensors,
+    set_lr,
 )
 from attnlab.training.plots import plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
@@ -170,8 +171,9 @@ class Trainer:
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.train_batches = task.train_batches(c.batch_size, c.seed, self.dist.rank,
                                                 self.dist.world_size)  # fmt: skip
-        self.val_batches = task.val_batches(c.batch_size, c.eval_iters)
-        self.train_eval_batches = task.train_eval_batches(c.batch_size, c.eval_iters)
+        rows = c.eval_batch_size or c.batch_size
+        self.val_batches = task.val_batches(rows, c.eval_iters)
+        self.train_eval_batches = task.train_eval_batches(rows, c.eval_iters)
         self.metrics: tuple[Metric, ...] = (val_loss_metric(task.loss_unit), *task.metrics)
         self.best_metric = next(m for m in self.metrics if m.name == task.best)
         self.sharded = c.fsdp and self.dist.enabled
@@ -469,8 +471,7 @@ class Trainer:
         """One optimizer update over ``grad_accum`` micro-batches; returns the mean loss, a
         device tensor (read back by ``_flush``)."""
         c = self.config
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(self.step, c)
+        set_lr(self.optimizer, self.step, c)  # each group's share of the schedule's rate
         total = torch.zeros((), device=self.device)
         for micro in range(c.grad_accum):
             batch = self._to_device(next(self.train_batches))
