@@ -101,8 +101,9 @@ def param_roles(model: nn.Module) -> dict[str, str]:
     """Each trainable parameter's name -> its role in the optimizer split:
     hidden  the weight of a linear layer inside a transformer block (``attnlab.blocks.Block``):
             attention's projections, the feed-forward's matrices
-    embed   an embedding table (token, position, value embeddings; a head tied to one)
-    head    any other matrix: the output head, a classifier, a patch projection
+    head    the weight of any other layer that multiplies its input (linear, convolution): the
+            output head, a classifier, a patch projection
+    embed   a table that is looked up (token, position, value embeddings; a head tied to one)
     scalar  vectors and scalars: biases, norm gains, mixing weights
     A tied weight is named once, by the first module that holds it."""
     from attnlab.blocks import Block
@@ -124,10 +125,10 @@ def param_roles(model: nn.Module) -> dict[str, str]:
                 roles[full] = "scalar"
             elif mod_name in inside and p_name == "weight":
                 roles[full] = "hidden"
-            elif isinstance(m, nn.Embedding) or "embed" in p_name:
-                roles[full] = "embed"
-            else:
+            elif isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)):
                 roles[full] = "head"
+            else:
+                roles[full] = "embed"
     return roles
 
 
