@@ -132,7 +132,9 @@ def test_the_split_optimizer_saves_and_restores_so_training_continues_bit_for_bi
 
 def test_muon_refuses_a_model_without_transformer_blocks():
     lstm = nn.Sequential(nn.Embedding(5, 4), nn.LSTM(4, 4))
-    with pytest.raises(ConfigError, match="optimizer muon .* has none: train it with optimizer adamw"):
+    with pytest.raises(
+        ConfigError, match="optimizer muon .* has none: train it with optimizer adamw"
+    ):
         make_optimizer(lstm, TrainConfig(optimizer="muon"))
 
 

@@ -57,6 +57,28 @@ PRESET_TRAINING: dict[str, dict] = {
     "fast": dict(
         max_iters=1100, lr=3e-3, min_lr=3e-4, beta2=0.95, warmup_iters=100, eval_interval=1100
     ),
+    # ``speedrun``: Muon (peak 0.02) for the blocks' matrices; AdamW (betas 0.8, 0.95, no
+    # decay) for the embedding (0.05), the head (0.005) and the norm gains (0.01); 5 steps of
+    # warmup, constant, then a straight line to 0 over the last 40%; evaluated once, at the end,
+    # on nanoGPT's 20 batches of 12 windows. The search behind each number: docs/speedrun.md.
+    "speedrun": dict(
+        max_iters=300,
+        batch_size=12,
+        optimizer="muon",
+        muon_lr=0.02,
+        lr=0.01,
+        embed_lr=0.05,
+        head_lr=0.005,
+        beta1=0.8,
+        beta2=0.95,
+        weight_decay=0.0,
+        schedule="wsd",
+        warmup_iters=5,
+        cooldown_iters=120,
+        min_lr=0.0,
+        eval_interval=300,
+        eval_batch_size=12,
+    ),  # fmt: skip
 }
 
 
@@ -219,7 +241,8 @@ class LanguageModel(Task):
         architecture's (ARCH_TRAINING: ``--arch llama``'s). With another ``max_iters`` given, a
         shorter run keeps the recipe's share of warmup and evaluation interval (a 40-step
         ``fast`` run warms up for 4 steps, not 100, and evaluates at its end); a longer one
-        keeps the recipe's numbers. With another ``lr`` given, the recipe's floor (``min_lr``)
+        keeps the recipe's numbers, except what is a share of the run whatever its length: the
+        cool-down (``cooldown_iters``) and an evaluation only at the end. With another ``lr`` given, the recipe's floor (``min_lr``)
         keeps its share of the peak."""
         given = given if isinstance(given, dict) else {}
         preset, arch = given.get("preset"), given.get("arch")
@@ -230,6 +253,11 @@ class LanguageModel(Task):
             for name, least in (("warmup_iters", 0), ("eval_interval", 1)):
                 if name in recipe:
                     recipe[name] = max(least, recipe[name] * steps // total)
+        if recipe and isinstance(steps, int) and steps > 0:  # shorter or longer
+            if "cooldown_iters" in recipe:  # the cool-down is a share of the run
+                recipe["cooldown_iters"] = recipe["cooldown_iters"] * steps // total
+            if recipe.get("eval_interval") == total:  # evaluated once, at the end
+                recipe["eval_interval"] = steps
         lr = given.get("lr")
         if "min_lr" in recipe and isinstance(lr, (int, float)) and lr > 0:
             recipe["min_lr"] = lr * recipe["min_lr"] / recipe["lr"]  # the floor's share of the peak

@@ -201,6 +201,8 @@ class Trainer:
         self._stop_all: str | None = None  # ... as agreed by every process
         self._counted = 0  # items (task.unit) trained since the last log line
         self._resumed: bool | None = None  # None: load_checkpoint not called yet
+        self._fit_began = time.perf_counter()  # reset when fit starts (elapsed)
+        self._elapsed_before = 0.0  # fit's wall seconds in the runs a resumed one continues
         self.model = self._wrap(self.raw_model)
 
     # -- set-up --------------------------------------------------------------------------------
@@ -308,6 +310,7 @@ class Trainer:
             "best": self.best,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "world_size": self.dist.world_size,
+            "elapsed_s": self.elapsed(),
         }
         try:
             self.run.save_checkpoint(model_tensors, opt_tensors, state, fault=self._on_save)
@@ -402,6 +405,7 @@ class Trainer:
             raise RunError(f"{state_path}: cannot continue from this checkpoint ({what})") from None
         self.step = self.last_saved_step = state["step"]
         self.best = best
+        self._elapsed_before = float(state.get("elapsed_s") or 0.0)
         if self.dist.is_main:  # said even with quiet: which step a run continues from matters
             self._log(f"resumed from the checkpoint of step {self.step} in {run.path}")
         self._resumed = True
@@ -577,7 +581,12 @@ class Trainer:
             f"Try a lower --lr (now {self.config.lr:g}){dtype_hint}, or more --warmup-iters"
         )
 
+    def elapsed(self) -> float:
+        """Wall seconds spent in ``fit`` so far, those of the runs it resumed included."""
+        return self._elapsed_before + time.perf_counter() - self._fit_began
+
     def _write_metrics(self, row: dict) -> None:
+        row["elapsed_s"] = round(self.elapsed(), 3)  # when it was measured: evaluations included
         self.history.append(row)
         if self.writes:
             self.run.append_metrics(row)
@@ -609,6 +618,7 @@ class Trainer:
 
     def _fit(self, resume: bool) -> TrainResult:
         c = self.config
+        self._fit_began = time.perf_counter()
         resumed = self._open_run(resume)
         self._notify("on_open", resumed)
         start = self.step
