@@ -24,11 +24,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import data
+from attnlab.blocks import ACTIVATIONS
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import beating
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
-from attnlab.blocks import ACTIVATIONS
 from attnlab.models.gpt import ARCHS, FFN_KINDS, GPT, PRESETS, GPTConfig, arch_fields
 from attnlab.tasks.base import EvalOptions, Task, predict_options, register
 from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer
