@@ -128,3 +128,19 @@ def test_two_ddp_processes_train_the_speedrun_as_one_process_does_at_the_same_gl
     a, b = (load_file(str(tmp_path / r / "model.safetensors")) for r in ("one", "two"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_the_speedrun_recipe_keeps_its_shares_when_the_run_is_longer_or_shorter():
+    from attnlab.tasks.lm import PRESET_TRAINING
+
+    recipe = PRESET_TRAINING["speedrun"]
+    plan = lambda **kw: training.plan({"data": "input.txt", "out": "r", "preset": "speedrun", **kw}).config  # noqa: E731
+    default = plan()
+    assert {k: getattr(default, k) for k in recipe} == recipe
+    share = recipe["cooldown_iters"] / recipe["max_iters"]
+    for steps in (recipe["max_iters"] // 3, 4 * recipe["max_iters"]):
+        c = plan(max_iters=steps)
+        assert c.cooldown_iters == int(share * steps)  # the cool-down: a share of any run
+        assert c.eval_interval == steps  # evaluated once, at the end
+    assert plan(max_iters=4 * recipe["max_iters"]).warmup_iters == recipe["warmup_iters"]
+    assert plan(cooldown_iters=7).cooldown_iters == 7  # a flag given wins

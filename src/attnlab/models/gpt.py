@@ -428,6 +428,8 @@ class GPT(ModelKind, nn.Module):
             out.append({"rms": "RMSNorm", "rms-gemma": "RMSNorm times (1 + w)"}[c.norm])
         if c.ffn == "gated":
             out.append(f"gated feed-forward ({c.activation})")
+        elif c.mlp and c.activation == "relu2":
+            out.append("ReLU^2 feed-forward")
         if c.n_kv_heads and c.n_kv_heads < c.n_head:
             out.append(
                 f"{c.n_kv_heads} K/V heads shared by {c.n_head // c.n_kv_heads} query heads each"

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.blocks import Block
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.train_config import TrainConfig
@@ -76,7 +77,7 @@ def _adamw(groups: list[dict], **kw) -> torch.optim.AdamW:
         return torch.optim.AdamW(groups, foreach=True, **kw)
 
 
-def make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: nn.Module, c: TrainConfig) -> torch.optim.Optimizer | SplitOptimizer:
     """``c.optimizer``: AdamW over the trainable parameters (tied weights once), decay on
     matrices only; or Muon for the blocks' matrices beside AdamW for the rest
     (``muon_optimizer``)."""
@@ -106,8 +107,6 @@ def param_roles(model: nn.Module) -> dict[str, str]:
     embed   a table that is looked up (token, position, value embeddings; a head tied to one)
     scalar  vectors and scalars: biases, norm gains, mixing weights
     A tied weight is named once, by the first module that holds it."""
-    from attnlab.blocks import Block
-
     roles: dict[str, str] = {}
     seen: set[int] = set()
     inside: set[str] = set()  # linear layers within a Block
