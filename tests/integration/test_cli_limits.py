@@ -47,6 +47,7 @@ BASE = {
     "heads": ["heads", "run"],
     "timeline": ["timeline", "run"],
     "experiment": ["experiment", "pruning", "--out", "out"],
+    "serve": ["serve", "run"],
 }
 
 

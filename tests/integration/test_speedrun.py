@@ -134,7 +134,9 @@ def test_the_speedrun_recipe_keeps_its_shares_when_the_run_is_longer_or_shorter(
     from attnlab.tasks.lm import PRESET_TRAINING
 
     recipe = PRESET_TRAINING["speedrun"]
-    plan = lambda **kw: training.plan({"data": "input.txt", "out": "r", "preset": "speedrun", **kw}).config  # noqa: E731
+    plan = lambda **kw: (
+        training.plan({"data": "input.txt", "out": "r", "preset": "speedrun", **kw}).config
+    )  # noqa: E731
     default = plan()
     assert {k: getattr(default, k) for k in recipe} == recipe
     share = recipe["cooldown_iters"] / recipe["max_iters"]

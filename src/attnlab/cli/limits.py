@@ -220,6 +220,10 @@ BOUNDS: dict = {
     "residual": _rate(1.0),
     "windows": _count(1024, why="every window is scored again for every head"),
     "sequences": _count(1024, why="every head is scored on every sequence"),
+    # serve
+    "port": Bound(int, 0, 65535, why="a TCP port; 0 picks a free one"),
+    "memory_gb": Bound(float, 0.0, 4096.0, low_open=True, why="GiB of weights held at once"),
+    "max_text": _count(100_000, why="characters of one input; every panel runs on it"),
 }
 
 
