@@ -335,14 +335,15 @@ def llama_hf_config(c: GPTConfig, tokenizer=None) -> dict:
     """The config.json of the closest Llama-family architecture for a GPTConfig: llama, or
     qwen2 (q/k/v biases without an output bias), or qwen3 (QK-norm); a RunError names what none
     of them has."""
+    steps = [s.sublayer for s in c.residual_steps()]
     problems = [
         what
         for what, bad in (
-            ("a feed-forward without a gate (theirs: ffn=gated)", c.mlp and c.ffn != "gated"),
             (
-                "blocks other than attention then a feed-forward",
-                [s.sublayer for s in c.residual_steps()] != ["attn", "mlp"],
+                "a feed-forward without a gate (theirs: ffn=gated)",
+                c.ffn != "gated" and steps == ["attn", "mlp"],
             ),
+            ("blocks other than attention then a feed-forward", steps != ["attn", "mlp"]),
             (
                 f"{layout_words(c.block_layout)} blocks (theirs are pre-norm)",
                 c.block_layout != "pre",
