@@ -20,7 +20,8 @@ seconds of the process and its children):
 - same: ``attnlab train --data FILE``, nanoGPT's configuration and recipe (the baby preset,
   attnlab's defaults);
 - fast, llama: ``--preset fast`` and ``--arch llama`` (for the picture).
-A round runs each side once, in an order that rotates from round to round, so every side meets
+Round n trains attnlab's sides with seed ``SEEDS[n % 3]`` (nanoGPT's own seed is fixed in its
+train.py), so the rounds' range is also the seeds' range. A round runs each side once, in an order that rotates from round to round, so every side meets
 the same drift of a shared machine; ``--pairs`` rounds per thread setting, ``default`` (every
 side its own threads: OMP_NUM_THREADS unset) or a count given to every side (equal threads).
 The table gives each side's median and range, and its time over nanoGPT's in the same round.
@@ -51,6 +52,7 @@ from llama_vs_nanogpt import NANOGPT_CPU, NEEDED, prepare_nanogpt  # noqa: E402
 
 TARGET, GOAL = 1.886, 1.60  # nanoGPT's val loss at its step 2000; the long run's aim
 LONG_STEPS = 1200
+SEEDS = (1337, 1, 2)  # attnlab's seed in round n: SEEDS[n % 3] (nanoGPT's is fixed at 1337)
 SIDES = {  # side -> the arguments of `attnlab train` after --data (nanoGPT: its own command)
     "nanoGPT": None,
     "speedrun": ["--preset", "speedrun"],
@@ -142,7 +144,8 @@ def run_side(side: str, threads: str, args, work: Path, nano: Path, n: int, more
         curve = nanogpt_curve(text)
     else:
         cmd = [sys.executable, "-m", "attnlab", "train", "--data", str(args.data), *SIDES[side],
-               "--out", str(out), "--quiet", "--json", *more]  # fmt: skip
+               "--out", str(out), "--quiet", "--json", "--seed", str(SEEDS[n % len(SEEDS)]),
+               *more]  # fmt: skip
         wall, cpu, text = timed(cmd, None, env, log)
         result = json.loads(text.strip().splitlines()[-1])
         step, val = result["step"], result["val_loss"]
