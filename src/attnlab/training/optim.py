@@ -33,8 +33,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.blocks import Block
-from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
+from attnlab.rundir import RunError
 from attnlab.train_config import TrainConfig
 
 
