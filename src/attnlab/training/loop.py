@@ -97,6 +97,7 @@ from attnlab.training.optim import (
     make_optimizer,
     optimizer_state_dict,
     optimizer_tensors,
+    set_lr,
 )
 from attnlab.training.plots import plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
@@ -169,8 +170,9 @@ class Trainer:
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.train_batches = task.train_batches(c.batch_size, c.seed, self.dist.rank,
                                                 self.dist.world_size)  # fmt: skip
-        self.val_batches = task.val_batches(c.batch_size, c.eval_iters)
-        self.train_eval_batches = task.train_eval_batches(c.batch_size, c.eval_iters)
+        rows = c.eval_batch_size or c.batch_size
+        self.val_batches = task.val_batches(rows, c.eval_iters)
+        self.train_eval_batches = task.train_eval_batches(rows, c.eval_iters)
         self.metrics: tuple[Metric, ...] = (val_loss_metric(task.loss_unit), *task.metrics)
         self.best_metric = next(m for m in self.metrics if m.name == task.best)
         self.sharded = c.fsdp and self.dist.enabled
@@ -198,6 +200,8 @@ class Trainer:
         self._stop_all: str | None = None  # ... as agreed by every process
         self._counted = 0  # items (task.unit) trained since the last log line
         self._resumed: bool | None = None  # None: load_checkpoint not called yet
+        self._fit_began = time.perf_counter()  # reset when fit starts (elapsed)
+        self._elapsed_before = 0.0  # fit's wall seconds in the runs a resumed one continues
         self.model = self._wrap(self.raw_model)
 
     # -- set-up --------------------------------------------------------------------------------
@@ -306,6 +310,7 @@ class Trainer:
             "best": self.best,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "world_size": self.dist.world_size,
+            "elapsed_s": self.elapsed(),
         }
         try:
             self.run.save_checkpoint(model_tensors, opt_tensors, state, fault=self._on_save,
@@ -400,6 +405,7 @@ class Trainer:
             raise RunError(f"{state_path}: cannot continue from this checkpoint ({what})") from None
         self.step = self.last_saved_step = state["step"]
         self.best = best
+        self._elapsed_before = float(state.get("elapsed_s") or 0.0)
         if self.dist.is_main:  # said even with quiet: which step a run continues from matters
             self._log(f"resumed from the checkpoint of step {self.step} in {run.path}")
         self._resumed = True
@@ -469,8 +475,7 @@ class Trainer:
         """One optimizer update over ``grad_accum`` micro-batches; returns the mean loss, a
         device tensor (read back by ``_flush``)."""
         c = self.config
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(self.step, c)
+        set_lr(self.optimizer, self.step, c)  # each group's share of the schedule's rate
         total = torch.zeros((), device=self.device)
         for micro in range(c.grad_accum):
             batch = self._to_device(next(self.train_batches))
@@ -576,7 +581,12 @@ class Trainer:
             f"Try a lower --lr (now {self.config.lr:g}){dtype_hint}, or more --warmup-iters"
         )
 
+    def elapsed(self) -> float:
+        """Wall seconds spent in ``fit`` so far, those of the runs it resumed included."""
+        return self._elapsed_before + time.perf_counter() - self._fit_began
+
     def _write_metrics(self, row: dict) -> None:
+        row["elapsed_s"] = round(self.elapsed(), 3)  # when it was measured: evaluations included
         self.history.append(row)
         if self.writes:
             self.run.append_metrics(row)
@@ -608,6 +618,7 @@ class Trainer:
 
     def _fit(self, resume: bool) -> TrainResult:
         c = self.config
+        self._fit_began = time.perf_counter()
         resumed = self._open_run(resume)
         self._notify("on_open", resumed)
         start = self.step

@@ -143,6 +143,12 @@ def plan(given: dict) -> TrainPlan:
         raise ConfigError(as_flags(str(e), names)) from None
     if not options.data and not given.get("resume"):
         raise ConfigError(f"{cls.label} needs --data (see attnlab train --help)")
+    if config.optimizer == "muon" and not cls.self_attention(options):
+        raise ConfigError(
+            f"--optimizer muon updates the matrices of transformer blocks, and this {cls.label} "
+            "model has none (an LSTM's matrices are its recurrent cell's): train it with "
+            "--optimizer adamw"
+        )
     if config.snapshot_every and not cls.self_attention(options):
         raise ConfigError(
             f"--snapshot-every records self-attention heads, and this {cls.label} model has "
@@ -236,6 +242,11 @@ def check_fsdp(config: TrainConfig) -> None:
         raise ConfigError(
             "--fsdp shards the model over several processes: launch them with torchrun "
             "--nproc_per_node N -m attnlab train ... --fsdp"
+        )
+    if config.fsdp and config.optimizer == "muon":  # a shard is not the matrix Muon orthogonalises
+        raise ConfigError(
+            "optimizer muon does not work with fsdp: Muon orthogonalises each whole matrix, and "
+            "fsdp holds a shard of it in each process; train with optimizer adamw, or without fsdp"
         )
     if config.fsdp and config.snapshot_every:  # rank 0 alone would wait for the others' shards
         raise ConfigError(
