@@ -29,6 +29,43 @@ AREAS = (
 )
 
 
+# Every verb, the module under attnlab.cli that registers it, and its one line in `attnlab
+# --help`. The verb list, a missing or mistyped verb and a mistyped top-level option are
+# answered from this table alone (no torch import: well under half a second); only the named
+# verb's module is imported to read its options. A test holds it to what the modules register.
+VERBS: dict[str, tuple[str, str]] = {
+    "train": ("train", "train a model on a text, a task or a TSV file"),
+    "predict": ("predict", "what a run predicts for each input (any kind of run)"),
+    "eval": ("predict", "score a run on its held-out split or a file (any kind of run)"),
+    "generate": ("lm", "sample text from a trained language model"),
+    "trace": ("look", "explain one forward pass step by step"),
+    "attention": ("look", "the token x token attention matrix of a layer and head"),
+    "similarity": ("look", "token x token cosine similarity before and after each block"),
+    "influence": ("look", "how far its context moved each token, layer by layer"),
+    "explore": ("look", "write a self-contained HTML explorer (no network)"),
+    "check": ("look", "conformance checks: no future leak, cache == no cache, ..."),
+    "import-hf": ("interop", "convert a Hugging Face model directory (GPT-2, BERT, Llama, "
+                  "Mistral, Qwen2/3, Gemma 1-3, Pythia, T5, ViT) into a run directory"),
+    "export-hf": ("interop", "write a GPT or encoder run as a Hugging Face directory (GPT-2, "
+                  "Llama, Qwen, BERT)"),
+    "embed": ("interop", "sentence embedding from an encoder run (JSON list on stdout)"),
+    "translate": ("seq2seq", "translate text with a trained encoder-decoder run"),
+    "classify": ("vision", "the top classes of a text or an image under a trained classifier"),
+    "ablate": ("intervene", "knock out heads (or any activation): loss change"),
+    "patch": ("intervene", "activation patching from a clean into a corrupt input"),
+    "lens": ("intervene", "the logit lens (or tuned lens) at every layer"),
+    "attribute": ("intervene", "attribute an output: dla, rollout, flow, ig, grad"),
+    "heads": ("intervene", "every head's scores (previous-token, induction, ...) and kind; "
+              "--importance: the loss without it"),
+    "timeline": ("timeline", "the loss curve beside every head's scores over training (from "
+                 "its snapshots)"),
+    "experiment": ("experiment", "rerun a classic experiment on attention and compare with the "
+                   "paper"),
+}  # fmt: skip
+DESCRIPTION = ("Build, train and look inside transformers. Every verb prints its results on "
+               "stdout and its progress on stderr; `attnlab VERB --help` describes a verb.")  # fmt: skip
+
+
 class UsageError(AttnlabError):
     """Bad input from the user: reported as one line, exit code 2."""
 
@@ -199,17 +236,30 @@ def verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]
     return {}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _top_parser() -> tuple[Parser, argparse._SubParsersAction]:
     from attnlab import __version__
 
-    parser = Parser(
-        prog="attnlab",
-        description="Build, train and look inside transformers. Every verb prints its results on "
-        "stdout and its progress on stderr; `attnlab VERB --help` describes a verb.",
-    )
+    parser = Parser(prog="attnlab", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for area in AREAS:
+    return parser, parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+
+def verb_list_parser() -> Parser:
+    """``attnlab`` with every verb named and described but none of their options (VERBS): what
+    answers ``attnlab --help``, a missing or mistyped verb, and a mistyped option before the
+    verb, without importing any verb's module (or torch)."""
+    parser, sub = _top_parser()
+    for verb, (_, help) in VERBS.items():
+        sub.add_parser(verb, help=help)
+    return parser
+
+
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``verb``, only the module that registers it is imported
+    (its neighbours come along), which is all that parsing that verb's options needs."""
+    parser, sub = _top_parser()
+    areas = AREAS if verb is None else (VERBS[verb][0],)
+    for area in areas:
         importlib.import_module(f"attnlab.cli.{area}").register(sub)
     for verb, p in sub.choices.items():
         if verb not in NO_MODEL_VERBS:
@@ -275,12 +325,17 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"attnlab {__version__}")
         return 0
+    given = list(sys.argv[1:] if argv is None else argv)
+    verb = next((a for a in given if not a.startswith("-")), None)
+    if verb not in VERBS or given[0].startswith("-") and given[0] not in ("-h", "--help"):
+        # the verb list, or one line saying what is wrong, from VERBS alone: no torch import
+        verb_list_parser().parse_args(given)
     try:
         with _interrupts_deferred() as interrupted:  # importing torch, building the parser
             from attnlab import runtime
 
             runtime.start_cpu_sample()
-            parser = build_parser()  # imports every area's verbs
+            parser = build_parser(verb)  # imports the module that registers the verb
         if interrupted:
             raise KeyboardInterrupt
         args = parser.parse_args(argv)
