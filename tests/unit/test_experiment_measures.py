@@ -424,7 +424,8 @@ def test_the_intervention_on_an_lstm_classifiers_attention_is_its_imposed_weight
 def test_the_summary_fits_the_terminal_it_is_printed_to(columns, monkeypatch):
     """`attnlab experiment` prints its summary at the terminal's width (COLUMNS), and every
     line, claims, long table cells and notes alike, fits it; into a pipe, 80 columns."""
-    from attnlab.cli.experiment import REPORT_WIDTH, summary_width
+    from attnlab.cli.experiment import summary_width
+    from attnlab.render.terminal import PIPE_WIDTH
 
     wide = Table("a table whose cells run long", ["model", "a long column heading", "value"],
                  [["encoder-decoder", "x" * 70, "0.123..0.456"], ["gpt", "y", "1"]])  # fmt: skip
@@ -438,4 +439,4 @@ def test_the_summary_fits_the_terminal_it_is_printed_to(columns, monkeypatch):
     text = " ".join(lines)
     assert "encoder-decoder" in text and "0.123..0.456" in text  # labels and numbers whole
     monkeypatch.delenv("COLUMNS")
-    assert summary_width() == REPORT_WIDTH  # pytest captures stdout: not a terminal
+    assert summary_width() == PIPE_WIDTH  # pytest captures stdout: not a terminal

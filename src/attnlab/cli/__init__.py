@@ -14,6 +14,7 @@ import signal
 import sys
 
 from attnlab.errors import AttnlabError
+from attnlab.render.terminal import fitted_stdout
 
 AREAS = (
     "train",
@@ -130,6 +131,10 @@ OWN_THREADS_VERBS = {"train"}
 # result is JSON already, explore's is a page); timeline reads snapshots and runs none.
 READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
 NO_JSON_VERBS = {"embed", "explore"}
+# Verbs whose stdout is data, passed on as written: a model's text (one output line per input
+# line for translate) or a vector. Every other verb's stdout, and any verb's without --json,
+# is fitted to the terminal (attnlab.render.terminal: 80 columns into a pipe).
+DATA_OUTPUT_VERBS = {"generate", "translate", "embed"}
 # check compares computations with float32 tolerances: it runs in float32 (no --dtype)
 NO_DTYPE_VERBS = {"check"}
 # verbs whose --dtype is the dtype of the weights they write, not of a model they run
@@ -341,14 +346,18 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
         threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
-        if args.verb in OWN_THREADS_VERBS:
-            args.threads = threads  # the library chooses, as it does when called from Python
-            result = args.func(args)
-        elif args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
-            with runtime.using_threads(threads), _model_context(args):
+        data = getattr(args, "json", False) or args.verb in DATA_OUTPUT_VERBS
+        with contextlib.nullcontext() if data else fitted_stdout():
+            if args.verb in OWN_THREADS_VERBS:
+                args.threads = threads  # the library chooses, as it does when called from Python
                 result = args.func(args)
-        else:
-            result = args.func(args)
+            elif (
+                args.verb not in NO_MODEL_VERBS
+            ):  # chosen now, said by the verb (the Trainer logs it)
+                with runtime.using_threads(threads), _model_context(args):
+                    result = args.func(args)
+            else:
+                result = args.func(args)
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
-
-REPORT_WIDTH = 80  # into a pipe or a file: the width the report is written for
 
 
 def seeds(text: str) -> list[int]:
@@ -26,12 +22,10 @@ def seeds(text: str) -> list[int]:
 
 
 def summary_width() -> int:
-    """The terminal's width (``COLUMNS`` where set), at least 40; REPORT_WIDTH into a pipe."""
-    from attnlab.render.display import console
+    """The one width rule's (``COLUMNS``, the terminal's, 80 into a pipe), at least 40."""
+    from attnlab.render.terminal import terminal_width
 
-    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
-        return max(40, console().width)
-    return REPORT_WIDTH
+    return max(40, terminal_width())
 
 
 def run(args: argparse.Namespace) -> int:

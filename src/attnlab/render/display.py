@@ -11,7 +11,6 @@ import html
 import io
 import json
 import math
-import os
 import sys
 
 import numpy as np
@@ -19,7 +18,6 @@ import numpy as np
 from attnlab.render.tables import Matrix
 
 TERMINAL_TOKENS = 32  # rows of each of trace's matrices (its columns page to the width)
-PIPE_WIDTH = 100  # the width tables are laid out for when stdout is not a terminal
 
 
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "\\r"}
@@ -61,19 +59,23 @@ def _finite(x):
 
 
 def console(file=None, width: int | None = None, plain: bool = False):
-    """A rich Console on ``file`` (stdout), as wide as the terminal (``COLUMNS`` if set), or
-    ``PIPE_WIDTH`` columns when ``file`` is not a terminal; tables lay themselves out for it
-    (``attnlab.render.tables``). ``plain``: no ANSI codes whatever the environment says
-    (FORCE_COLOR included): what ``str(result)`` and a notebook's fallback use."""
+    """A rich Console on ``file`` (stdout) as wide as the one width rule says
+    (``attnlab.render.terminal``: ``COLUMNS``, else the terminal's width, else 80), or
+    ``width``. Tables lay themselves out for it (``attnlab.render.tables``); prose is folded
+    keeping its indent and no line keeps trailing spaces (``FittedStream``). ``plain``: no
+    ANSI codes whatever the environment says (FORCE_COLOR included): what ``str(result)`` and
+    a notebook's fallback use."""
     from rich.console import Console
 
+    from attnlab.render.terminal import FittedStream, terminal_width
+
     file = file or sys.stdout
-    if width is None and not (hasattr(file, "isatty") and file.isatty()):
-        columns = os.environ.get("COLUMNS", "")
-        width = int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+    width = width or getattr(file, "width", None) or terminal_width(file)
+    if not isinstance(file, FittedStream) or file.width != width:
+        file = FittedStream(file, width)
     extra = {"color_system": None, "force_terminal": False} if plain else {}
     return Console(
-        file=file, width=width, highlight=False, soft_wrap=False, force_jupyter=False, **extra
+        file=file, width=width, highlight=False, soft_wrap=True, force_jupyter=False, **extra
     )
 
 
@@ -96,8 +98,11 @@ class Result:
         return json.dumps(d, indent=indent, ensure_ascii=False)
 
     def __str__(self) -> str:
+        """The terminal rendering as plain text, at the width ``print`` would show it with."""
+        from attnlab.render.terminal import terminal_width
+
         buf = io.StringIO()
-        console(buf, width=160, plain=True).print(self.__rich__())
+        console(buf, width=terminal_width(sys.stdout), plain=True).print(self.__rich__())
         return buf.getvalue().rstrip("\n")
 
     def _repr_html_(self) -> str:  # a plain fallback; most results draw heatmaps
