@@ -101,10 +101,15 @@ def cmd_attention(args) -> int:
 def cmd_similarity(args) -> int:
     from attnlab.inspect.similarity import similarity
 
+    png = output_file(args.png, ".png", "--png")
     _, _, rec = _record(args)
     result = similarity(rec, layer=args.layer)
     result.start = _start(args.start, max(len(ly.tokens) for ly in result.layers))
+    if png is not None:  # written before anything is printed
+        result.save_png(png)
     _print(result, args.json)
+    if png is not None:
+        _wrote(png, "similarity heatmaps")
     return 0
 
 
@@ -112,13 +117,18 @@ def cmd_influence(args) -> int:
     from attnlab.inspect.influence import influence
 
     out = output_file(args.csv, ".csv", "--csv")
+    png = output_file(args.png, ".png", "--png")
     model, _, rec = _record(args)
     result = influence(model, rec, n_sources=args.sources, top=args.top)
     if out is not None:  # written before anything is printed
         result.to_csv(out)
+    if png is not None:
+        result.save_png(png)
     _print(result, args.json)
     if out is not None:
         _wrote(out, "influence table")
+    if png is not None:
+        _wrote(png, "influence heatmap")
     return 0
 
 
@@ -258,6 +268,8 @@ def register(sub) -> None:
     )
     p.add_argument("--start", type=nonneg, default=0,
                    help="first token (column) shown in the terminal's matrices")  # fmt: skip
+    p.add_argument("--png", metavar="FILE",
+                   help="save every layer's matrix as heatmaps (before the first, after each)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print every layer's matrices as JSON")
     p.set_defaults(func=cmd_similarity)
 
@@ -272,6 +284,8 @@ def register(sub) -> None:
     p.add_argument("--top", type=pos, default=20, help="rows of the ranked table to print")
     p.add_argument("--sources", type=pos, default=3, help="source tokens per row")
     p.add_argument("--csv", metavar="FILE", help="save the whole ranked table as CSV")
+    p.add_argument("--png", metavar="FILE",
+                   help="save how far context moved each token, layer x token, as a heatmap")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the whole table as JSON")
     p.set_defaults(func=cmd_influence)
 

@@ -26,6 +26,8 @@ from attnlab.errors import AttnlabError
 from attnlab.render.display import show_token
 
 MAX_LABELS = 64  # past this many tokens a side, ticks show positions instead of tokens
+MASKED = "#c8c8c8"  # a cell the mask hides (a query may not attend to that key): no colour of
+# the scales (viridis, Blues, RdBu) is this grey, so it never reads as a weight of 0
 
 
 def heatmap(
@@ -46,9 +48,12 @@ def heatmap(
     ylabel: str | None = None,
     fontsize: float = 8,
     title_size: float = 9,
-    xtick_rotation: float = 90,
+    xtick_rotation: float | None = None,
     aspect: str = "equal",
     max_labels: int = MAX_LABELS,
+    masked=None,
+    row_tokens: bool = True,
+    col_tokens: bool = True,
 ):
     """Draw ``matrix`` (R, C) on ``ax`` and return the image.
 
@@ -62,24 +67,47 @@ def heatmap(
     - ``annotate``: write each finite cell's value in it, ``fmt``-formatted (for small
       matrices), white on dark colours and black on light ones.
     - ``xlabel``/``ylabel``: default "key (attended to)" and "query" when tokens label the
-      axes; pass "" for none.
+      axes; pass "" for none. Every picture names both axes and its colour bar (a test
+      checks every figure attnlab writes: ``attnlab.render.layout``).
+    - ``xtick_rotation``: None turns the column labels upright when each fits its column
+      (single characters always do), a quarter turn when not.
+    - ``row_tokens``/``col_tokens`` False: those labels are names ("layer 0", "head 1"),
+      written as they are, not tokens made visible (a space as ␣).
+    - ``masked`` (R, C) bool: cells the mask hides, drawn grey (no colour of the scale) and
+      said so under the colour bar, never as the colour of a weight of 0.
     """
+    import matplotlib
+
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2:
         raise ValueError(f"heatmap needs a 2-D matrix, got shape {m.shape}")
-    finite = m[np.isfinite(m)]
+    hidden = None if masked is None else np.asarray(masked, dtype=bool)
+    if hidden is not None and not hidden.any():
+        hidden = None
+    finite = m[np.isfinite(m) & (True if hidden is None else ~hidden)]
     if vmax is None:
         vmax = max(1e-9, float(finite.max())) if finite.size else 1.0
     if vmin is None:
         vmin = float(finite.min()) if finite.size else 0.0
-    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect=aspect, interpolation="nearest")
+    shown, colours = m, cmap
+    if hidden is not None:
+        shown = np.ma.masked_array(m, mask=hidden | ~np.isfinite(m))
+        base = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
+        colours = base.with_extremes(bad=MASKED)
+    im = ax.imshow(shown, cmap=colours, vmin=vmin, vmax=vmax, aspect=aspect,
+                   interpolation="nearest")  # fmt: skip
     too_many = max(len(rows or ()), len(cols or ())) > max_labels
     if too_many:
         xlabel = "key position" if xlabel is None else xlabel
         ylabel = "query position" if ylabel is None else ylabel
     else:
-        _ticks(ax.set_xticks, ax.set_xticklabels, cols, fontsize, rotation=xtick_rotation)
-        _ticks(ax.set_yticks, ax.set_yticklabels, rows, fontsize)
+        if xtick_rotation is None and cols is not None:
+            shown = [show_token(str(c)) if col_tokens else str(c) for c in cols]
+            xtick_rotation = 0 if upright_fits(ax, shown, fontsize, m.shape, aspect) else 90
+        _ticks(ax.set_xticks, ax.set_xticklabels, cols, fontsize, rotation=xtick_rotation or 0,
+               tokens=col_tokens)  # fmt: skip
+        _ticks(ax.set_yticks, ax.set_yticklabels, rows, fontsize, rotation=None,
+               tokens=row_tokens)  # fmt: skip
         labelled = rows is not None or cols is not None
         xlabel = ("key (attended to)" if labelled else "") if xlabel is None else xlabel
         ylabel = ("query" if labelled else "") if ylabel is None else ylabel
@@ -91,12 +119,43 @@ def heatmap(
         ax.set_title(title, fontsize=title_size)
     if annotate:
         for (i, j), v in np.ndenumerate(m):
-            if np.isfinite(v):
+            if np.isfinite(v) and (hidden is None or not hidden[i, j]):
                 ax.text(j, i, fmt.format(v), ha="center", va="center",
                         fontsize=max(fontsize - 2, 5), color=text_colour(im, v))  # fmt: skip
     if colorbar:
-        _colorbar(ax, im, fontsize, colorbar_label)
+        bar = _colorbar(ax, im, fontsize, colorbar_label)
+        if hidden is not None:
+            bar.ax.text(0.5, -0.02, "grey:\nmasked", transform=bar.ax.transAxes, ha="center",
+                        va="top", fontsize=fontsize - 1)  # fmt: skip
     return im
+
+
+def upright_fits(ax, labels, fontsize: float, shape: tuple[int, int], aspect: str) -> bool:
+    """Does each column label fit its column written upright? Measured with the figure's
+    renderer against the width a column has where the axes stand now (with a margin for the
+    layout still to come); single characters always fit."""
+    from matplotlib.text import Text
+
+    shown = [show_token(str(t)) for t in labels]
+    if max((len(t) for t in shown), default=0) <= 1:
+        return True
+    fig = ax.figure
+    get_renderer = getattr(fig.canvas, "get_renderer", None)
+    if get_renderer is None:
+        return max(len(t) for t in shown) <= 2
+    renderer = get_renderer()
+    widest = 0.0
+    for t in shown:
+        probe = Text(0, 0, t, fontsize=fontsize)
+        probe.set_figure(fig)
+        widest = max(widest, probe.get_window_extent(renderer).width)
+    box = ax.get_position()
+    R, C = shape
+    width_px, height_px = box.width * fig.bbox.width, box.height * fig.bbox.height
+    column = width_px / max(1, C)
+    if aspect == "equal":
+        column = min(column, height_px / max(1, R))
+    return widest <= 0.75 * column
 
 
 def text_colour(im, value: float) -> str:
@@ -149,17 +208,24 @@ def overlay(
     grid,
     *,
     title: str | None = None,
-    cmap: str = "inferno",
+    cmap: str = "Reds",
     vmin: float | None = None,
     vmax: float | None = None,
-    alpha: float = 0.6,
     colorbar: bool = True,
+    colorbar_label: str | None = None,
     fontsize: float = 8,
     title_size: float = 9,
 ):
-    """``grid`` (g, g), one value per image patch (row by row, as a ViT numbers them), drawn
-    over ``img`` (H, W): patch (r, c) covers rows r*H/g .. (r+1)*H/g and the same for columns.
-    ``vmin``/``vmax`` None: the grid's own range. Returns the grid's image."""
+    """``grid`` (g, g), one value per image patch (row by row, as a ViT numbers them), laid
+    over ``img`` (H, W) in grey: patch (r, c) covers rows r*H/g .. (r+1)*H/g and the same for
+    columns. Each patch is tinted by its value, more opaque the larger it is (at most 60%),
+    so the image shows through everywhere and a patch that scores nothing is left as it is.
+    A diverging ``cmap`` (RdBu_r) tints by the size of the value either way. ``vmin``/``vmax``
+    None: the grid's own range. Returns the mappable the colour bar reads."""
+    import matplotlib
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
     g = np.asarray(grid, dtype=np.float64)
     if g.ndim != 2:
         raise ValueError(f"overlay needs a 2-D grid, got shape {g.shape}")
@@ -168,20 +234,33 @@ def overlay(
     finite = g[np.isfinite(g)]
     lo = (float(finite.min()) if finite.size else 0.0) if vmin is None else vmin
     hi = (float(finite.max()) if finite.size else 1.0) if vmax is None else vmax
-    im = ax.imshow(g, cmap=cmap, vmin=lo, vmax=max(hi, lo + 1e-9), alpha=alpha,
-                   extent=(-0.5, W - 0.5, H - 0.5, -0.5), interpolation="nearest")  # fmt: skip
+    norm = Normalize(lo, max(hi, lo + 1e-9))
+    colours = matplotlib.colormaps[cmap]
+    level = np.clip(norm(np.nan_to_num(g, nan=lo)), 0.0, 1.0)  # (g, g) in 0..1
+    strength = np.abs(2 * level - 1) if lo < 0 < hi else level  # diverging: away from 0
+    rgba = colours(level)  # (g, g, 4)
+    rgba[..., 3] = 0.6 * strength
+    ax.imshow(rgba, extent=(-0.5, W - 0.5, H - 0.5, -0.5), interpolation="nearest")
+    mappable = ScalarMappable(norm=norm, cmap=colours)
     if colorbar:
-        _colorbar(ax, im, fontsize)
-    return im
+        _colorbar(ax, mappable, fontsize, colorbar_label)
+    return mappable
 
 
-def _ticks(set_ticks, set_labels, labels, fontsize, rotation: float = 0) -> None:
+def _ticks(set_ticks, set_labels, labels, fontsize, rotation: float | None = None,
+           tokens: bool = True) -> None:  # fmt: skip
+    """Tick labels for one axis; ``rotation`` None is the y axis (labels end at the axis);
+    ``tokens``: made visible (a space as ␣), else written as they are."""
     if labels is None:
         set_ticks([])
         return
     set_ticks(range(len(labels)))
+    shown = [show_token(str(t)) if tokens else str(t) for t in labels]
+    if rotation is None:
+        set_labels(shown, fontsize=fontsize)
+        return
     ha = "right" if 0 < rotation < 90 else "center"
-    set_labels([show_token(str(t)) for t in labels], fontsize=fontsize, rotation=rotation, ha=ha)
+    set_labels(shown, fontsize=fontsize, rotation=rotation, ha=ha)
 
 
 def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
