@@ -1,70 +1,70 @@
 """attnlab's command line: argument parsing only; every verb calls a library function.
 
 Results go to stdout, progress and logs to stderr. Bad input exits 2 with one line on stderr.
-Each area of verbs lives in its own module here and registers its sub-parsers.
+
+One module per verb, named after it (``import-hf`` is ``import_hf.py``): to add a verb, add a
+module here that defines a function adding its sub-parser (``add(sub)``, which sets
+``func``) and registers it, ``VERB = register(Verb("name", order, add))``. ``build_parser``
+finds every module of this package (nothing lists them) and adds the verbs in ``order``, the
+place each has in ``attnlab --help``; ``Verb`` says which common options the verb takes.
+Modules that register no verb hold what several verbs share (``common.py``, ``limits.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from attnlab.errors import AttnlabError
+from attnlab.registry import Registry
 from attnlab.render.terminal import fitted_stdout
 
-AREAS = (
-    "train",
-    "predict",
-    "lm",
-    "look",
-    "interop",
-    "seq2seq",
-    "vision",
-    "intervene",
-    "timeline",
-    "experiment",
-)
+VERBS = Registry("attnlab.cli")
 
 
-# Every verb, the module under attnlab.cli that registers it, and its one line in `attnlab
-# --help`. The verb list, a missing or mistyped verb and a mistyped top-level option are
-# answered from this table alone (no torch import: well under half a second); only the named
-# verb's module is imported to read its options. A test holds it to what the modules register.
-VERBS: dict[str, tuple[str, str]] = {
-    "train": ("train", "train a model on a text, a task or a TSV file"),
-    "predict": ("predict", "what a run predicts for each input (any kind of run)"),
-    "eval": ("predict", "score a run on its held-out split or a file (any kind of run)"),
-    "generate": ("lm", "sample text from a trained language model"),
-    "trace": ("look", "explain one forward pass step by step"),
-    "attention": ("look", "the token x token attention matrix of a layer and head"),
-    "similarity": ("look", "token x token cosine similarity before and after each block"),
-    "influence": ("look", "how far its context moved each token, layer by layer"),
-    "explore": ("look", "write a self-contained HTML explorer (no network)"),
-    "check": ("look", "conformance checks: no future leak, cache == no cache, ..."),
-    "import-hf": ("interop", "convert a Hugging Face model directory (GPT-2, BERT, Llama, "
-                  "Mistral, Qwen2/3, Gemma 1-3, Pythia, T5, ViT) into a run directory"),
-    "export-hf": ("interop", "write a GPT or encoder run as a Hugging Face directory (GPT-2, "
-                  "Llama, Qwen, BERT)"),
-    "embed": ("interop", "sentence embedding from an encoder run (JSON list on stdout)"),
-    "translate": ("seq2seq", "translate text with a trained encoder-decoder run"),
-    "classify": ("vision", "the top classes of a text or an image under a trained classifier"),
-    "ablate": ("intervene", "knock out heads (or any activation): loss change"),
-    "patch": ("intervene", "activation patching from a clean into a corrupt input"),
-    "lens": ("intervene", "the logit lens (or tuned lens) at every layer"),
-    "attribute": ("intervene", "attribute an output: dla, rollout, flow, ig, grad"),
-    "heads": ("intervene", "every head's scores (previous-token, induction, ...) and kind; "
-              "--importance: the loss without it"),
-    "timeline": ("timeline", "the loss curve beside every head's scores over training (from "
-                 "its snapshots)"),
-    "experiment": ("experiment", "rerun a classic experiment on attention and compare with the "
-                   "paper"),
-}  # fmt: skip
-DESCRIPTION = ("Build, train and look inside transformers. Every verb prints its results on "
-               "stdout and its progress on stderr; `attnlab VERB --help` describes a verb.")  # fmt: skip
+@dataclass(frozen=True)
+class Verb:
+    """A verb of ``attnlab``, declared by the module named after it.
+
+    ``add(sub)`` adds its parser to the sub-parsers and sets its ``func``; ``order`` is its
+    place in ``attnlab --help`` (lower first). ``runs``: "model" (it loads and runs a model:
+    it takes ``--threads``, ``--device``, ``--dtype`` and ``--json``), "files" (it reads a
+    run's files and runs no model, timeline: ``--threads`` only) or "nothing" (import-hf,
+    export-hf: neither). ``json`` False: no ``--json`` (embed's result is JSON already,
+    explore's a page). ``dtype``: "autocast" (the dtype its model runs in), None (none: check
+    compares in float32) or "weights" (its own ``--dtype``, of the weights it writes).
+    ``own_threads``: its library call chooses the threads itself, as it does from Python
+    (train), so ``--threads`` is passed on to it instead of being chosen first. ``help``: its
+    line in ``attnlab --help`` (its parser takes it as ``help=VERB.help``), which answers
+    from the declarations alone, calling no ``add`` (so importing no torch). ``data``: what it
+    prints on stdout is data, passed on as written (a model's text, one output line per input
+    line; a vector); every other verb's stdout is fitted to the terminal
+    (``attnlab.render.terminal``: 80 columns into a pipe), as any verb's is without --json."""
+
+    name: str
+    order: int
+    add: Callable[[argparse._SubParsersAction], None]
+    runs: str = "model"
+    json: bool = True
+    dtype: str | None = "autocast"
+    own_threads: bool = False
+    help: str = ""
+    data: bool = False
+
+
+def register(verb: Verb) -> Verb:
+    """Register a verb (in its own module: see the package docstring)."""
+    return VERBS.register(verb)
+
+
+def registered() -> dict[str, Verb]:
+    """Every verb by name, in ``attnlab --help``'s order (every module here imported first)."""
+    return VERBS.registered()
 
 
 class UsageError(AttnlabError):
@@ -120,25 +120,6 @@ def int_at_least(low: int):
     from attnlab.cli.limits import bounded
 
     return bounded(int, low)
-
-
-# Verbs that run no model; every other verb takes --threads (see add_threads_option).
-NO_MODEL_VERBS = {"import-hf", "export-hf"}
-# Verbs whose library call chooses the threads itself (training.run.train: the Python API makes
-# the same choice); the CLI passes --threads on to them instead of choosing first.
-OWN_THREADS_VERBS = {"train"}
-# Verbs that run a model take --device and --dtype (and --json, but for these two: embed's
-# result is JSON already, explore's is a page); timeline reads snapshots and runs none.
-READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
-NO_JSON_VERBS = {"embed", "explore"}
-# Verbs whose stdout is data, passed on as written: a model's text (one output line per input
-# line for translate) or a vector. Every other verb's stdout, and any verb's without --json,
-# is fitted to the terminal (attnlab.render.terminal: 80 columns into a pipe).
-DATA_OUTPUT_VERBS = {"generate", "translate", "embed"}
-# check compares computations with float32 tolerances: it runs in float32 (no --dtype)
-NO_DTYPE_VERBS = {"check"}
-# verbs whose --dtype is the dtype of the weights they write, not of a model they run
-WEIGHTS_DTYPE_VERBS = {"import-hf"}
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -241,6 +222,10 @@ def verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]
     return {}
 
 
+DESCRIPTION = ("Build, train and look inside transformers. Every verb prints its results on "
+               "stdout and its progress on stderr; `attnlab VERB --help` describes a verb.")  # fmt: skip
+
+
 def _top_parser() -> tuple[Parser, argparse._SubParsersAction]:
     from attnlab import __version__
 
@@ -250,27 +235,29 @@ def _top_parser() -> tuple[Parser, argparse._SubParsersAction]:
 
 
 def verb_list_parser() -> Parser:
-    """``attnlab`` with every verb named and described but none of their options (VERBS): what
-    answers ``attnlab --help``, a missing or mistyped verb, and a mistyped option before the
-    verb, without importing any verb's module (or torch)."""
+    """``attnlab`` with every verb named and described (``Verb.help``) but none of their
+    options: what answers ``attnlab --help``, a missing or mistyped verb and a mistyped option
+    before the verb. It calls no verb's ``add``, so it imports no torch (the verbs' modules
+    import without it)."""
     parser, sub = _top_parser()
-    for verb, (_, help) in VERBS.items():
-        sub.add_parser(verb, help=help)
+    for verb in registered().values():
+        sub.add_parser(verb.name, help=verb.help)
     return parser
 
 
-def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with ``verb``, only the module that registers it is imported
-    (its neighbours come along), which is all that parsing that verb's options needs."""
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only`` (a verb's name), that verb's options alone,
+    which is all that parsing it needs (the other verbs' ``add`` are not called)."""
     parser, sub = _top_parser()
-    areas = AREAS if verb is None else (VERBS[verb][0],)
-    for area in areas:
-        importlib.import_module(f"attnlab.cli.{area}").register(sub)
-    for verb, p in sub.choices.items():
-        if verb not in NO_MODEL_VERBS:
+    for verb in registered().values():
+        if only is not None and verb.name != only:
+            continue
+        verb.add(sub)
+        p = sub.choices[verb.name]
+        if verb.runs != "nothing":
             add_threads_option(p)
-        if verb not in READS_ONLY_VERBS:
-            add_model_options(p, json=verb not in NO_JSON_VERBS, dtype=verb not in NO_DTYPE_VERBS)
+        if verb.runs == "model":
+            add_model_options(p, json=verb.json, dtype=verb.dtype == "autocast")
     from attnlab.cli import limits
 
     limits.apply(sub.choices)  # every numeric option's bound, from the one table
@@ -315,7 +302,7 @@ def _model_context(args: argparse.Namespace):
     machine lacks is one line, exit 2). ``train`` takes them into its TrainConfig instead."""
     from attnlab import runtime
 
-    if args.verb == "train" or not hasattr(args, "device"):
+    if not hasattr(args, "device"):
         return contextlib.nullcontext()
     device = runtime.resolve_device(args.device)
     args.device = str(device)  # "auto" resolved once: the verb's loaders take it as is
@@ -331,29 +318,28 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnlab {__version__}")
         return 0
     given = list(sys.argv[1:] if argv is None else argv)
-    verb = next((a for a in given if not a.startswith("-")), None)
-    if verb not in VERBS or given[0].startswith("-") and given[0] not in ("-h", "--help"):
-        # the verb list, or one line saying what is wrong, from VERBS alone: no torch import
+    named = next((a for a in given if not a.startswith("-")), None)
+    if named not in registered() or given[0].startswith("-") and given[0] not in ("-h", "--help"):
+        # the verb list, or one line saying what is wrong, from the declarations: no torch
         verb_list_parser().parse_args(given)
     try:
         with _interrupts_deferred() as interrupted:  # importing torch, building the parser
             from attnlab import runtime
 
             runtime.start_cpu_sample()
-            parser = build_parser(verb)  # imports the module that registers the verb
+            parser = build_parser(named)  # the named verb's options (its add imports torch)
         if interrupted:
             raise KeyboardInterrupt
         args = parser.parse_args(argv)
-        args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
+        args._argv = given  # lets a verb see what was given
         threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
-        data = getattr(args, "json", False) or args.verb in DATA_OUTPUT_VERBS
+        verb = registered()[args.verb]
+        data = verb.data or getattr(args, "json", False)
         with contextlib.nullcontext() if data else fitted_stdout():
-            if args.verb in OWN_THREADS_VERBS:
+            if verb.own_threads:
                 args.threads = threads  # the library chooses, as it does when called from Python
                 result = args.func(args)
-            elif (
-                args.verb not in NO_MODEL_VERBS
-            ):  # chosen now, said by the verb (the Trainer logs it)
+            elif verb.runs != "nothing":  # chosen now, said by the verb (the Trainer logs it)
                 with runtime.using_threads(threads), _model_context(args):
                     result = args.func(args)
             else:
