@@ -319,10 +319,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     given = list(sys.argv[1:] if argv is None else argv)
     named = next((a for a in given if not a.startswith("-")), None)
-    if named not in registered() or given[0].startswith("-") and given[0] not in ("-h", "--help"):
-        # the verb list, or one line saying what is wrong, from the declarations: no torch
-        verb_list_parser().parse_args(given)
     try:
+        with _interrupts_deferred() as interrupted:  # the verbs' modules (no torch)
+            known = registered()
+        if interrupted:
+            raise KeyboardInterrupt
+        if named not in known or given[0].startswith("-") and given[0] not in ("-h", "--help"):
+            # the verb list, or one line saying what is wrong, from the declarations alone
+            verb_list_parser().parse_args(given)
         with _interrupts_deferred() as interrupted:  # importing torch, building the parser
             from attnlab import runtime
 
