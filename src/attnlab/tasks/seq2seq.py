@@ -253,6 +253,8 @@ class Seq2Seq(Task):
 
         return EpochBatches(len(self.train_set), make, batch_size, seed, rank, world_size)
 
+    val_whole = True  # its val_batches cover the held-out split
+
     def val_batches(self, batch_size, eval_iters):
         enc = encode_pairs(self.tokenizer, self.val_pairs)
         start = self.tokenizer.BOS

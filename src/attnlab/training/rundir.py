@@ -273,6 +273,9 @@ class RunDir:
             raise RunError(f"{self.path}: model.safetensors is from step {model_step} but "
                            f"trainer_state.json from step {step}")  # fmt: skip
         tensors = load_tensors(self.model_file, header=header)
+        from attnlab.checkpoint import refuse_nonfinite
+
+        refuse_nonfinite(tensors, self.model_file)
         return state, tensors, load_tensors(self.optimizer_file)
 
     # -- reading -------------------------------------------------------------------------------
