@@ -152,7 +152,9 @@ def command_lines(command: str, width: int, indent: str = "  ") -> list[str]:
 
 def main() -> None:
     from attnlab.render.terminal import fitted_stdout
+    from attnlab.runtime import quiet_libraries
 
+    quiet_libraries()  # only attnlab's own warnings reach the user, as from the CLI
     with fitted_stdout():
         demo()
 

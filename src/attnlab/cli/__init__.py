@@ -330,8 +330,10 @@ def main(argv: list[str] | None = None) -> int:
         with _interrupts_deferred() as interrupted:  # importing torch, building the parser
             from attnlab import runtime
 
+            runtime.quiet_libraries()  # only attnlab's own warnings reach the user
             runtime.start_cpu_sample()
             parser = build_parser(named)  # the named verb's options (its add imports torch)
+            runtime.quiet_libraries()  # again, for what the imports set up
         if interrupted:
             raise KeyboardInterrupt
         args = parser.parse_args(argv)

@@ -11,6 +11,7 @@ import html
 import io
 import json
 import math
+import re
 import sys
 
 import numpy as np
@@ -121,13 +122,19 @@ def token_html(t: str) -> str:
     return html.escape(show_token(str(t)))
 
 
+NUMBER = re.compile(r"^[+\-−]?[\d.,]+(%|e[+\-]?\d+)?(\.\.[+\-−]?[\d.,]+%?)?$|^(n/a|-)$")
+
+
 def table_html(header: list[str], rows: list[list], title: str = "", caption: str = "") -> str:
-    """A plain HTML table; every header and cell is escaped text (str() of the value)."""
+    """A plain HTML table; every header and cell is escaped text (str() of the value). Numbers
+    (and ranges of them) are right-aligned, so their digits line up; words read from the left."""
+
+    def td(c) -> str:
+        align = "right" if NUMBER.match(str(c).strip()) else "left"
+        return f'<td style="{CELL};text-align:{align}">{html.escape(str(c))}</td>'
+
     th = "".join(f'<th style="{CELL};text-align:left">{html.escape(str(h))}</th>' for h in header)
-    body = "".join(
-        "<tr>" + "".join(f'<td style="{CELL}">{html.escape(str(c))}</td>' for c in row) + "</tr>"
-        for row in rows
-    )
+    body = "".join("<tr>" + "".join(td(c) for c in row) + "</tr>" for row in rows)
     cap = f"<div><b>{html.escape(title)}</b></div>" if title else ""
     note = f"<div><i>{html.escape(caption)}</i></div>" if caption else ""
     return (
