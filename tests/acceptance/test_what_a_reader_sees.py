@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 from rich.cells import cell_len
 
-from attnlab.cli import main
+from attnlab.cli import main, registered
 from attnlab.render.layout import check_figures
 from kinds_helpers import EVERY_KIND, INPUT, MORE_KINDS, make_runs
 
@@ -91,6 +91,7 @@ def attnlab(capsys, args) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.timeout(1200)  # ~26 commands, most drawing a picture: all-MiniLM's take minutes
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_verb_fits_80_columns_piped_and_draws_readable_pictures(
     kind, runs, capsys, monkeypatch, tmp_path
@@ -106,6 +107,8 @@ def test_every_verb_fits_80_columns_piped_and_draws_readable_pictures(
         assert "Traceback" not in err and "internal error" not in err, (args, err)
         if code == 0:
             ran.append(args[0])
+        if registered()[args[0]].data:  # a model's text or a vector: passed on as written
+            continue
         for line in out.splitlines():
             if cell_len(line) > 80 or line != line.rstrip():
                 too_wide.append((args[0], cell_len(line), line))
@@ -114,7 +117,9 @@ def test_every_verb_fits_80_columns_piped_and_draws_readable_pictures(
     assert not pictures, pictures[:5]
     # the check saw the verbs work: every kind predicts (but an encoder with no head),
     # traces, shows attention and draws it
-    assert {"trace", "attention", "check"} <= set(ran), ran
+    assert {"trace", "check"} <= set(ran), ran
+    if kind != "lstm":  # an LSTM encoder-decoder without attention has no map to show
+        assert "attention" in ran, ran
     if kind != "minilm":
         assert "predict" in ran, ran
 

@@ -106,6 +106,8 @@ def test_masked_cells_are_grey_not_the_colour_of_a_weight_of_0(tmp_path):
     grey = matplotlib.colors.to_rgba(MASKED)
     assert np.allclose(rgba[0, 3], grey) and not np.allclose(rgba[1, 1], grey)
     assert not np.allclose(im.cmap(im.norm(0.0)), grey)  # a weight of 0 is another colour
+    (bar,) = ax.child_axes
+    assert "grey: masked" in bar.get_ylabel()  # and the colour bar says what grey is
     assert problems(fig) == []
     with check_figures() as seen:
         save_png(fig, tmp_path / "a.png")

@@ -132,7 +132,7 @@ class HelpFormatter(argparse.HelpFormatter):
         default = action.default
         if (
             not action.option_strings
-            or default in (None, False, argparse.SUPPRESS)
+            or any(default is x for x in (None, False, argparse.SUPPRESS))  # not 0, not 0.0
             or "default" in text.lower()
         ):
             return text

@@ -60,7 +60,8 @@ def add(sub) -> None:
         "--map",
         default=None,
         metavar="NAME",
-        help="pick attention maps by name or part of it (e.g. cross, decoder)",
+        help="pick attention maps by name or part of it (e.g. cross, decoder; default: "
+        "the first map of the layer)",
     )
     p.add_argument("--png", metavar="FILE", help="save a heatmap PNG")
     p.add_argument(

@@ -35,7 +35,12 @@ def add(sub) -> None:
     intervention_arguments(p)
     p.add_argument("--method", required=True, choices=("dla", "rollout", "flow", "ig", "grad"),
                    help="how (above)")  # fmt: skip
-    p.add_argument("--target", metavar="TOKEN", help="dla, ig, grad: the token whose logit")
+    p.add_argument(
+        "--target",
+        metavar="TOKEN",
+        help="dla, ig, grad: the token whose logit is attributed (rollout and flow "
+        "attribute a position, not a token: see --position)",
+    )
     p.add_argument("--foil", metavar="TOKEN", help="attribute logit(TARGET) - logit(FOIL)")
     p.add_argument("--steps", type=int, default=64, help="ig: integration steps")
     p.add_argument("--rule", choices=("gauss-legendre", "riemann"), default="gauss-legendre",

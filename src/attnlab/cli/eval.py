@@ -105,7 +105,11 @@ def add(sub) -> None:
         "source<TAB>target; a DIR/<label>/*.png folder.",
     )
     e.add_argument("run", help="run directory (trained or imported)")
-    e.add_argument("--data", default=ed["data"], help="a file (or image folder) to score")
+    e.add_argument(
+        "--data",
+        default=ed["data"],
+        help="a file (or image folder) to score (default: the run's held-out split)",
+    )
     e.add_argument("--encoding", default=ed["encoding"], help="of --data")
     e.add_argument("--split", choices=["test", "val", "train"], default=ed["split"],
                    help="which split of the run (default: its held-out one)")  # fmt: skip

@@ -81,7 +81,12 @@ def add(sub) -> None:
     mode = p.add_argument_group("what to compute")
     mode.add_argument("--importance", action="store_true",
                       help="loss change per ablated head, and the pruning curve")  # fmt: skip
-    p.add_argument("--data", metavar="FILE", help="a GPT: measure on windows of this corpus")
+    p.add_argument(
+        "--data",
+        metavar="FILE",
+        help="a GPT: measure on windows of this corpus (default, with no TEXT: the run's "
+        "held-out loss, as training measured it)",
+    )
     p.add_argument("--inputs", metavar="FILE", help="measure on these inputs, one per line")
     p.add_argument("--windows", type=int, default=16, help="--data: windows")
     p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",

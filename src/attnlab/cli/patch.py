@@ -25,7 +25,12 @@ def add(sub) -> None:
     p.add_argument("--clean", required=True, metavar="TEXT", help="the input that gives TARGET")
     p.add_argument("--corrupt", required=True, metavar="TEXT",
                    help="the input the clean activations are patched into")  # fmt: skip
-    p.add_argument("--target", required=True, metavar="TOKEN", help="the token whose logit")
+    p.add_argument(
+        "--target",
+        required=True,
+        metavar="TOKEN",
+        help="the token whose logit (minus --foil's) is the metric patching recovers",
+    )
     p.add_argument("--foil", metavar="TOKEN", help="metric = logit(TARGET) - logit(FOIL)")
     p.add_argument("--by", choices=("position", "head"), default="position",
                    help="layer x position (the residual stream) or layer x head")  # fmt: skip
@@ -33,7 +38,7 @@ def add(sub) -> None:
                    help="patch the corrupt run's activations into the clean run (noising)")  # fmt: skip
     p.add_argument("--positions", metavar="P,...",
                    help="--by position: patch only these positions (exact patching runs one "
-                   "forward pass per layer x position)")  # fmt: skip
+                   "forward pass per layer x position; default: every position)")  # fmt: skip
     position_option(p)
     p.set_defaults(func=cmd_patch)
 

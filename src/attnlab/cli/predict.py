@@ -88,7 +88,8 @@ def add(sub) -> None:
     p.add_argument("--alpha", type=float, default=pd["alpha"],
                    help="encoder-decoder: length penalty exponent")  # fmt: skip
     p.add_argument("--max-len", type=pos, default=pd["max_len"],
-                   help="encoder-decoder: longest output in tokens")  # fmt: skip
+                   help="encoder-decoder: longest output in tokens (default: twice the "
+                   "source's plus 10)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=predict)
 

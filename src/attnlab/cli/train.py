@@ -124,7 +124,11 @@ def add(sub) -> None:
     from attnlab.tasks import registered
     from attnlab.train_config import DTYPES, SCHEDULES
 
-    a("--task", choices=list(registered()), help="what to train (classify on images trains a ViT)")
+    a(
+        "--task",
+        choices=list(registered()),
+        help="what to train (classify on images trains a ViT) (default: lm)",
+    )
     a("--data",
       help="a text file, a directory of .txt files, a built-in corpus (shakespeare), a "
       "label<TAB>text or source<TAB>target file, a generated task (dates, copy, reverse, sort, "

@@ -185,8 +185,11 @@ class AttentionGrid(Result):
         rows, H = len(self.maps), self.n_heads
         n = max(max(w.shape[1], w.shape[2]) for w in self.weights)  # tokens on the longest side
         cell = 2.2 if n <= 24 else 1.8
+        cell = min(cell, 11.5 / H)  # many heads: smaller cells, the picture at most ~13 inches
         fontsize = 6
-        room = int(cell * 72 / (fontsize + 1))  # labels along a side: 72 pt/inch, a 1 pt gap
+        # labels along a side: 72 pt/inch, 6.5 pt a label, along the ~0.35 inch less than a
+        # cell its axes get once the tick labels and the gap between axes have theirs
+        room = int((cell - 0.35) * 72 / (fontsize + 0.5))
         fits = n <= room
         fig, axes = plt.subplots(
             rows, H, figsize=(cell * H + 1.4, cell * rows + 1.0), squeeze=False

@@ -106,6 +106,15 @@ class RolloutResult(Result):
         parts.append(matrix_table(self.row[None], [f"{q}@{self.position}"], self.keys,
                                   f"{self.method}: what output {self.position} draws from each "
                                   "input"))  # fmt: skip
+        total = float(np.nansum(self.row))
+        if self.method == "flow":  # each input's own maximum: shared paths count for each
+            parts.append(Text(f"the row sums to {total:.2f}: each input's flow is the most "
+                              "that could pass from it alone, and inputs share paths, so the "
+                              "row need not sum to 1 (rollout's divides the output between the "
+                              "inputs and does)", style="dim"))  # fmt: skip
+        else:
+            parts.append(Text(f"the row sums to {total:.2f}: the output divided between the "
+                              "inputs", style="dim"))  # fmt: skip
         if self.matrix is not None and len(self.queries) <= 32:
             parts.append(
                 matrix_table(self.matrix, self.queries, self.keys, "rollout, every output")

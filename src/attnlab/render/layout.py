@@ -300,13 +300,29 @@ def _unlabelled(fig, renderer) -> list[str]:
     return out
 
 
+def _grid_place(ax) -> tuple | None:
+    """(grid, rows, columns) an axes spans in its subplot grid, or None (an inset, an axes
+    placed by hand)."""
+    spec = ax.get_subplotspec() if hasattr(ax, "get_subplotspec") else None
+    if spec is None:
+        return None
+    return spec.get_gridspec(), spec.rowspan, spec.colspan
+
+
 def _neighbour_labelled(ax, box, axes, name: str, renderer) -> bool:
-    """An axes in the same column (x) or row (y) labels what this one's ticks mean."""
+    """An axes in the same column (x) or row (y) of its grid, or drawn over the same span,
+    labels what this one's ticks mean."""
+    mine = _grid_place(ax)
     for other in axes:
         if other is ax or getattr(other, "_colorbar", None) is not None:
             continue
         label = (other.xaxis if name == "x" else other.yaxis).label.get_text().strip()
         if not label:
+            continue
+        theirs = _grid_place(other)
+        if mine is not None and theirs is not None and mine[0] is theirs[0]:
+            if (mine[2] if name == "x" else mine[1]) == (theirs[2] if name == "x" else theirs[1]):
+                return True
             continue
         ob = other.get_window_extent(renderer)
         if name == "x" and min(box.x1, ob.x1) - max(box.x0, ob.x0) > 0.5 * box.width:

@@ -74,7 +74,7 @@ def heatmap(
     - ``row_tokens``/``col_tokens`` False: those labels are names ("layer 0", "head 1"),
       written as they are, not tokens made visible (a space as ␣).
     - ``masked`` (R, C) bool: cells the mask hides, drawn grey (no colour of the scale) and
-      said so under the colour bar, never as the colour of a weight of 0.
+      said so on the colour bar, never as the colour of a weight of 0.
     """
     import matplotlib
 
@@ -123,10 +123,10 @@ def heatmap(
                 ax.text(j, i, fmt.format(v), ha="center", va="center",
                         fontsize=max(fontsize - 2, 5), color=text_colour(im, v))  # fmt: skip
     if colorbar:
-        bar = _colorbar(ax, im, fontsize, colorbar_label)
-        if hidden is not None:
-            bar.ax.text(0.5, -0.02, "grey:\nmasked", transform=bar.ax.transAxes, ha="center",
-                        va="top", fontsize=fontsize - 1)  # fmt: skip
+        label = colorbar_label
+        if hidden is not None:  # the bar says what the grey cells are
+            label = f"{label or 'value'}  (grey: masked, may not attend)"
+        _colorbar(ax, im, fontsize, label)
     return im
 
 
