@@ -12,13 +12,25 @@ import pytest
 pytestmark = pytest.mark.slow  # each trains six small models (about 20 to 40 s on 2 cores)
 
 
+@pytest.mark.timeout(1200)  # six small models each: minutes on a busy machine
 @pytest.mark.parametrize("name", ["pruning", "rollout-and-flow", "attention-vs-importance",
                                   "attention-vs-contribution"])  # fmt: skip
-def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path):
+def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path, capsys,
+                                                          monkeypatch):  # fmt: skip
+    from types import SimpleNamespace
+
+    from attnlab.cli import main
+    from attnlab.render.layout import check_figures
+
     out = tmp_path / "report"
-    r = cli("experiment", name, "--quick", "--out", out, "--seeds", "1,2,3", "--threads", "1")
+    monkeypatch.delenv("COLUMNS", raising=False)
+    with check_figures() as seen:  # every picture it draws passes the readability check
+        code = main(["experiment", name, "--quick", "--out", str(out), "--seeds", "1,2,3",
+                     "--threads", "1"])  # fmt: skip
+    r = SimpleNamespace(returncode=code, **dict(zip(("stdout", "stderr"), capsys.readouterr())))
     assert r.returncode == 0, r.stderr
-    assert all(len(line) <= 80 for line in r.stdout.splitlines()[:-1]), r.stdout
+    assert seen and [(label, p) for label, p in seen if p] == []
+    assert all(len(line) <= 80 and line == line.rstrip() for line in r.stdout.splitlines())
     d = json.loads((out / "figures.json").read_text())
     assert d["experiment"] == name and d["settings"]["quick"] is True
     assert d["claims"]

@@ -69,3 +69,34 @@ def test_the_fast_help_lists_every_verb_within_80_columns():
     for verb in registered():
         assert f"    {verb}" in out
     assert all(len(line) <= 80 and line == line.rstrip() for line in out.splitlines())
+
+
+def test_help_shows_every_default_a_number_has():
+    """`trace --help` showed no default for --layer and --head: a default of 0 compared equal
+    to False, which the formatter skips (a switch off by default). Issue 32 item 5."""
+    import argparse
+
+    from attnlab.cli import build_parser, verbs
+
+    for name, parser in verbs(build_parser()).items():
+        fmt = parser._get_formatter()
+        for a in parser._actions:
+            if not a.option_strings or a.help is None or a.required:
+                continue
+            if any(a.default is x for x in (None, False, argparse.SUPPRESS)):
+                continue
+            shown = fmt._get_help_string(a) % {"default": a.default}
+            assert "default" in shown.lower(), (name, a.option_strings, shown)
+    trace = " ".join(verbs(build_parser())["trace"].format_help().split())
+    assert "layer to open up (default: 0)" in trace and "head to open up (default: 0)" in trace
+
+
+def test_a_help_line_is_a_whole_sentence():
+    """patch --help stopped mid-sentence: "--target TOKEN  the token whose logit"."""
+    from attnlab.cli import build_parser, verbs
+
+    for name in ("patch", "attribute"):
+        text = " ".join(verbs(build_parser())[name].format_help().split())
+        assert "the token whose logit" in text
+        assert not text.split("the token whose logit", 1)[1].startswith(" --")
+        assert not text.split("the token whose logit", 1)[1].startswith(" (default")
