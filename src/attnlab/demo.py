@@ -150,13 +150,23 @@ def command_lines(command: str, width: int, indent: str = "  ") -> list[str]:
     return lines + [current]
 
 
+def serve_hint(run: Path) -> str:
+    """The demo's last line: the live workbench on its run (``attnlab serve``; it serves until
+    Ctrl-C, so it is printed, not run)."""
+    import shlex
+
+    return f"[demo] live workbench: {attnlab_command()} serve {shlex.quote(str(run))}"
+
+
 def main() -> None:
-    from attnlab.render.terminal import fitted_stdout
+    from attnlab.render.terminal import fitted_stdout, terminal_width
     from attnlab.runtime import quiet_libraries
 
     quiet_libraries()  # only attnlab's own warnings reach the user, as from the CLI
     with fitted_stdout():
         demo()
+        print("\n[demo] the live workbench (a sentence in, every head answers; Ctrl-C stops it):")
+        print("\n".join(command_lines(serve_hint(RUN).split(": ", 1)[1], terminal_width())))
 
 
 def demo() -> None:

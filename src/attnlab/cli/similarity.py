@@ -1,5 +1,5 @@
-"""`attnlab similarity RUN TEXT`: token x token cosine similarity before and after each block
-(``attnlab.inspect.similarity``)."""
+"""`attnlab similarity RUN TEXT`: token x token cosine similarity (or raw dot products) before
+and after each block (``attnlab.inspect.similarity``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ def cmd_similarity(args) -> int:
 
     png = output_file(args.png, ".png", "--png")
     _, _, rec = record(args)
-    result = similarity(rec, layer=args.layer)
+    result = similarity(rec, layer=args.layer, measure=args.measure)
     result.start = first_key(args.start, max(len(ly.tokens) for ly in result.layers))
     if png is not None:  # written before anything is printed
         result.save_png(png)
@@ -37,6 +37,9 @@ def add(sub) -> None:
                    help="first token (column) shown in the terminal's matrices")  # fmt: skip
     p.add_argument("--png", metavar="FILE",
                    help="save every layer's matrix as heatmaps (before the first, after each)")  # fmt: skip
+    p.add_argument("--measure", choices=("cosine", "dot"), default="cosine",
+                   help="the matrices shown: cosine similarity, or the raw dot products h_i . "
+                   "h_j (--json has both)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print every layer's matrices as JSON")
     p.set_defaults(func=cmd_similarity)
 

@@ -42,7 +42,7 @@ Callbacks (``callbacks=``) see the run without the loop knowing what they do: ea
     on_metrics(trainer, row)    each row as it is added to metrics.jsonl (a log line or an
                                 evaluation; every process, written or not)
     on_close(trainer)           once the loop has ended, however it ended
-Training snapshots (``attnlab.inspect.snapshots``), the TensorBoard log
+Training snapshots (``attnlab.training.snapshots``), the TensorBoard log
 (``attnlab.training.tracking``) and the tests' fault injection (``attnlab.training.faults``)
 are three. A callback must not draw from the global RNGs, so that a run with callbacks trains
 exactly as one without.
