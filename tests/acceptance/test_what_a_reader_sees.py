@@ -78,7 +78,26 @@ def commands(kind: str, run, data, out) -> list[list[str]]:
         ["heads", run],
         ["heads", run, "--importance", "--png", out / "importance.png"],
         ["timeline", run, "--png", out / "timeline.png"],
+        ["what-if", run, text],
+        ["align", run, text, "--png", out / "align.png"],
+        # the notes by hand: no run (here beside every kind, once is enough)
+        *([["walk", "--tokens", "I like to eat apples", "--m", "8", "--d-k", "4", "--seed",
+            "1"], ["walk", "--tokens", "I like to eat apples", "--what-if"]]
+          if kind == "gpt" else []),
     ]  # fmt: skip
+
+
+# a verb no command above runs, and why
+NOT_RUN = {"train": "it made every run (tests/kinds_helpers.py); its summary is checked by the "
+                    "demo's test", "import-hf": "it made the imported runs",
+           "export-hf": "it writes a directory and prints its path",
+           "experiment": "tests/acceptance/test_experiments.py checks its summary and pictures",
+           "serve": "a web server: its page is tests/integration/test_serve.py's"}  # fmt: skip
+
+
+def test_every_verb_is_run_or_says_why_not(tmp_path):
+    ran = {c[0] for kind in ("gpt",) for c in commands(kind, tmp_path, tmp_path, tmp_path)}
+    assert set(registered()) == ran | set(NOT_RUN), set(registered()) ^ (ran | set(NOT_RUN))
 
 
 def attnlab(capsys, args) -> tuple[int, str, str]:
