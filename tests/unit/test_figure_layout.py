@@ -123,3 +123,21 @@ def test_heatmaps_of_every_size_pass(n):
             colorbar_label="weight")  # fmt: skip
     assert problems(fig) == []
     plt.close(fig)
+
+
+@pytest.mark.parametrize("rows", [24, 60])
+def test_tick_labels_too_close_for_their_rows_are_fitted_when_saved(tmp_path, rows):
+    """render.plots._ticks set one label per row whatever the row's height: a short panel of
+    many rows (similarity's grid on a deep model) drew its y labels over each other. Saved,
+    they are made smaller or every k-th is kept, each still at its own row."""
+    tokens = [chr(ord("a") + i % 26) for i in range(rows)]
+    fig, ax = plt.subplots(figsize=(2.4, 2.4))
+    heatmap(ax, np.zeros((rows, rows)), tokens, tokens, title="a panel", fontsize=8,
+            colorbar_label="weight")  # fmt: skip
+    assert any("y tick label" in p and "overlaps" in p for p in problems(fig))  # as drawn
+    with check_figures() as seen:
+        save_png(fig, tmp_path / "a.png")
+    assert seen[0][1] == []
+    shown = [t for t in ax.yaxis.get_major_ticks() if t.label1.get_visible()]
+    assert 2 <= len(shown) <= rows
+    assert all(t.label1.get_text() == tokens[int(t.get_loc())] for t in shown)  # its own row

@@ -263,8 +263,84 @@ def _ticks(set_ticks, set_labels, labels, fontsize, rotation: float | None = Non
     set_labels(shown, fontsize=fontsize, rotation=rotation, ha=ha)
 
 
+MIN_TICK_POINTS = 5.0  # tick labels are not made smaller than this (render.layout's floor)
+
+
+def fit_tick_labels(fig, dpi: float | None = None) -> None:
+    """Tick labels that would run into their neighbours are made to fit, on every axis of
+    ``fig`` whose labels were set by hand (tokens, names; an automatic axis spaces its own):
+    smaller, down to MIN_TICK_POINTS, where that is enough; else every k-th label is kept
+    (at its own tick), k the fewest that leaves a gap. Measured as the figure is drawn at
+    ``dpi`` (its own if None), along the axis: a label's height on a y axis, its width (or
+    height, turned) on an x axis, against the distance between two ticks."""
+    import math
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.ticker import FixedLocator
+
+    if dpi is not None and dpi != fig.dpi:
+        fig.set_dpi(dpi)
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    axes: list = []
+
+    def walk(ax):
+        if ax not in axes:
+            axes.append(ax)
+            for child in ax.child_axes:
+                walk(child)
+
+    for ax in fig.axes:
+        walk(ax)
+    for _ in range(3):  # a smaller label can move the layout: measure again
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        changed = False
+        for ax in axes:
+            if not ax.get_visible() or not ax.axison:
+                continue
+            for axis, along in ((ax.xaxis, 0), (ax.yaxis, 1)):
+                if not isinstance(axis.get_major_locator(), FixedLocator):
+                    continue
+                changed |= _fit_axis(ax, axis, along, renderer, math)
+        if not changed:
+            return
+
+
+def _fit_axis(ax, axis, along: int, renderer, math) -> bool:
+    """One axis of ``fit_tick_labels``; True when it changed a label."""
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = [t for t in axis.get_major_ticks()
+             if t.get_loc() is not None and lo <= t.get_loc() <= hi
+             and t.label1.get_visible() and t.label1.get_text().strip()]  # fmt: skip
+    if len(ticks) < 2:
+        return False
+    boxes = [t.label1.get_window_extent(renderer) for t in ticks]
+    centres = sorted((b.x0 + b.x1) / 2 if along == 0 else (b.y0 + b.y1) / 2 for b in boxes)
+    pitch = min(b - a for a, b in zip(centres, centres[1:]))
+    need = max(b.width if along == 0 else b.height for b in boxes)
+    room = pitch - 2.0  # a pixel each side: render.layout counts an overlap past one
+    if need <= room or pitch <= 0:
+        return False
+    size = ticks[0].label1.get_fontsize()
+    smaller = size * room / need
+    if smaller >= MIN_TICK_POINTS:
+        for t in ticks:
+            t.label1.set_fontsize(smaller)
+        return True
+    for t in ticks:
+        t.label1.set_fontsize(MIN_TICK_POINTS)
+    need_min = need * MIN_TICK_POINTS / size
+    k = math.ceil((need_min + 2.0) / pitch)
+    for i, t in enumerate(sorted(ticks, key=lambda t: t.get_loc())):
+        if i % k:
+            t.label1.set_visible(False)
+    return True
+
+
 def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Write ``fig`` as a PNG atomically (never a half-written file) and close it."""
+    """Write ``fig`` as a PNG atomically (never a half-written file) and close it; tick labels
+    that would overlap are fitted first (``fit_tick_labels``)."""
     import matplotlib.pyplot as plt
 
     from attnlab.files import atomic_write
@@ -275,6 +351,7 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
             raise AttnlabError(f"{path}: figures are written as PNG; name the file *.png")
         if not path.parent.is_dir():
             raise AttnlabError(f"{path.parent}: no such directory")
+        fit_tick_labels(fig, dpi)
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight"))
     finally:
         plt.close(fig)
@@ -292,6 +369,7 @@ def png_html(fig, dpi: int = 80) -> str:
 
     buf = io.BytesIO()
     try:
+        fit_tick_labels(fig, dpi)
         fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     finally:
         plt.close(fig)
