@@ -80,7 +80,7 @@ class AblationResult(Result):
         }  # fmt: skip
 
     def figure(self):
-        fig, ax = new_figure(figsize=(max(5.0, 0.22 * len(self.tokens) + 2), 3.0))
+        fig, ax = new_figure(figsize=(min(12.0, max(5.0, 0.22 * len(self.tokens) + 2)), 3.0))
         xs = range(len(self.position_delta))
         ax.bar(xs, self.position_delta,
                color=["#d62728" if d > 0 else "#1f77b4" for d in self.position_delta])  # fmt: skip

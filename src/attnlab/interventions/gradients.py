@@ -98,7 +98,7 @@ class GradResult(Result):
             overlay(ax, img, self.values.reshape(g, g), cmap="RdBu_r", vmin=-top, vmax=top,
                     colorbar_label="attribution to the patch (red raises the logit)")  # fmt: skip
         else:
-            fig, ax = new_figure(figsize=(max(5.0, 0.25 * len(self.tokens) + 2), 3.0))
+            fig, ax = new_figure(figsize=(min(12.0, max(5.0, 0.25 * len(self.tokens) + 2)), 3.0))
             ax.bar(range(len(self.values)), self.values,
                    color=["#d62728" if v > 0 else "#1f77b4" for v in self.values])  # fmt: skip
             token_ticks(ax, self.tokens, "input (its token)")
