@@ -1,11 +1,12 @@
-"""`make demo`: train the `baby` GPT on the built-in Shakespeare corpus, sample from it, then
+"""`make demo`: train the `fast` GPT on the built-in Shakespeare corpus, sample from it, then
 look inside: the attention of "I like to eat apples" as a table, a heatmap PNG, a grid of every
 layer x head and the self-contained explorer page; and, for contrast, a real pretrained head
 (all-MiniLM-L6-v2) reading "The bank of the river".
 
-A few minutes on 2 quiet CPU cores; more on a busy machine. The run lands in
-runs/demo-shakespeare; running the demo again reuses a finished run, and continues (--resume)
-one that was interrupted.
+The fast preset's own recipe (1100 steps, attnlab.tasks.lm.PRESET_TRAINING): its time on 2
+cores, quiet and beside another job, is in the README. The run lands in runs/demo-shakespeare;
+running the demo again reuses a finished run, and continues (--resume) one that was
+interrupted. Everything it prints fits the terminal (80 columns into a pipe).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 RUN = Path("runs") / "demo-shakespeare"
-MAX_ITERS = 4000  # nanoGPT's CPU settings (batch 12, block 64) run ~30 ms/iter on 2 idle cores
+MAX_ITERS = 1100  # the fast preset's recipe: its sharpest head is a clear previous-token head
 PROMPT = "ROMEO:\n"
 SENTENCE = "I like to eat apples"
 
@@ -27,37 +28,12 @@ def train() -> None:
     if state is not None and state["step"] >= MAX_ITERS:
         print(f"[demo] {RUN} is already trained ({state['step']} steps); delete it to train again")
         return
-    args = [
-        "train",
-        "--data",
-        "shakespeare",
-        "--tokenizer",
-        "char",
-        "--preset",
-        "baby",
-        "--out",
-        str(RUN),
-        "--max-iters",
-        str(MAX_ITERS),
-        "--eval-interval",
-        "500",
-        "--batch-size",
-        "12",
-        "--lr",
-        "1e-3",
-        "--min-lr",
-        "1e-4",
-        "--warmup-iters",
-        "100",
-        "--dropout",
-        "0",
-    ]
+    args = ["train", "--data", "shakespeare", "--tokenizer", "char", "--preset", "fast",
+            "--out", str(RUN), "--max-iters", str(MAX_ITERS)]  # fmt: skip
     if state is not None:
         args.append("--resume")
-    print(
-        f"[demo] training the baby GPT on the built-in Shakespeare plays for {MAX_ITERS} steps "
-        "(Ctrl-C saves a checkpoint; run `make demo` again to continue)"
-    )
+    print(f"[demo] training the fast GPT on the built-in Shakespeare plays for {MAX_ITERS} "
+          "steps (Ctrl-C saves a checkpoint; run `make demo` again to continue)")  # fmt: skip
     code = cli(args)
     if code:
         sys.exit(code)
@@ -80,11 +56,12 @@ def most_focused_head(rec) -> tuple[int, int]:
 
 def look_inside(model, tokenizer) -> None:
     from attnlab.inspect import attention, attention_grid, record, write_figures
+    from attnlab.render.display import console
 
     rec = record(model, tokenizer, SENTENCE)
     layer, head = most_focused_head(rec)
     print(f"\n[demo] attention of {SENTENCE!r} in the trained model (its sharpest head):\n")
-    print(attention(rec, layer=layer, head=head))
+    console().print(attention(rec, layer=layer, head=head))
     png, html = write_figures(model, tokenizer, SENTENCE, RUN, layer=layer, head=head)
     grid = attention_grid(rec).save_png(RUN / "attention_grid.png")
     print(f"[demo] heatmap       : {png}\n[demo] every head    : {grid}")
@@ -112,7 +89,9 @@ def real_model() -> None:
         f"\n[demo] for contrast, REAL pretrained attention: all-MiniLM-L6-v2 on {RIVER!r}, "
         f"layer {layer} head {head} (no causal mask: an encoder reads both ways):\n"
     )
-    print(head_map(tokens, weights, layer, head))
+    from attnlab.render.display import console
+
+    console().print(head_map(tokens, weights, layer, head))
     path = RUN / "minilm_bank_river.png"
     plot_head(tokens, weights[layer, head], path, f"all-MiniLM-L6-v2 layer {layer} head {head}")
     print(f"[demo] its heatmap   : {path}")
@@ -138,16 +117,37 @@ def attnlab_command() -> str:
     return f"{shlex.quote(sys.executable)} -m attnlab"
 
 
-def hints(run: Path) -> list[str]:
-    """The demo's closing hints: commands that run as typed, on the demo's own run."""
+def hints(run: Path) -> list[tuple[str, str]]:
+    """The demo's closing hints: (what, a command that runs as typed on the demo's own run),
+    in the one spelling every verb takes (the input text after the run directory)."""
     import shlex
 
     a, r = attnlab_command(), shlex.quote(str(run))
     return [
-        f"[demo] sample more   : {a} generate {r} --prompt 'JULIET:' --max-new-tokens 300",
-        f"[demo] evaluate      : {a} eval {r}",
-        f"[demo] step by step  : {a} trace {r} '{SENTENCE}'",
+        ("sample more", f"{a} generate {r} 'JULIET:' --max-new-tokens 300"),
+        ("evaluate", f"{a} eval {r}"),
+        ("step by step", f"{a} trace {r} '{SENTENCE}'"),
     ]
+
+
+def command_lines(command: str, width: int, indent: str = "  ") -> list[str]:
+    """``command`` as shell lines of at most ``width`` columns: broken before an option,
+    each line but the last ending in `` \\``, so that it still runs pasted as shown (a word
+    wider than a line stays whole)."""
+    import shlex
+
+    words = shlex.split(command)
+    parts = [shlex.quote(w) if w != words[0] else command.split(" ", 1)[0] for w in words]
+    lines, current = [], indent + parts[0]
+    for i, part in enumerate(parts[1:], 1):
+        joined = f"{current} {part}"
+        last = i == len(parts) - 1
+        if len(joined) + (0 if last else 2) > width and current.strip():
+            lines.append(current + " \\")
+            current = indent * 2 + part
+        else:
+            current = joined
+    return lines + [current]
 
 
 def serve_hint(run: Path) -> str:
@@ -159,8 +159,20 @@ def serve_hint(run: Path) -> str:
 
 
 def main() -> None:
+    from attnlab.render.terminal import fitted_stdout, terminal_width
+    from attnlab.runtime import quiet_libraries
+
+    quiet_libraries()  # only attnlab's own warnings reach the user, as from the CLI
+    with fitted_stdout():
+        demo()
+        print("\n[demo] the live workbench (a sentence in, every head answers; Ctrl-C stops it):")
+        print("\n".join(command_lines(serve_hint(RUN).split(": ", 1)[1], terminal_width())))
+
+
+def demo() -> None:
     from attnlab import load_run
     from attnlab.generation import SamplingConfig, generate
+    from attnlab.render.terminal import terminal_width
     from attnlab.rundir import CURVE_FILE, METRICS_FILE
 
     train()
@@ -172,11 +184,11 @@ def main() -> None:
     print("\n")
     print(f"[demo] run directory : {RUN}/ (config.json, model.safetensors, tokenizer.json, best/)")
     print(f"[demo] loss curve    : {RUN / CURVE_FILE}   metrics: {RUN / METRICS_FILE}")
-    for line in hints(RUN):
-        print(line)
+    for what, command in hints(RUN):
+        print(f"[demo] {what}:")
+        print("\n".join(command_lines(command, terminal_width())))
     look_inside(model, tokenizer)
     real_model()
-    print(f"\n{serve_hint(RUN)}  (type a sentence, watch every head answer; Ctrl-C stops it)")
 
 
 if __name__ == "__main__":

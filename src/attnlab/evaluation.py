@@ -160,7 +160,7 @@ def confusion_png(report: dict, path: str | Path) -> Path:
     size = min(14.0, max(3.5, 0.45 * n + 2.0))
     fig, ax = plt.subplots(figsize=(size + 1.0, size))
     heatmap(ax, m, classes, classes, cmap="Blues", vmin=0.0, annotate=n <= 20, fmt="{:.0f}",
-            xlabel="predicted class", ylabel="true class", xtick_rotation=90 if n > 6 else 0,
+            xlabel="predicted class", ylabel="true class",
             colorbar_label="examples", fontsize=9,
             title=f"confusion matrix: accuracy {100 * report['accuracy']:.1f}% "
             f"of {report['examples']}")  # fmt: skip

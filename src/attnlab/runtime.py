@@ -28,6 +28,7 @@ Nothing here prints: the choice is returned, and the caller says it once input i
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -358,3 +359,26 @@ def using_threads(requested: int | None = None) -> Iterator[ThreadChoice]:
         _choice = None
         if torch.get_num_threads() != before:
             torch.set_num_threads(before)
+
+
+LIBRARY_LOGGERS = ("torch", "transformers", "huggingface_hub", "tokenizers", "safetensors",
+                   "matplotlib", "PIL", "filelock", "urllib3", "sklearn")  # fmt: skip
+
+
+def quiet_libraries() -> None:
+    """No library's warning reaches the user, only attnlab's own: a Python warning issued
+    outside attnlab is ignored, and the loggers of the libraries attnlab runs say only
+    errors (torch's compiler among them: its graph breaks and recompilations are warnings
+    of how it compiles, logged with a traceback into our code). The command line and the demo
+    call it first; a program that imports attnlab keeps its own settings."""
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    warnings.filterwarnings("default", module=r"attnlab(\.|$)")
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.ERROR)
+    torch = sys.modules.get("torch")
+    set_logs = getattr(getattr(torch, "_logging", None), "set_logs", None)
+    if set_logs is not None:
+        set_logs(all=logging.ERROR, graph_breaks=False, recompiles=False)

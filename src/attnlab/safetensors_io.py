@@ -211,6 +211,24 @@ def load_tensors(
     return tensors
 
 
+def nonfinite(tensors: dict[str, torch.Tensor], chunk: int = 1 << 24) -> tuple[str, int] | None:
+    """(the first tensor holding NaN or an infinity, how many values of all the tensors are
+    not finite), or None when every floating-point value is finite. Read in chunks of
+    ``chunk`` values, so a large tensor costs no second copy of itself."""
+    first, count = None, 0
+    for name, t in tensors.items():
+        if not t.is_floating_point():
+            continue
+        flat = t.detach().reshape(-1)
+        bad = 0
+        for i in range(0, flat.numel(), chunk):
+            bad += int((~torch.isfinite(flat[i : i + chunk])).sum())
+        if bad:
+            first = first or name
+            count += bad
+    return None if first is None else (first, count)
+
+
 def error_line(e: Exception) -> str:
     """The first line of an exception's message (at most 200 characters), or its type's name."""
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__

@@ -298,7 +298,8 @@ def test_progress_announces_the_step_0_evaluation_and_speaks_the_tasks_words(
     args.remove("--quiet")
     assert main(args) == 0
     err = capsys.readouterr().err.splitlines()
-    first = err.index("evaluating at step 0 ...")
+    first = next(i for i, line in enumerate(err) if line.startswith("evaluating at step 0 ..."))
+    assert "(val loss: on the whole held-out split (" in err[first]  # what it is computed on
     assert err[first + 1].startswith("eval  step 0  val loss ") and "accuracy" in err[first + 1]
     assert "held-out image ->" in err[first + 2]  # the example of the evaluation
     assert any(line.startswith("step 2/2  loss ") and "images/s" in line for line in err)

@@ -241,8 +241,8 @@ def with_verb(monkeypatch, name: str, func) -> None:
 
     real_build = cli_pkg.build_parser
 
-    def build():
-        parser = real_build()
+    def build(*verb):
+        parser = real_build(*verb)
         verbs(parser)[name].set_defaults(func=func)
         return parser
 
@@ -271,9 +271,9 @@ def test_ctrl_c_while_the_parser_is_built_is_one_line_and_130(monkeypatch):
 
     ran, real_build = [], cli_pkg.build_parser
 
-    def build():  # Ctrl-C lands in the middle of the slow imports
+    def build(*verb):  # Ctrl-C lands in the middle of the slow imports
         os.kill(os.getpid(), signal.SIGINT)
-        return real_build()
+        return real_build(*verb)
 
     monkeypatch.setattr(cli_pkg, "build_parser", build)
     with_verb(monkeypatch, "generate", ran.append)

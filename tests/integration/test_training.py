@@ -144,6 +144,29 @@ def test_nan_loss_stops_at_once_and_keeps_the_last_checkpoint(tmp_path):
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
+def test_weights_gone_to_nan_between_two_reads_of_the_loss_are_never_saved(tmp_path):
+    """Issue 32 item 1: a weight that became NaN after a finite loss (read back at the next
+    evaluation) was saved as the checkpoint of that evaluation, and the NaN loss that followed
+    said that checkpoint was "the last good" one. The evaluation now stops the run, keeping
+    the last finite checkpoint."""
+    with pytest.raises(TrainingError, match=r"became nan at step 8.*\(step 4\) is kept"):
+        make_trainer(tmp_path / "r", faults="nan-weights-at:8").fit()
+    assert read_trainer_state(tmp_path / "r")["step"] == 4
+    model, _ = load_run(tmp_path / "r")  # loading would refuse weights that are not finite
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_a_checkpoint_of_weights_that_are_not_finite_is_refused_and_nothing_written(tmp_path):
+    trainer = make_trainer(tmp_path / "r", max_iters=4, eval_interval=100)
+    trainer.fit()
+    before = (tmp_path / "r" / "model.safetensors").read_bytes()
+    with torch.no_grad():
+        next(trainer.raw_model.parameters()).view(-1)[:3] = float("inf")
+    with trainer.run, pytest.raises(TrainingError, match=r"weights \(3 values"):
+        trainer.save_checkpoint()
+    assert (tmp_path / "r" / "model.safetensors").read_bytes() == before
+
+
 def test_a_non_finite_step_is_skipped_on_the_device_and_named_when_read_back():
     """The loss is read back only at log lines: the NaN step's update is skipped by the fused
     AdamW itself, so the model in memory stays finite, and the error names that step."""

@@ -424,7 +424,8 @@ def test_the_intervention_on_an_lstm_classifiers_attention_is_its_imposed_weight
 def test_the_summary_fits_the_terminal_it_is_printed_to(columns, monkeypatch):
     """`attnlab experiment` prints its summary at the terminal's width (COLUMNS), and every
     line, claims, long table cells and notes alike, fits it; into a pipe, 80 columns."""
-    from attnlab.cli.experiment import REPORT_WIDTH, summary_width
+    from attnlab.cli.experiment import summary_width
+    from attnlab.render.terminal import PIPE_WIDTH
 
     wide = Table("a table whose cells run long", ["model", "a long column heading", "value"],
                  [["encoder-decoder", "x" * 70, "0.123..0.456"], ["gpt", "y", "1"]])  # fmt: skip
@@ -438,4 +439,66 @@ def test_the_summary_fits_the_terminal_it_is_printed_to(columns, monkeypatch):
     text = " ".join(lines)
     assert "encoder-decoder" in text and "0.123..0.456" in text  # labels and numbers whole
     monkeypatch.delenv("COLUMNS")
-    assert summary_width() == REPORT_WIDTH  # pytest captures stdout: not a terminal
+    assert summary_width() == PIPE_WIDTH  # pytest captures stdout: not a terminal
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 32 item 8: a verdict needs models that learned their task; each finding said once
+# ---------------------------------------------------------------------------------------------
+
+
+def test_models_that_did_not_learn_their_task_give_no_verdict():
+    """`experiment --quick` said "the finding does not reproduce here" from models that had
+    learned nothing (0% exact match); now such a claim says the models are too small to judge,
+    naming the bar they missed, and counts as neither reproduced nor refuted."""
+    from attnlab.experiments.recipe import judge
+
+    dates = {"task": "seq2seq", "metrics": {"val_exact": 0.0, "val_loss": 2.2}}
+    learned, figure, bar = judge(dates)
+    assert learned is False and figure == "exact match 0%" and "at least 10%" in bar
+    models = [{"name": f"dates-seed{s}", "seed": s, "learned": learned, "figure": figure,
+               "bar": bar} for s in (1, 2, 3)]  # fmt: skip
+    r = Report("x", "T", "C", "how", claims=[claim({1: 0.1, 2: 0.0, 3: 0.05})])
+    r.judge(models)
+    (c,) = r.claims
+    assert not c.judged and not c.reproduces and c.verdict == "models too small to judge"
+    assert "too small to judge" in c.sentence() and "at least 10%" in c.sentence()
+    assert "does not reproduce" not in c.sentence()
+    d = c.to_dict()
+    assert d["judged"] is False and d["learned"] == {"1": False, "2": False, "3": False}
+    # the same claim from models that learned: judged by its criterion as before
+    r = Report("x", "T", "C", "how", claims=[claim({1: 0.3, 2: 0.25, 3: 0.4})])
+    r.judge([{**m, "learned": True} for m in models])
+    assert r.claims[0].judged and r.claims[0].reproduces
+
+
+@pytest.mark.parametrize("cfg, learned", [
+    ({"task": "classify", "labels": ["a", "b"], "metrics": {"val_accuracy": 0.6}}, False),
+    ({"task": "classify", "labels": ["a", "b"], "metrics": {"val_accuracy": 0.8}}, True),
+    ({"task": "classify", "labels": list("abcdefghij"), "metrics": {"val_accuracy": 0.4}}, True),
+    ({"task": "seq2seq", "metrics": {"val_exact": 0.31}}, True),
+    ({"task": "lm", "config": {"vocab_size": 65}, "metrics": {"val_loss": 2.4}}, True),
+    ({"task": "lm", "config": {"vocab_size": 65}, "metrics": {"val_loss": 3.3}}, False),
+    ({"task": "induction", "config": {"vocab_size": 16}, "metrics": {"loss_repeated_half": 2.7}},
+     False),
+    ({"task": "something new", "metrics": {}}, None),
+])  # fmt: skip
+def test_each_task_has_a_bar_that_means_better_than_guessing(cfg, learned):
+    from attnlab.experiments.recipe import judge
+
+    assert judge(cfg)[0] is learned
+
+
+def test_a_published_finding_is_said_once_and_prose_reads_from_the_left():
+    r = Report("x", "T", "C", "how", claims=[
+        Claim(f"{m}.k", f"the share ({m})", "40% (a paper)", {1: 0.3}, ">=", 0.2, "%")
+        for m in ("gpt", "encoder", "dates", "minilm")])  # fmt: skip
+    text = "\n".join(r.lines(80))
+    assert text.count("40% (a paper)") == 1 and text.count("attnlab:   ") == 4
+    page = r.html()
+    assert page.count("40% (a paper)") == 1
+    assert (
+        '<td style="padding:1px 3px;font:11px monospace;text-align:right;min-width:2.6em;'
+        'text-align:left">the share (gpt)</td>' in page
+    )
+    assert 'text-align:right">30%</td>' in page

@@ -67,8 +67,8 @@ def test_long_input_table_pages_its_keys_and_says_how_to_see_the_rest():
     tok = char_tokenizer()
     model = tiny_gpt(tok, block_size=80).eval()
     text = (SENTENCE + " ") * 3
-    out = str(attention(record(model, tok, text)))  # 160 columns: more than one page
-    last = out.splitlines()[-1]
+    out = str(attention(record(model, tok, text)))  # 80 columns (not a terminal): pages
+    last = note(out)
     assert last.startswith("keys 0..") and f"of {len(text)} shown; --start " in last, last
     n = int(last.split("keys 0..")[1].split()[0]) + 1
     assert f"--start {n} shows the keys from {n}" in last
@@ -76,7 +76,16 @@ def test_long_input_table_pages_its_keys_and_says_how_to_see_the_rest():
     shifted = str(attention(record(model, tok, text), start=10)).splitlines()
     assert shifted[1].startswith("keys 10..")  # each page says which keys it holds
     assert shifted[2].split()[0] == show_token(text[10])  # the first key shown is token 10
-    assert shifted[-1].startswith("keys 10..") and shifted[-1].endswith("all of them")
+    assert note("\n".join(shifted)).startswith("keys 10..")
+    assert note("\n".join(shifted)).endswith("all of them")
+
+
+def note(out: str) -> str:
+    """The closing note of a printed matrix, its folded lines (indented) joined."""
+    lines = out.splitlines()
+    while lines[-1].startswith("  "):
+        lines[-2:] = [lines[-2] + " " + lines[-1].strip()]
+    return lines[-1]
 
 
 def test_heatmap_and_grid_pngs(run, tmp_path):

@@ -135,7 +135,7 @@ def test_an_experiment_is_one_module_listed_and_run(new_module, tmp_path):
 def test_a_family_is_one_module_that_import_hf_reads(new_module, tmp_path):
     import json
 
-    from attnlab.cli import build_parser
+    from attnlab.cli import build_parser, verbs
     from attnlab.interop import hf
 
     new_module("attnlab.interop", "tiny_family", """
@@ -147,7 +147,7 @@ def test_a_family_is_one_module_that_import_hf_reads(new_module, tmp_path):
         FAMILY = register(Family("tiny", 60, "Tiny", ("tiny_lm",), load))
     """, hf.FAMILIES, "tiny")  # fmt: skip
     assert list(hf.loaders())[-1] == "tiny_lm"
-    assert "Tiny)" in " ".join(build_parser().format_help().split())
+    assert "Tiny." in " ".join(verbs(build_parser())["import-hf"].format_help().split())
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "tiny_lm"}))
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(RuntimeError, match="tiny loads tiny_lm"):

@@ -91,18 +91,25 @@ def test_annotations_are_white_on_dark_cells_and_black_on_light_ones(cmap, seed)
     plt.close(fig)
 
 
-def test_an_overlay_covers_the_image_patch_by_patch():
+def test_an_overlay_tints_each_patch_and_leaves_the_image_visible():
+    """Issue 32 item 4: the ViT's overlay hid the digit (an opaque colour over it). Each patch
+    is tinted more opaque the larger its value, never more than 60%: the image shows through
+    everywhere, and a patch that scores nothing is left as it is."""
     img = np.random.default_rng(0).random((8, 8))
     grid = np.arange(4.0).reshape(2, 2)  # 2 x 2 patches of 4 x 4 pixels
     fig, ax = plt.subplots()
-    im = overlay(ax, img, grid, title="[CLS] rollout")
+    mappable = overlay(ax, img, grid, title="[CLS] rollout", colorbar_label="rollout")
     fig.canvas.draw()
     base, top = ax.get_images()
     assert base.get_extent() == top.get_extent() == [-0.5, 7.5, 7.5, -0.5]
-    assert top is im and im.get_clim() == (0.0, 3.0) and 0 < im.get_alpha() < 1
+    np.testing.assert_array_equal(base.get_array(), img)  # the image itself, untouched
+    alpha = np.asarray(top.get_array())[..., 3]  # (2, 2): the tint's opacity per patch
+    assert alpha[0, 0] == 0 and alpha.max() == pytest.approx(0.6) and alpha[1, 1] == alpha.max()
+    assert mappable.get_clim() == (0.0, 3.0)
     assert list(ax.get_xticks()) == [] and ax.get_title() == "[CLS] rollout"
-    bar = im.colorbar.ax.get_position(original=False)
+    bar = mappable.colorbar.ax.get_position(original=False)
     assert bar.height == pytest.approx(ax.get_position(original=False).height, rel=1e-6)
+    assert mappable.colorbar.ax.get_ylabel() == "rollout"
     assert overlay(ax, img, grid, vmin=-5, vmax=5, colorbar=False).get_clim() == (-5, 5)
 
 

@@ -316,11 +316,11 @@ def test_numbers_drop_only_their_leading_zero():
     assert number(float("-inf"), 2) == "-inf" and float(number(0.5, 2, True, True)) == 0.5
 
 
-def test_not_a_terminal_is_100_columns_unless_columns_says(monkeypatch):
+def test_not_a_terminal_is_80_columns_unless_columns_says(monkeypatch):
     import io
 
     monkeypatch.delenv("COLUMNS", raising=False)
-    assert console(io.StringIO()).width == 100
+    assert console(io.StringIO()).width == 80
     monkeypatch.setenv("COLUMNS", "72")
     assert console(io.StringIO()).width == 72
 

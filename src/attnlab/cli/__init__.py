@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from attnlab.errors import AttnlabError
 from attnlab.registry import Registry
+from attnlab.render.terminal import fitted_stdout
 
 VERBS = Registry("attnlab.cli")
 
@@ -38,7 +39,12 @@ class Verb:
     explore's a page). ``dtype``: "autocast" (the dtype its model runs in), None (none: check
     compares in float32) or "weights" (its own ``--dtype``, of the weights it writes).
     ``own_threads``: its library call chooses the threads itself, as it does from Python
-    (train), so ``--threads`` is passed on to it instead of being chosen first."""
+    (train), so ``--threads`` is passed on to it instead of being chosen first. ``help``: its
+    line in ``attnlab --help`` (its parser takes it as ``help=VERB.help``), which answers
+    from the declarations alone, calling no ``add`` (so importing no torch). ``data``: what it
+    prints on stdout is data, passed on as written (a model's text, one output line per input
+    line; a vector); every other verb's stdout is fitted to the terminal
+    (``attnlab.render.terminal``: 80 columns into a pipe), as any verb's is without --json."""
 
     name: str
     order: int
@@ -47,6 +53,8 @@ class Verb:
     json: bool = True
     dtype: str | None = "autocast"
     own_threads: bool = False
+    help: str = ""
+    data: bool = False
 
 
 def register(verb: Verb) -> Verb:
@@ -124,7 +132,7 @@ class HelpFormatter(argparse.HelpFormatter):
         default = action.default
         if (
             not action.option_strings
-            or default in (None, False, argparse.SUPPRESS)
+            or any(default is x for x in (None, False, argparse.SUPPRESS))  # not 0, not 0.0
             or "default" in text.lower()
         ):
             return text
@@ -214,17 +222,36 @@ def verbs(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]
     return {}
 
 
-def build_parser() -> argparse.ArgumentParser:
+DESCRIPTION = ("Build, train and look inside transformers. Every verb prints its results on "
+               "stdout and its progress on stderr; `attnlab VERB --help` describes a verb.")  # fmt: skip
+
+
+def _top_parser() -> tuple[Parser, argparse._SubParsersAction]:
     from attnlab import __version__
 
-    parser = Parser(
-        prog="attnlab",
-        description="Build, train and look inside transformers. Every verb prints its results on "
-        "stdout and its progress on stderr; `attnlab VERB --help` describes a verb.",
-    )
+    parser = Parser(prog="attnlab", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
-    sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+    return parser, parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+
+def verb_list_parser() -> Parser:
+    """``attnlab`` with every verb named and described (``Verb.help``) but none of their
+    options: what answers ``attnlab --help``, a missing or mistyped verb and a mistyped option
+    before the verb. It calls no verb's ``add``, so it imports no torch (the verbs' modules
+    import without it)."""
+    parser, sub = _top_parser()
     for verb in registered().values():
+        sub.add_parser(verb.name, help=verb.help)
+    return parser
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only`` (a verb's name), that verb's options alone,
+    which is all that parsing it needs (the other verbs' ``add`` are not called)."""
+    parser, sub = _top_parser()
+    for verb in registered().values():
+        if only is not None and verb.name != only:
+            continue
         verb.add(sub)
         p = sub.choices[verb.name]
         if verb.runs != "nothing":
@@ -290,26 +317,39 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"attnlab {__version__}")
         return 0
+    given = list(sys.argv[1:] if argv is None else argv)
+    named = next((a for a in given if not a.startswith("-")), None)
     try:
+        with _interrupts_deferred() as interrupted:  # the verbs' modules (no torch)
+            known = registered()
+        if interrupted:
+            raise KeyboardInterrupt
+        if named not in known or given[0].startswith("-") and given[0] not in ("-h", "--help"):
+            # the verb list, or one line saying what is wrong, from the declarations alone
+            verb_list_parser().parse_args(given)
         with _interrupts_deferred() as interrupted:  # importing torch, building the parser
             from attnlab import runtime
 
+            runtime.quiet_libraries()  # only attnlab's own warnings reach the user
             runtime.start_cpu_sample()
-            parser = build_parser()  # imports every verb's module
+            parser = build_parser(named)  # the named verb's options (its add imports torch)
+            runtime.quiet_libraries()  # again, for what the imports set up
         if interrupted:
             raise KeyboardInterrupt
         args = parser.parse_args(argv)
-        args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
+        args._argv = given  # lets a verb see what was given
         threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
         verb = registered()[args.verb]
-        if verb.own_threads:
-            args.threads = threads  # the library chooses, as it does when called from Python
-            result = args.func(args)
-        elif verb.runs != "nothing":  # chosen now, said by the verb (the Trainer logs it)
-            with runtime.using_threads(threads), _model_context(args):
+        data = verb.data or getattr(args, "json", False)
+        with contextlib.nullcontext() if data else fitted_stdout():
+            if verb.own_threads:
+                args.threads = threads  # the library chooses, as it does when called from Python
                 result = args.func(args)
-        else:
-            result = args.func(args)
+            elif verb.runs != "nothing":  # chosen now, said by the verb (the Trainer logs it)
+                with runtime.using_threads(threads), _model_context(args):
+                    result = args.func(args)
+            else:
+                result = args.func(args)
     except KeyboardInterrupt:
         print("attnlab: interrupted", file=sys.stderr)
         return 130

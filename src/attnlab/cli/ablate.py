@@ -23,7 +23,7 @@ def cmd_ablate(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("ablate", help="knock out heads (or any activation): loss change",
+    p = sub.add_parser("ablate", help=VERB.help,
                        description="Ablate heads, an LSTM's context vector, or any named "
                        "activation (--site), and print the change in the loss and in the top "
                        "predictions. The result says how many values the ablation changed.")  # fmt: skip
@@ -32,7 +32,9 @@ def add(sub) -> None:
                    help="heads: 1.2 (one stack); encoder.0.1, decoder.1.0, cross.1.3")  # fmt: skip
     p.add_argument("--site", metavar="HOOK", help="any hook name, e.g. blocks.0.mlp.hidden")
     p.add_argument("--context", action="store_true", help="an LSTM decoder's context vector")
-    p.add_argument("--positions", metavar="P,...", help="ablate only these positions")
+    p.add_argument(
+        "--positions", metavar="P,...", help="ablate only these positions (default: every position)"
+    )
     p.add_argument("--neurons", metavar="N,...", help="with --site: only these units")
     p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
                    help="zero: zeros; mean: the mean over the positions of the clean "
@@ -46,4 +48,4 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_ablate)
 
 
-VERB = register(Verb("ablate", 160, add))
+VERB = register(Verb("ablate", 160, add, help="knock out heads (or any activation): loss change"))

@@ -47,7 +47,7 @@ def add(sub) -> None:
 
     p = sub.add_parser(
         "attention",
-        help="the token x token attention matrix of a layer and head",
+        help=VERB.help,
         description="Print the attention matrix (row = query token, column = key token). "
         "--png saves a heatmap of it, or with --all a grid of every layer x head.",
     )
@@ -60,7 +60,8 @@ def add(sub) -> None:
         "--map",
         default=None,
         metavar="NAME",
-        help="pick attention maps by name or part of it (e.g. cross, decoder)",
+        help="pick attention maps by name or part of it (e.g. cross, decoder; default: "
+        "the first map of the layer)",
     )
     p.add_argument("--png", metavar="FILE", help="save a heatmap PNG")
     p.add_argument(
@@ -79,4 +80,6 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_attention)
 
 
-VERB = register(Verb("attention", 60, add))
+VERB = register(
+    Verb("attention", 60, add, help="the token x token attention matrix of a layer and head")
+)

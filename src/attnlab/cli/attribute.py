@@ -26,7 +26,7 @@ def cmd_attribute(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("attribute", help="attribute an output: dla, rollout, flow, ig, grad",
+    p = sub.add_parser("attribute", help=VERB.help,
                        description="dla: split TARGET's logit into embeddings, heads, MLPs and "
                        "biases (LayerNorm scales frozen). rollout/flow: attention paths with the "
                        "residual term (Abnar & Zuidema 2020). ig/grad: integrated gradients or "
@@ -35,7 +35,12 @@ def add(sub) -> None:
     intervention_arguments(p)
     p.add_argument("--method", required=True, choices=("dla", "rollout", "flow", "ig", "grad"),
                    help="how (above)")  # fmt: skip
-    p.add_argument("--target", metavar="TOKEN", help="dla, ig, grad: the token whose logit")
+    p.add_argument(
+        "--target",
+        metavar="TOKEN",
+        help="dla, ig, grad: the token whose logit is attributed (rollout and flow "
+        "attribute a position, not a token: see --position)",
+    )
     p.add_argument("--foil", metavar="TOKEN", help="attribute logit(TARGET) - logit(FOIL)")
     p.add_argument("--steps", type=int, default=64, help="ig: integration steps")
     p.add_argument("--rule", choices=("gauss-legendre", "riemann"), default="gauss-legendre",
@@ -48,4 +53,6 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_attribute)
 
 
-VERB = register(Verb("attribute", 190, add))
+VERB = register(
+    Verb("attribute", 190, add, help="attribute an output: dla, rollout, flow, ig, grad")
+)

@@ -27,7 +27,7 @@ def add(sub) -> None:
 
     p = sub.add_parser(
         "check",
-        help="conformance checks: no future leak, cache == no cache, ...",
+        help=VERB.help,
         description="Run conformance checks on random inputs; print pass/fail and the "
         "measured difference of each; exit 1 if any fails.",
     )
@@ -39,4 +39,12 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_check)
 
 
-VERB = register(Verb("check", 100, add, dtype=None))
+VERB = register(
+    Verb(
+        "check",
+        100,
+        add,
+        dtype=None,
+        help="conformance checks: no future leak, cache == no cache, ...",
+    )
+)

@@ -35,7 +35,7 @@ def add(sub) -> None:
     d = {f.name: f.default for f in dataclasses.fields(PredictOptions)}
     p = sub.add_parser(
         "classify",
-        help="the top classes of a text or an image under a trained classifier",
+        help=VERB.help,
         description="Run each INPUT through a classifier run and print its most likely classes "
         "(the same as `attnlab predict`). For a ViT, INPUT is an image file of the size the "
         "model was trained on, or test:N for the N-th image (from 0) of its held-out test split.",
@@ -49,4 +49,11 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_classify)
 
 
-VERB = register(Verb("classify", 150, add))
+VERB = register(
+    Verb(
+        "classify",
+        150,
+        add,
+        help="the top classes of a text or an image under a trained classifier",
+    )
+)

@@ -47,7 +47,7 @@ def show(result, args) -> int:
     png = getattr(args, "_png", None)
     if png is not None:
         result.save_png(png)
-    if getattr(result, "warning", None):
+    if getattr(result, "warning", None) and args.json:  # the text rendering says it itself
         print(f"attnlab: warning: {result.warning}", file=sys.stderr)
     if args.json:
         sys.stdout.write(result.to_json() + "\n")

@@ -30,7 +30,7 @@ def embed(args: argparse.Namespace) -> int:
 def add(sub) -> None:
     p = sub.add_parser(
         "embed",
-        help="sentence embedding from an encoder run (JSON list on stdout)",
+        help=VERB.help,
         description="Print the sentence embedding of each TEXT as JSON: one list for one text, "
         "a list of lists for several. Mean pooling averages the real tokens' last hidden states "
         "([CLS] and [SEP] included, padding excluded); cls takes the first token's state.",
@@ -47,4 +47,13 @@ def add(sub) -> None:
     p.set_defaults(func=embed)
 
 
-VERB = register(Verb("embed", 130, add, json=False))
+VERB = register(
+    Verb(
+        "embed",
+        130,
+        add,
+        json=False,
+        help="sentence embedding from an encoder run (JSON list on stdout)",
+        data=True,
+    )
+)

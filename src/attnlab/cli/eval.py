@@ -95,7 +95,7 @@ def add(sub) -> None:
     pos = int  # checked by EvalOptions: one line naming the option
     e = sub.add_parser(
         "eval",
-        help="score a run on its held-out split or a file (any kind of run)",
+        help=VERB.help,
         description="Print the run's figures in its task's words. A GPT: loss, perplexity and "
         "bits per character. A masked LM: masked-token accuracy and loss. A classifier (text "
         "or image): accuracy, per-class precision, recall and F1, and the confusion matrix "
@@ -105,7 +105,11 @@ def add(sub) -> None:
         "source<TAB>target; a DIR/<label>/*.png folder.",
     )
     e.add_argument("run", help="run directory (trained or imported)")
-    e.add_argument("--data", default=ed["data"], help="a file (or image folder) to score")
+    e.add_argument(
+        "--data",
+        default=ed["data"],
+        help="a file (or image folder) to score (default: the run's held-out split)",
+    )
     e.add_argument("--encoding", default=ed["encoding"], help="of --data")
     e.add_argument("--split", choices=["test", "val", "train"], default=ed["split"],
                    help="which split of the run (default: its held-out one)")  # fmt: skip
@@ -130,4 +134,6 @@ def add(sub) -> None:
     e.set_defaults(func=eval_)
 
 
-VERB = register(Verb("eval", 30, add))
+VERB = register(
+    Verb("eval", 30, add, help="score a run on its held-out split or a file (any kind of run)")
+)

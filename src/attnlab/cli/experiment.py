@@ -6,12 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 
 from attnlab.cli import Verb, register
-
-REPORT_WIDTH = 80  # into a pipe or a file: the width the report is written for
 
 
 def seeds(text: str) -> list[int]:
@@ -28,12 +24,10 @@ def seeds(text: str) -> list[int]:
 
 
 def summary_width() -> int:
-    """The terminal's width (``COLUMNS`` where set), at least 40; REPORT_WIDTH into a pipe."""
-    from attnlab.render.display import console
+    """The one width rule's (``COLUMNS``, the terminal's, 80 into a pipe), at least 40."""
+    from attnlab.render.terminal import terminal_width
 
-    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
-        return max(40, console().width)
-    return REPORT_WIDTH
+    return max(40, terminal_width())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,7 +54,7 @@ def add(sub) -> None:
     known = registry()
     p = sub.add_parser(
         "experiment",
-        help="rerun a classic experiment on attention and compare with the paper",
+        help=VERB.help,
         description="Train the models an experiment needs (run directories under OUT/runs/), "
         "measure, and write OUT/report.html and OUT/figures.json: each published figure beside "
         "attnlab's, over several seeds, with the criterion that decides whether it reproduces. "
@@ -75,4 +69,11 @@ def add(sub) -> None:
                    help="seeds to train and measure with, comma separated")  # fmt: skip
 
 
-VERB = register(Verb("experiment", 220, add))
+VERB = register(
+    Verb(
+        "experiment",
+        220,
+        add,
+        help="rerun a classic experiment on attention and compare with the paper",
+    )
+)

@@ -67,7 +67,7 @@ def add(sub) -> None:
 
     p = sub.add_parser(
         "explore",
-        help="write a self-contained HTML explorer (no network)",
+        help=VERB.help,
         description="An offline page to explore TEXT's attention; or, with --steps, one "
         "head's attention at every snapshot of a run (train --snapshot-every) on a step slider.",
     )
@@ -90,4 +90,6 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_explore)
 
 
-VERB = register(Verb("explore", 90, add, json=False))
+VERB = register(
+    Verb("explore", 90, add, json=False, help="write a self-contained HTML explorer (no network)")
+)

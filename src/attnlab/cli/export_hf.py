@@ -26,7 +26,7 @@ def export_hf(args: argparse.Namespace) -> int:
 def add(sub) -> None:
     p = sub.add_parser(
         "export-hf",
-        help="write a GPT or encoder run as a Hugging Face directory (GPT-2, Llama, Qwen, BERT)",
+        help=VERB.help,
         description="Write RUN as a directory transformers loads: a GPT (learned positions, "
         "pre-norm) as GPT2LMHeadModel; one with RMSNorm, a gated feed-forward and rotary "
         "positions (train --arch llama) as LlamaForCausalLM (Qwen2 with q/k/v biases, Qwen3 "
@@ -42,4 +42,12 @@ def add(sub) -> None:
     p.set_defaults(func=export_hf)
 
 
-VERB = register(Verb("export-hf", 120, add, runs="nothing"))
+VERB = register(
+    Verb(
+        "export-hf",
+        120,
+        add,
+        runs="nothing",
+        help="write a GPT or encoder run as a Hugging Face directory (GPT-2, Llama, Qwen, BERT)",
+    )
+)

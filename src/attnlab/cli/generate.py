@@ -212,7 +212,7 @@ def add(sub) -> None:
 
     g = sub.add_parser(
         "generate",
-        help="sample text from a trained language model",
+        help=VERB.help,
         formatter_class=DescribedHelpFormatter,
         description=GENERATE_HELP,
     )
@@ -236,4 +236,6 @@ def add(sub) -> None:
     )
 
 
-VERB = register(Verb("generate", 40, add))
+VERB = register(
+    Verb("generate", 40, add, help="sample text from a trained language model", data=True)
+)

@@ -65,8 +65,7 @@ def head_scores(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("heads", help="every head's scores (previous-token, induction, ...) and "
-                       "kind; --importance: the loss without it",
+    p = sub.add_parser("heads", help=VERB.help,
                        description="Without --importance: score every self-attention head on "
                        "random token sequences repeated once (and on a held-out sample of the "
                        "run's data): previous-token, duplicate-token, induction, first-token "
@@ -82,7 +81,12 @@ def add(sub) -> None:
     mode = p.add_argument_group("what to compute")
     mode.add_argument("--importance", action="store_true",
                       help="loss change per ablated head, and the pruning curve")  # fmt: skip
-    p.add_argument("--data", metavar="FILE", help="a GPT: measure on windows of this corpus")
+    p.add_argument(
+        "--data",
+        metavar="FILE",
+        help="a GPT: measure on windows of this corpus (default, with no TEXT: the run's "
+        "held-out loss, as training measured it)",
+    )
     p.add_argument("--inputs", metavar="FILE", help="measure on these inputs, one per line")
     p.add_argument("--windows", type=int, default=16, help="--data: windows")
     p.add_argument("--mode", choices=("zero", "mean", "resample"), default="zero",
@@ -102,4 +106,11 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_heads)
 
 
-VERB = register(Verb("heads", 200, add))
+VERB = register(
+    Verb(
+        "heads",
+        200,
+        add,
+        help="every head's scores (previous-token, induction, ...) and kind; --importance: the loss without it",
+    )
+)

@@ -33,8 +33,8 @@ def add(sub) -> None:
     labels = ", ".join(f.label for f in families().values())
     p = sub.add_parser(
         "import-hf",
-        help=f"convert a Hugging Face model directory ({labels}) into a run directory",
-        description="Read a Hugging Face model directory (config.json, model.safetensors or "
+        help=VERB.help,
+        description=f"Families: {labels}. Read a Hugging Face model directory (config.json, model.safetensors or "
         "its shards with model.safetensors.index.json; tokenizer.json (byte-level BPE or SentencePiece-derived) or "
         "vocab.txt; preprocessor_config.json for a ViT) and write an "
         "attnlab run directory. model_type: " + ", ".join(loaders()) + ". Float32, float16 and "
@@ -50,4 +50,13 @@ def add(sub) -> None:
     p.set_defaults(func=import_hf)
 
 
-VERB = register(Verb("import-hf", 110, add, runs="nothing", dtype="weights"))
+VERB = register(
+    Verb(
+        "import-hf",
+        110,
+        add,
+        runs="nothing",
+        dtype="weights",
+        help="convert a Hugging Face model directory into a run directory (import-hf --help names the families)",
+    )
+)

@@ -46,7 +46,7 @@ def cmd_lens(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("lens", help="the logit lens (or tuned lens) at every layer",
+    p = sub.add_parser("lens", help=VERB.help,
                        description="Read every residual stream point with the model's own "
                        "head: the top token per layer x position and the KL divergence to the "
                        "final distribution. --train-tuned --data FILE fits the tuned lens (one "
@@ -64,4 +64,4 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_lens)
 
 
-VERB = register(Verb("lens", 180, add))
+VERB = register(Verb("lens", 180, add, help="the logit lens (or tuned lens) at every layer"))

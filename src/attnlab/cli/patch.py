@@ -16,7 +16,7 @@ def cmd_patch(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("patch", help="activation patching from a clean into a corrupt input",
+    p = sub.add_parser("patch", help=VERB.help,
                        description="Copy one activation at a time from the clean run into the "
                        "corrupt one; recovered = (patched - corrupt) / (clean - corrupt) of the "
                        "logit of TARGET (minus FOIL's). Attribution patching (the gradient "
@@ -25,7 +25,12 @@ def add(sub) -> None:
     p.add_argument("--clean", required=True, metavar="TEXT", help="the input that gives TARGET")
     p.add_argument("--corrupt", required=True, metavar="TEXT",
                    help="the input the clean activations are patched into")  # fmt: skip
-    p.add_argument("--target", required=True, metavar="TOKEN", help="the token whose logit")
+    p.add_argument(
+        "--target",
+        required=True,
+        metavar="TOKEN",
+        help="the token whose logit (minus --foil's) is the metric patching recovers",
+    )
     p.add_argument("--foil", metavar="TOKEN", help="metric = logit(TARGET) - logit(FOIL)")
     p.add_argument("--by", choices=("position", "head"), default="position",
                    help="layer x position (the residual stream) or layer x head")  # fmt: skip
@@ -33,9 +38,11 @@ def add(sub) -> None:
                    help="patch the corrupt run's activations into the clean run (noising)")  # fmt: skip
     p.add_argument("--positions", metavar="P,...",
                    help="--by position: patch only these positions (exact patching runs one "
-                   "forward pass per layer x position)")  # fmt: skip
+                   "forward pass per layer x position; default: every position)")  # fmt: skip
     position_option(p)
     p.set_defaults(func=cmd_patch)
 
 
-VERB = register(Verb("patch", 170, add))
+VERB = register(
+    Verb("patch", 170, add, help="activation patching from a clean into a corrupt input")
+)

@@ -73,7 +73,7 @@ def add(sub) -> None:
     pos = int  # checked by PredictOptions / EvalOptions: one line naming the option
     p = sub.add_parser(
         "predict",
-        help="what a run predicts for each input (any kind of run)",
+        help=VERB.help,
         description="Print the run's prediction for each INPUT: a GPT's most probable next "
         "tokens; each [MASK] of a masked LM filled; a classifier's classes with probabilities "
         "(text, or an image file / test:N for a ViT); an encoder-decoder's output (greedy, or "
@@ -88,9 +88,12 @@ def add(sub) -> None:
     p.add_argument("--alpha", type=float, default=pd["alpha"],
                    help="encoder-decoder: length penalty exponent")  # fmt: skip
     p.add_argument("--max-len", type=pos, default=pd["max_len"],
-                   help="encoder-decoder: longest output in tokens")  # fmt: skip
+                   help="encoder-decoder: longest output in tokens (default: twice the "
+                   "source's plus 10)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=predict)
 
 
-VERB = register(Verb("predict", 20, add))
+VERB = register(
+    Verb("predict", 20, add, help="what a run predicts for each input (any kind of run)")
+)

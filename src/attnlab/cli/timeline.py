@@ -31,7 +31,7 @@ def cmd_timeline(args) -> int:
 def add(sub) -> None:
     p = sub.add_parser(
         "timeline",
-        help="the loss curve beside every head's scores over training (from its snapshots)",
+        help=VERB.help,
         description="Read a run's snapshots (train --snapshot-every N; --task induction takes "
         "them by default): each head's previous-token, duplicate-token, induction, first-token "
         "and self scores and entropy at every snapshot, the loss curve, the in-context loss, "
@@ -46,4 +46,12 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_timeline)
 
 
-VERB = register(Verb("timeline", 210, add, runs="files"))
+VERB = register(
+    Verb(
+        "timeline",
+        210,
+        add,
+        runs="files",
+        help="the loss curve beside every head's scores over training (from its snapshots)",
+    )
+)

@@ -23,7 +23,7 @@ def add(sub) -> None:
 
     p = sub.add_parser(
         "trace",
-        help="explain one forward pass step by step",
+        help=VERB.help,
         description="Explain one forward pass: tokens, embeddings, Q/K/V of one head, "
         "scores, mask, softmax, heads, residual, FFN, and what the model predicts: a GPT's next "
         "token, a masked LM's [MASK] fillers, a classifier's class, each decoder step of an "
@@ -41,4 +41,4 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_trace)
 
 
-VERB = register(Verb("trace", 50, add))
+VERB = register(Verb("trace", 50, add, help="explain one forward pass step by step"))

@@ -103,7 +103,7 @@ def presets() -> tuple[list[str], str]:
 def add(sub) -> None:
     p = sub.add_parser(
         "train",
-        help="train a model on a text, a task or a TSV file",
+        help=VERB.help,
         description="Train a model. --task lm (the default) trains a GPT on next-token "
         "prediction; mlm and classify train a BERT-style encoder (classify --arch lstm-attention: "
         "a BiLSTM pooled by additive attention); classify on images (--data "
@@ -126,7 +126,11 @@ def add(sub) -> None:
     from attnlab.tasks import registered
     from attnlab.train_config import DTYPES, OPTIMIZERS, SCHEDULES
 
-    a("--task", choices=list(registered()), help="what to train (classify on images trains a ViT)")
+    a(
+        "--task",
+        choices=list(registered()),
+        help="what to train (classify on images trains a ViT) (default: lm)",
+    )
     a("--data",
       help="a text file, a directory of .txt files, a built-in corpus (shakespeare), a "
       "label<TAB>text or source<TAB>target file, a generated task (dates, copy, reverse, sort, "
@@ -243,4 +247,6 @@ def add(sub) -> None:
     a("--tgt-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: target tokenizer")
 
 
-VERB = register(Verb("train", 10, add, own_threads=True))
+VERB = register(
+    Verb("train", 10, add, own_threads=True, help="train a model on a text, a task or a TSV file")
+)

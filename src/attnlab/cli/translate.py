@@ -73,7 +73,7 @@ def translate(args: argparse.Namespace) -> int:
 def add(sub) -> None:
     from attnlab.cli.generate import add_sampling_options
 
-    p = sub.add_parser("translate", help="translate text with a trained encoder-decoder run",
+    p = sub.add_parser("translate", help=VERB.help,
                        description="Decode each TEXT (or stdin lines with '-') with the run's "
                        "model: greedy by default, beam search with --beam N, sampling with "
                        "--temperature T > 0 (--seed, --top-k, --top-p, --num-samples). One "
@@ -90,4 +90,6 @@ def add(sub) -> None:
     p.set_defaults(func=translate)
 
 
-VERB = register(Verb("translate", 140, add))
+VERB = register(
+    Verb("translate", 140, add, help="translate text with a trained encoder-decoder run", data=True)
+)

@@ -50,6 +50,7 @@ def run_experiment(name: str, out: str | Path, quick: bool = False, seeds=(1, 2,
         ctx.log = log
     t = time.time()
     report = exp.recipe(ctx)
+    report.judge(ctx.models)  # a finding is judged only on models that learned their task
     import torch
 
     report.settings = {"quick": quick, "seeds": ",".join(map(str, seeds)),

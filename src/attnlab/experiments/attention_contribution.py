@@ -406,6 +406,8 @@ def _notes_figure(results, seed: int) -> str:
             ax.bar(x + (i - 1) * 0.27, v / top if top > 0 else v, 0.27, color=colour, label=k)
         ax.axhline(0, color="black", lw=0.5)
         ax.set_xticks(x, e["tokens"], fontsize=8)
+        ax.set_xlabel("source token", fontsize=8)
+        ax.set_ylabel("share of its largest", fontsize=8)
         ax.set_title(f"{label}: -> {e['output']!r}", fontsize=9)
         ax.legend(fontsize=7)
     fig.tight_layout()

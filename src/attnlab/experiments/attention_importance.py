@@ -493,6 +493,7 @@ def _baseline_figure(tasks, results) -> str:
         ax.set_xticks(range(len(BASELINES)))
         ax.set_xticklabels(["LSTM", "LSTM\nuniform", "MLP\nown", "MLP\nuniform", "MLP\nfrozen"],
                            fontsize=7)  # fmt: skip
+        ax.set_xlabel("model (the attention it was trained or run with)", fontsize=8)
         ax.set_ylabel("held-out accuracy")
         ax.set_ylim(0, 1.05)
         ax.set_title(task, fontsize=9)

@@ -389,8 +389,13 @@ def _curves_png(models: list[Model], results) -> str:
     from attnlab.interventions.figures import new_figure
     from attnlab.render.plots import png_html
 
-    fig, axes = new_figure(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
-    for ax, m in zip(axes[0], models):
+    cols = min(2, len(models))
+    rows = -(-len(models) // cols)
+    fig, axes = new_figure(rows, cols, figsize=(4.6 * cols, 3.3 * rows + 0.5), squeeze=False)
+    panels = [ax for row in axes for ax in row]
+    for ax in panels[len(models) :]:
+        ax.axis("off")
+    for ax, m in zip(panels, models):
         for r in results[m.name].values():
             x = np.array(r["removed"]) / r["heads"]
             for c in r["random_orders"]:
@@ -398,12 +403,20 @@ def _curves_png(models: list[Model], results) -> str:
             ax.plot(x, relative(r["importance_order"], r["intact"], m.higher_is_better),
                     color="tab:blue", lw=1.6)  # fmt: skip
         ax.axhline(1 - TOLERANCE, color="tab:red", lw=0.6, ls="--")
-        ax.set_xlabel("share of heads removed")
-        kept = "share of" if m.higher_is_better else "intact / pruned"
-        ax.set_ylabel(f"{m.metric.replace('_', ' ')} ({kept})")
+        ax.set_xlabel("share of heads removed", fontsize=8)
+        kept = "share of intact" if m.higher_is_better else "intact / pruned"
+        ax.set_ylabel(f"{m.metric.replace('_', ' ')} ({kept})", fontsize=8)
         ax.set_title(m.label, fontsize=9)
         ax.set_ylim(0, 1.05)
-    fig.tight_layout()
+    from matplotlib.lines import Line2D
+
+    fig.legend(handles=[Line2D([], [], color="tab:blue", lw=1.6,
+                               label="least important head first"),
+                        Line2D([], [], color="0.6", lw=0.8, label="random orders"),
+                        Line2D([], [], color="tab:red", lw=0.6, ls="--",
+                               label=f"{TOLERANCE:.0%} below intact")],
+               loc="lower center", ncol=3, fontsize=8, frameon=False)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.07 / rows, 1, 1))
     return png_html(fig)
 
 

@@ -59,6 +59,10 @@ class Claim:
     op: str
     threshold: float
     unit: str = ""  # "%": fractions shown as percentages; "signed": with a sign
+    # seed -> whether the models it trained learned their task (``Report.judge``); a seed
+    # whose models did not cannot judge the finding. None: not judged (every seed counts).
+    learned: dict[int, bool] | None = None
+    bar: str = ""  # what learning its task means, in words (the bar each model had to pass)
 
     def __post_init__(self):
         if self.op not in OPS:
@@ -69,9 +73,19 @@ class Claim:
         return {s: (not math.isnan(v)) and test(v, self.threshold) for s, v in self.values.items()}
 
     @property
+    def unlearned(self) -> list[int]:
+        """The seeds whose models did not learn their task."""
+        return [s for s, ok in (self.learned or {}).items() if not ok]
+
+    @property
+    def judged(self) -> bool:
+        """Can the numbers judge the finding: did every seed's models learn their task?"""
+        return not self.unlearned
+
+    @property
     def reproduces(self) -> bool:
         met = self.met()
-        return bool(met) and all(met.values())
+        return self.judged and bool(met) and all(met.values())
 
     @property
     def criterion(self) -> str:
@@ -79,17 +93,25 @@ class Claim:
 
     @property
     def verdict(self) -> str:
+        if not self.judged:
+            return "models too small to judge"
         return "reproduces" if self.reproduces else "does not reproduce"
 
     def sentence(self) -> str:
         """One sentence made from the numbers: the measured range, how many seeds meet the
-        criterion, and the verdict."""
+        criterion, and the verdict; or, where some seed's models did not learn their task,
+        that they are too small to judge it (and the bar they missed)."""
         met = self.met()
         k, n = sum(met.values()), len(met)
         measured = value_range(list(self.values.values()), self.unit)
         word = "seed" if n == 1 else "seeds"
-        return (f"{self.measure[0].upper()}{self.measure[1:]} is {measured} over {n} {word}; "
-                f"{k} of {n} {OPS[self.op][0]} {fmt(self.threshold, self.unit)}, so the "
+        head = f"{self.measure[0].upper()}{self.measure[1:]} is {measured} over {n} {word}"
+        if not self.judged:
+            which = ", ".join(map(str, self.unlearned))
+            whose = "seed" if len(self.unlearned) == 1 else "seeds"
+            return (f"{head}; the models of {whose} {which} did not learn their task ({self.bar}), "
+                    "so they are too small to judge the finding.")  # fmt: skip
+        return (f"{head}; {k} of {n} {OPS[self.op][0]} {fmt(self.threshold, self.unit)}, so the "
                 f"finding {self.verdict} here.")  # fmt: skip
 
     def to_dict(self) -> dict:
@@ -97,6 +119,8 @@ class Claim:
         return {"key": self.key, "measure": self.measure, "published": self.published,
                 "measured": {"per_seed": {str(k): v for k, v in self.values.items()}, **s},
                 "criterion": self.criterion, "op": self.op, "threshold": self.threshold,
+                "judged": self.judged, "learned_bar": self.bar,
+                "learned": {str(k): v for k, v in (self.learned or {}).items()},
                 "reproduces": self.reproduces, "sentence": self.sentence()}  # fmt: skip
 
 
@@ -149,6 +173,22 @@ class Report:
     runs: list[tuple[str, str]] = field(default_factory=list)  # (label, path relative to out)
     notes: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)  # every measurement, for figures.json
+    models: list[dict] = field(default_factory=list)  # each trained model, judged (recipe.judge)
+
+    def judge(self, models: list[dict]) -> None:
+        """Mark each claim with whether each seed's models learned their task (``models``:
+        ``{"name", "seed", "learned", "figure", "bar"}`` per trained model; a model no bar
+        applies to has ``learned`` None). A seed one of whose models did not learn cannot
+        judge a finding: its claims say the models are too small to judge it."""
+        self.models = list(models)
+        for c in self.claims:
+            learned, bars = {}, []
+            for seed in c.values:
+                mine = [m for m in models if m["seed"] == seed and m["learned"] is not None]
+                learned[seed] = all(m["learned"] for m in mine)
+                bars += [m["bar"] for m in mine if not m["learned"]]
+            if not all(learned.values()):
+                c.learned, c.bar = learned, "; ".join(dict.fromkeys(bars))
 
     def to_dict(self) -> dict:
         return {"experiment": self.name, "title": self.title, "citation": self.citation,
@@ -158,7 +198,8 @@ class Report:
                 "pictures": [{"caption": caption, "file": picture_file(i)}
                              for i, (caption, _) in enumerate(self.pictures, 1)],
                 "runs": [{"label": label, "path": p} for label, p in self.runs],
-                "notes": self.notes, "measurements": self.data}  # fmt: skip
+                "models": self.models, "notes": self.notes,
+                "measurements": self.data}  # fmt: skip
 
     def write(self, out: Path) -> tuple[Path, Path]:
         """OUT/figures.json, OUT/report.html, and each picture as OUT/figure-N.png (to put in
@@ -181,11 +222,21 @@ class Report:
         e = html.escape
         parts = [f"<h1>{e(self.title)}</h1>", f"<p><i>{e(self.citation)}</i></p>",
                  f"<p>{e(self.method)}</p>", "<h2>Published and measured</h2>"]  # fmt: skip
-        rows = [[c.published, value_range(list(c.values.values()), c.unit), c.criterion,
-                 c.verdict] for c in self.claims]  # fmt: skip
-        parts.append(table_html(["published", "attnlab (range over seeds)", "criterion",
-                                 "verdict"], rows))  # fmt: skip
-        parts.append("<ul>" + "".join(f"<li>{e(c.sentence())}</li>" for c in self.claims) + "</ul>")
+        for published, claims in self.by_finding().items():
+            parts.append(f"<h3>{e(published)}</h3>")  # once, however many claims test it
+            rows = [[c.measure, value_range(list(c.values.values()), c.unit), c.criterion,
+                     c.verdict] for c in claims]  # fmt: skip
+            parts.append(table_html(["measured", "attnlab (range over seeds)", "criterion",
+                                     "verdict"], rows))  # fmt: skip
+            parts.append("<ul>" + "".join(f"<li>{e(c.sentence())}</li>" for c in claims)
+                         + "</ul>")  # fmt: skip
+        if self.models:
+            rows = [[m["name"], m["seed"], m["figure"], m["bar"] or "-",
+                     {True: "yes", False: "no", None: "-"}[m["learned"]]]
+                    for m in self.models]  # fmt: skip
+            parts.append(table_html(["model", "seed", "held-out", "the bar", "learned its task"],
+                                    rows, "The models: a finding is judged only on models that "
+                                    "learned their task"))  # fmt: skip
         for t in self.tables:
             parts.append(table_html(t.header, t.rows, t.title, t.caption))
         for caption, img in self.pictures:
@@ -205,14 +256,23 @@ class Report:
                 "<style>body{font-family:sans-serif;max-width:60em;margin:1em auto;padding:0 1em}"
                 "img{max-width:100%}</style></head><body>\n" + body + "\n</body></html>\n")  # fmt: skip
 
+    def by_finding(self) -> dict[str, list[Claim]]:
+        """The claims grouped by the published finding they test, in order."""
+        found: dict[str, list[Claim]] = {}
+        for c in self.claims:
+            found.setdefault(c.published, []).append(c)
+        return found
+
     def lines(self, width: int = 80) -> list[str]:
-        """The terminal summary: the claims' sentences and the tables, at most ``width``
-        columns."""
+        """The terminal summary: each published finding once, the sentences of the claims
+        that test it, and the tables, at most ``width`` columns."""
         wrap = textwrap.TextWrapper(width=width, subsequent_indent="  ", break_on_hyphens=False)
         out = wrap.wrap(f"{self.title} ({self.citation})") + [""]
-        for c in self.claims:
-            out += wrap.wrap(f"published: {c.published}")
-            out += wrap.wrap(f"attnlab:   {c.sentence()}") + [""]
+        for published, claims in self.by_finding().items():
+            out += wrap.wrap(f"published: {published}")
+            for c in claims:
+                out += wrap.wrap(f"attnlab:   {c.sentence()}")
+            out += [""]
         for t in self.tables:
             out += t.lines(width) + [""]
         for n in self.notes:

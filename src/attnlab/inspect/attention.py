@@ -41,6 +41,7 @@ class AttentionMap(Result):
     patch: int = 0  # its patch size in pixels
     # grouped-query attention: (K/V head this query head reads, how many K/V heads, heads a group)
     shares: tuple[int, int, int] | None = None
+    masked: np.ndarray | None = None  # (T, S) True where the mask hid the key from the query
 
     @property
     def title(self) -> str:
@@ -99,7 +100,8 @@ class AttentionMap(Result):
         fig, axes = plt.subplots(1, 2 if vit else 1, squeeze=False,
                                  figsize=(size * (1.9 if vit else 1) + 1.0, size))  # fmt: skip
         ax = axes[0][0]
-        heatmap(ax, self.weights, self.queries, self.keys, title=self.title)
+        heatmap(ax, self.weights, self.queries, self.keys, title=self.title,
+                colorbar_label="attention weight", masked=self.masked)  # fmt: skip
         if vit:
             from attnlab.render.images import patch_ticks
             from attnlab.render.plots import overlay
@@ -108,7 +110,8 @@ class AttentionMap(Result):
             ax.set_title(self.title, fontsize=9, pad=26)
             g = self.image.shape[0] // self.patch
             overlay(axes[0][1], self.image, self.weights[0][1:].reshape(g, g), vmin=0.0,
-                    title=f"the image; [CLS]'s attention over its patches ({self.title})")  # fmt: skip
+                    title="the image, each patch tinted by [CLS]'s attention to it",
+                    colorbar_label="attention weight of [CLS]")  # fmt: skip
         return fig
 
 
@@ -121,6 +124,7 @@ class AttentionGrid(Result):
     weights: list[np.ndarray]  # per map: (H, T, S)
     labels: list[tuple[list[str], list[str]]]
     title: str = ""
+    masked: list[np.ndarray | None] | None = None  # per map: (T, S), True where the mask hid
 
     @property
     def n_heads(self) -> int:
@@ -181,8 +185,11 @@ class AttentionGrid(Result):
         rows, H = len(self.maps), self.n_heads
         n = max(max(w.shape[1], w.shape[2]) for w in self.weights)  # tokens on the longest side
         cell = 2.2 if n <= 24 else 1.8
+        cell = min(cell, 11.5 / H)  # many heads: smaller cells, the picture at most ~13 inches
         fontsize = 6
-        room = int(cell * 72 / (fontsize + 1))  # labels along a side: 72 pt/inch, a 1 pt gap
+        # labels along a side: 72 pt/inch, 6.5 pt a label, along the ~0.35 inch less than a
+        # cell its axes get once the tick labels and the gap between axes have theirs
+        room = int((cell - 0.35) * 72 / (fontsize + 0.5))
         fits = n <= room
         fig, axes = plt.subplots(
             rows, H, figsize=(cell * H + 1.4, cell * rows + 1.0), squeeze=False
@@ -196,8 +203,9 @@ class AttentionGrid(Result):
                     ax.axis("off")
                     continue
                 labels = (q, k) if fits else (None, None)
+                hidden = self.masked[r] if self.masked else None
                 im = heatmap(ax, w[h], *labels, colorbar=False, fontsize=fontsize, vmin=0.0,
-                             vmax=vmax, xlabel="", ylabel="")  # fmt: skip
+                             vmax=vmax, xlabel="", ylabel="", masked=hidden)  # fmt: skip
                 drawn.append(ax)
                 if r == 0:
                     ax.set_title(f"head {h}", fontsize=8)
@@ -209,7 +217,9 @@ class AttentionGrid(Result):
         fig.suptitle(f"{title}\nattention weights, every layer x head (row = query, column = key)",
                      fontsize=9)  # fmt: skip
         fig.tight_layout(rect=(0, 0, 0.93, 1))
-        shared_colorbar(fig, drawn, im, "attention weight", fontsize=7)
+        masked = any(m is not None and m.any() for m in (self.masked or []))
+        label = "attention weight" + ("  (grey: masked, may not attend)" if masked else "")
+        shared_colorbar(fig, drawn, im, label, fontsize=7)
         return fig
 
     def save_png(self, path: str | Path) -> Path:
@@ -244,6 +254,7 @@ def attention(
     if not 0 <= start < len(k):
         raise InspectError(f"--start {start}: the keys are tokens 0..{len(k) - 1}")
     amap = AttentionMap(m, list(q), list(k), info.name, info.layer, head, info.kind, start, limit)
+    amap.masked = masked_cells(rec, info.name)
     keys = rec.cache.get(info.name.removesuffix("weights") + "k")  # (B, n_kv, S, d_k)
     if head is not None and keys is not None and keys.dim() == 4 and keys.size(1) < w.shape[0]:
         g = w.shape[0] // keys.size(1)  # query heads per K/V head
@@ -271,6 +282,33 @@ def attention_grid(
         [rec.weights(m.name).numpy() for m in maps],
         [rec.labels(m.name) for m in maps],
         title if title is not None else (repr(rec.text) if rec.text else ""),
+        [masked_cells(rec, m.name) for m in maps],
     )
     grid.about = rec.about
     return grid
+
+
+def masked_cells(rec: Recording, name: str) -> np.ndarray | None:
+    """(T, S) True where the mask hid key j from query i in map ``name`` (every head), read
+    from the recording: the weights there are exactly 0, while the softmax of the recorded
+    scores (taken before the mask) over the row's visible keys would give them a weight a
+    float holds. None when nothing is hidden, or the scores were not recorded.
+
+    For a row with a visible key k (weight w_k > 0), log Z = s_k - log w_k, and key j would
+    weigh exp(s_j - log Z); a weight below 1e-30 is 0 whether or not it was masked, and is
+    left as a weight."""
+    scores = rec.cache.get(name.removesuffix("weights") + "scores")
+    if scores is None:
+        return None
+    w = rec.weights(name).double().numpy()  # (H, T, S)
+    s = scores[0].double().numpy()
+    if s.shape != w.shape:
+        return None
+    k = w.argmax(-1)[..., None]  # (H, T, 1) a visible key of each row (if any)
+    wk = np.take_along_axis(w, k, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_z = np.take_along_axis(s, k, -1) - np.log(wk)
+        would = s - log_z  # (H, T, S) log of the weight each key would have
+    hidden = (w == 0) & ((wk == 0) | (would > np.log(1e-30)))
+    hidden = hidden.all(0)  # (T, S): hidden from every head
+    return hidden if hidden.any() else None

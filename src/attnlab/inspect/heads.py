@@ -147,6 +147,7 @@ class HeadsReport(Result):
     loss_repeated_half: float | None = None
     composition: list[dict] | None = None
     notes: list[str] = field(default_factory=list)
+    vocab: int | None = None  # the probe's vocabulary: guessing uniformly scores ln(vocab)
 
     def to_dict(self) -> dict:
         return {
@@ -173,11 +174,23 @@ class HeadsReport(Result):
         for r in self.rows:
             s = r["scores"]
             cells = ["-" if s[n] is None else f"{s[n]:.2f}" for n in SCORES]
-            t.add_row(r["name"], *cells, r["kind"] or "", style="bold" if r["kind"] else None)
-        parts = [t]
+            t.add_row(r["name"], *cells, r["kind"] or "-", style="bold" if r["kind"] else None)
+        bars = ", ".join(
+            f"{n.replace('-token', '')} >= {v:g}"
+            + ("" if KIND_NAMES[n] in (n, n.replace("-token", "")) else f" ({KIND_NAMES[n]})")
+            for n, v in THRESHOLDS.items()
+        )
+        parts = [t, Text(f"kind: the score furthest over its bar ({bars}); -: no score "
+                         "reaches its bar", style="dim")]  # fmt: skip
         if self.loss_first_half is not None:
-            parts.append(Text(f"next-token loss on the first half {self.loss_first_half:.3f}, "
-                              f"on the repeated half {self.loss_repeated_half:.3f} nats"))  # fmt: skip
+            line = (f"next-token loss on the first half {self.loss_first_half:.3f}, on the "
+                    f"repeated half {self.loss_repeated_half:.3f} nats")  # fmt: skip
+            if self.vocab:
+                line += (f" (the halves are random tokens: guessing uniformly scores ln "
+                         f"{self.vocab} = {math.log(self.vocab):.3f}; a model of real text, "
+                         "confident in what it learned, can score worse; an induction head "
+                         "lowers the repeated half)")  # fmt: skip
+            parts.append(Text(line))
         if any(r.get("sample_scores") for r in self.rows):
             s = FitTable(title=f"on {self.sample}")
             s.add_column("head", justify="left")
@@ -238,7 +251,7 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
         rows, described,
         None if samp is None else (sample_name or f"{sample.size(0)} held-out sequences"),
         probe.loss_first_half if probe else None, probe.loss_repeated_half if probe else None,
-        composition_scores(model), notes,
+        composition_scores(model), notes, vocab=vocab_size(model) if probe else None,
     )  # fmt: skip
 
 

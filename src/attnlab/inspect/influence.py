@@ -173,6 +173,45 @@ class Influence(Result):
         return {"definition": {"context": CONTEXT_DEFINITION, "ranked_by": "context"},
                 "layers": self.layers, "rows": [r.to_dict() for r in self.rows]}  # fmt: skip
 
+    def figure(self):
+        """How much its context moved each token at each layer (``context``, the ranking's
+        measure), as a layer x token heatmap per stack (an encoder-decoder's encoder and
+        decoder read different tokens)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from attnlab.render.plots import heatmap
+
+        stacks: dict[tuple, list[int]] = {}  # the tokens a layer reads -> its blocks
+        for b, ly in enumerate(self.layers):
+            stacks.setdefault(tuple(self.tokens[ly]), []).append(b)
+        T = max(len(t) for t in stacks)
+        fig, axes = plt.subplots(len(stacks), 1, squeeze=False,
+                                 figsize=(min(12.0, max(4.5, 0.3 * T + 2.5)),
+                                          sum(0.3 * len(b) + 1.6 for b in stacks.values())))  # fmt: skip
+        top = max((r.context for r in self.rows if np.isfinite(r.context)), default=1.0) or 1.0
+        for ax, (tokens, blocks) in zip(axes[:, 0], stacks.items()):
+            m = np.full((len(blocks), len(tokens)), np.nan)
+            for r in self.rows:
+                if r.block in blocks:
+                    m[blocks.index(r.block), r.position] = r.context
+            names = [self.layers[b] for b in blocks]
+            stack = names[0].rsplit("layer", 1)[0].strip()
+            heatmap(ax, m, names, list(tokens), aspect="auto", vmin=0.0, vmax=top,
+                    cmap="magma", xlabel=f"{stack} token".strip(), ylabel="layer",
+                    colorbar_label="context (share of the vector)", fontsize=7,
+                    row_tokens=False, title=f"how far its context moved each "
+                    f"{stack + ' ' if stack else ''}token")  # fmt: skip
+        fig.tight_layout()
+        return fig
+
+    def save_png(self, path):
+        from attnlab.render.plots import save_png
+
+        return save_png(self.figure(), path)
+
     def csv_text(self) -> str:
         """The ranked rows as CSV (RFC 4180: quoted where needed, CRLF rows). Tokens are made
         visible as everywhere else (a space is ␣), and a text cell that a spreadsheet would

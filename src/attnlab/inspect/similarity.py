@@ -126,6 +126,47 @@ class Similarity(Result):
             ]
         }
 
+    def figure(self):
+        """The cosine similarity (T, T) before the first block, then after each block, one
+        panel each on one diverging scale (-1 to 1), tokens on both axes."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from attnlab.render.plots import heatmap, shared_colorbar
+
+        panels = [(self.layers[0].before, self.layers[0].tokens,
+                   f"before {self.layers[0].label}\n(embedding + position)")]  # fmt: skip
+        panels += [(ly.after, ly.tokens, f"after {ly.label}") for ly in self.layers]
+        rows = -(-len(panels) // 4)  # at most 4 a row, the rows as even as they can be
+        cols = -(-len(panels) // rows)
+        n = max(len(t) for _, t, _ in panels)
+        cell = 2.4 if n <= 24 else 3.0
+        fig, axes = plt.subplots(rows, cols, squeeze=False,
+                                 figsize=(cell * cols + 1.2, cell * rows + 0.9))  # fmt: skip
+        drawn, im = [], None
+        for k, ax in enumerate(a for row in axes for a in row):
+            if k >= len(panels):
+                ax.axis("off")
+                continue
+            m, tokens, title = panels[k]
+            labels = tokens if len(tokens) <= int(cell * 72 / 7) else None
+            im = heatmap(ax, m, labels, labels, title=title, cmap="RdBu_r", vmin=-1.0,
+                         vmax=1.0, colorbar=False, fontsize=6, xlabel="token",
+                         ylabel="token" if k % cols == 0 else "")  # fmt: skip
+            drawn.append(ax)
+        fig.suptitle("cosine similarity of every pair of tokens' vectors (the residual stream)",
+                     fontsize=9)  # fmt: skip
+        fig.tight_layout(rect=(0, 0, 0.93, 1), h_pad=1.5)
+        shared_colorbar(fig, drawn, im, "cosine similarity", fontsize=7)
+        return fig
+
+    def save_png(self, path):
+        from attnlab.render.plots import save_png
+
+        return save_png(self.figure(), path)
+
     def _repr_html_(self) -> str:
         parts = []
         what = "dot product" if self.measure == "dot" else "cosine"

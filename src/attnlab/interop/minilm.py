@@ -81,7 +81,7 @@ def plot_head(tokens: list[str], weights: torch.Tensor, path: str | Path, title:
 
     fig, ax = plt.subplots(figsize=(4.6, 4.0), dpi=100)
     heatmap(ax, weights.numpy(), tokens, tokens, title=title, cmap="Blues", vmin=0.0, vmax=1.0,
-            annotate=True, fontsize=8, xtick_rotation=45)  # fmt: skip
+            annotate=True, fontsize=8, colorbar_label="attention weight")  # fmt: skip
     save_png(fig, path, dpi=100)
 
 

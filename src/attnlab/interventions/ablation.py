@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from attnlab.interventions.edits import EditLog, ablation_edit, edited, head_edits
-from attnlab.interventions.figures import figure_html, new_figure, save_png
+from attnlab.interventions.figures import figure_html, new_figure, save_png, token_ticks
 from attnlab.interventions.subjects import InterventionError, Prepared, Subject
 from attnlab.render.display import Result, show_token
 
@@ -80,12 +80,11 @@ class AblationResult(Result):
         }  # fmt: skip
 
     def figure(self):
-        fig, ax = new_figure(figsize=(max(5.0, 0.22 * len(self.tokens) + 2), 3.0))
+        fig, ax = new_figure(figsize=(min(12.0, max(5.0, 0.22 * len(self.tokens) + 2)), 3.0))
         xs = range(len(self.position_delta))
         ax.bar(xs, self.position_delta,
                color=["#d62728" if d > 0 else "#1f77b4" for d in self.position_delta])  # fmt: skip
-        if len(self.tokens) <= 64:
-            ax.set_xticks(list(xs), [show_token(t) for t in self.tokens], fontsize=7)
+        token_ticks(ax, self.tokens, "position (its token)")
         ax.axhline(0, color="black", lw=0.5)
         ax.set_ylabel("loss change (nats)")
         ax.set_title(f"ablating {self.what} ({self.mode}): loss {self.clean_loss:.3f} -> "

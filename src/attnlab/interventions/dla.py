@@ -86,18 +86,26 @@ class DLAResult(Result):
                 "notes": self.notes}  # fmt: skip
 
     def figure(self):
+        from matplotlib.ticker import MaxNLocator
+
         groups = list(self.heads.items())
         others = [(n, v) for n, v in self.components if ".head" not in n]
+        tall = max(3.6, 0.16 * len(others) + 1.4)  # a row of text (6 points) per bar
         fig, axes = new_figure(1, len(groups) + 1, squeeze=False,
-                               figsize=(4.2 * (len(groups) + 1), 3.6))  # fmt: skip
+                               figsize=(4.2 * len(groups) + 5.0, tall),
+                               width_ratios=[4.2] * len(groups) + [5.0])  # fmt: skip
         for ax, (g, m) in zip(axes[0], groups):
             heat(ax, m, [f"L{i}" for i in range(m.shape[0])],
-                 [f"H{h}" for h in range(m.shape[1])], f"{g} heads: direct effect")  # fmt: skip
+                 [f"H{h}" for h in range(m.shape[1])], f"{g} heads: direct effect",
+                 xlabel="head", ylabel="layer", colorbar_label="direct effect on the logit")  # fmt: skip
         ax = axes[0][-1]
         ax.barh(range(len(others)), [v for _, v in others],
                 color=["#d62728" if v > 0 else "#1f77b4" for _, v in others])  # fmt: skip
         ax.set_yticks(range(len(others)), [n for n, _ in others], fontsize=6)
         ax.invert_yaxis()
+        ax.xaxis.set_major_locator(MaxNLocator(4))
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_xlabel("direct effect on the logit", fontsize=8)
         ax.set_title("embeddings, MLPs, biases", fontsize=9)
         what = f"logit({self.target!r})" + (f" - logit({self.foil!r})" if self.foil else "")
         fig.suptitle(f"DLA of {what} at {show_token(self.token)!r}@{self.position}: "

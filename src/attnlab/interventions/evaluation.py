@@ -195,7 +195,9 @@ def held_out(run) -> HeldOut:
     given = {**defaults, **task.defaults_for({}), **(cfg.get("train_config") or {})}
     batch_size, eval_iters = int(given["batch_size"]), int(given["eval_iters"])
     data = getattr(task.options, "data", None)
-    source = f"the held-out split of {data} ({task.name} task)" if data else "the held-out split"
+    on = task.val_source(task.val_batches(batch_size, eval_iters))  # training's val loss's
+    source = f"{on} of {data} ({task.name} task), as training measured its val loss" if data \
+        else f"{on}, as training measured its val loss"  # fmt: skip
     return HeldOut(task, model, batch_size, eval_iters, source)
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from attnlab.interventions.edits import edited
-from attnlab.interventions.figures import figure_html, new_figure, save_png
+from attnlab.interventions.figures import figure_html, new_figure, save_png, token_ticks
 from attnlab.interventions.patching import metric_fn
 from attnlab.interventions.subjects import InterventionError, Prepared, Subject
 from attnlab.render.display import Result, show_token
@@ -95,14 +95,14 @@ class GradResult(Result):
             fig, ax = new_figure(figsize=(4, 3.8))
             top = float(np.abs(self.values).max()) or 1.0
             g = self.grid
-            overlay(ax, img, self.values.reshape(g, g), cmap="RdBu_r", vmin=-top, vmax=top)
+            overlay(ax, img, self.values.reshape(g, g), cmap="RdBu_r", vmin=-top, vmax=top,
+                    colorbar_label="attribution to the patch (red raises the logit)")  # fmt: skip
         else:
-            fig, ax = new_figure(figsize=(max(5.0, 0.25 * len(self.tokens) + 2), 3.0))
+            fig, ax = new_figure(figsize=(min(12.0, max(5.0, 0.25 * len(self.tokens) + 2)), 3.0))
             ax.bar(range(len(self.values)), self.values,
                    color=["#d62728" if v > 0 else "#1f77b4" for v in self.values])  # fmt: skip
-            if len(self.tokens) <= 64:
-                ax.set_xticks(range(len(self.tokens)), [show_token(t) for t in self.tokens],
-                              fontsize=7)  # fmt: skip
+            token_ticks(ax, self.tokens, "input (its token)")
+            ax.set_ylabel("attribution (red raises it)", fontsize=8)
             ax.axhline(0, color="black", lw=0.5)
         title = f"{'integrated gradients' if self.method == 'ig' else 'input x gradient'}: {self.metric}"
         if self.method == "ig":

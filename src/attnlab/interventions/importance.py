@@ -83,13 +83,19 @@ class ImportanceResult(Result):
 
     def figure(self):
         grids = self.grids()
-        fig, axes = new_figure(1, len(grids) + 1, squeeze=False,
-                               figsize=(4.3 * (len(grids) + 1), 3.6))  # fmt: skip
-        for ax, (group, m) in zip(axes[0], grids.items()):
+        n = len(grids) + 1  # a panel per kind of head, then the pruning curve
+        cols = min(n, 3)
+        rows = -(-n // cols)
+        fig, axes = new_figure(rows, cols, squeeze=False, figsize=(4.3 * cols, 3.6 * rows))
+        panels = [ax for row in axes for ax in row]
+        for ax in panels[n:]:
+            ax.axis("off")
+        for ax, (group, m) in zip(panels, grids.items()):
             heat(ax, m, [f"L{i}" for i in range(m.shape[0])], [f"H{h}" for h in range(m.shape[1])],
-                 f"{group}: {self.metric} change when ablated", fmt="{:+.2f}")  # fmt: skip
-        ax = axes[0][-1]
-        ax.plot([n for n, _, _ in self.pruning], [v for _, _, v in self.pruning], marker=".")
+                 f"{group}: {self.metric} change when ablated", fmt="{:+.2f}", xlabel="head",
+                 ylabel="layer", colorbar_label=f"{self.metric} change")  # fmt: skip
+        ax = panels[n - 1]
+        ax.plot([k for k, _, _ in self.pruning], [v for _, _, v in self.pruning], marker=".")
         ax.set_xlabel("heads removed (least important first)")
         ax.set_ylabel(self.metric)
         ax.set_title("pruning curve", fontsize=9)

@@ -70,10 +70,12 @@ class LensResult(Result):
 
     def figure(self):
         T = len(self.tokens)
-        fig, ax = new_figure(figsize=(max(5.0, 0.45 * T + 2.5), 0.4 * len(self.points) + 1.8))
+        fig, ax = new_figure(figsize=(min(12.0, max(5.0, 0.45 * T + 2.5)),
+                                      0.4 * len(self.points) + 1.8))  # fmt: skip
         heat(ax, self.kl, self.points, [show_token(t) for t in self.tokens],
              f"{'tuned' if self.tuned else 'logit'} lens: KL(final || layer), top token printed",
-             diverging=False, annotate=False)  # fmt: skip
+             diverging=False, annotate=False, xlabel="position (its token)",
+             ylabel="residual stream point", colorbar_label="KL(final || lens), nats")  # fmt: skip
         top = float(np.nanmax(self.kl)) or 1.0
         for i, row in enumerate(self.top):  # the top token in each cell
             for j, tok in enumerate(row[:64]):

@@ -136,14 +136,22 @@ class PatchResult(Result):
         }  # fmt: skip
 
     def figure(self):
+        """Per stack (or kind of head): the exact patching over the attribution patching, one
+        above the other, so a long input keeps the picture no wider than it needs."""
         grids = self.grids()
-        fig, axes = new_figure(len(grids), 2, squeeze=False,
-                               figsize=(2 * max(4.0, 0.3 * grids[0][3].shape[1] + 2.5),
-                                        max(2.5, 0.35 * max(g[3].shape[0] for g in grids) + 1.5)
-                                        * len(grids)))  # fmt: skip
-        for (title, rows, cols, exact, approx), (a, b) in zip(grids, axes):
-            heat(a, exact, rows, cols, f"{title}: recovered (exact)", vmax=1.0)
-            heat(b, approx, rows, cols, f"{title}: attribution patching", vmax=1.0)
+        C = max(g[3].shape[1] for g in grids)
+        R = max(g[3].shape[0] for g in grids)
+        fig, axes = new_figure(2 * len(grids), 1, squeeze=False,
+                               figsize=(min(12.0, max(4.5, 0.32 * C + 2.5)),
+                                        max(2.2, 0.3 * R + 1.4) * 2 * len(grids)))  # fmt: skip
+        across = "head" if self.by == "head" else "position (its token)"
+        for n, (title, rows, cols, exact, approx) in enumerate(grids):
+            for ax, m, how in ((axes[2 * n][0], exact, "recovered (exact)"),
+                               (axes[2 * n + 1][0], approx, "attribution patching")):  # fmt: skip
+                heat(ax, m, rows, cols, f"{title}: {how}", vmax=1.0, xlabel=across,
+                     ylabel="layer" if self.by == "head" else "residual stream point",
+                     colorbar_label="share of the effect recovered",
+                     col_tokens=self.by != "head")  # fmt: skip
         fig.suptitle(f"{self.metric} at position {self.position}", fontsize=9)
         fig.tight_layout()
         return fig

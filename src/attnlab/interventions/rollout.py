@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from attnlab.interventions.edits import edited
-from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
+from attnlab.interventions.figures import figure_html, heat, new_figure, save_png, token_ticks
 from attnlab.interventions.subjects import InterventionError, Subject
 from attnlab.render.display import Result, matrix_table, show_token
 from attnlab.render.plots import image, overlay
@@ -106,6 +106,15 @@ class RolloutResult(Result):
         parts.append(matrix_table(self.row[None], [f"{q}@{self.position}"], self.keys,
                                   f"{self.method}: what output {self.position} draws from each "
                                   "input"))  # fmt: skip
+        total = float(np.nansum(self.row))
+        if self.method == "flow":  # each input's own maximum: shared paths count for each
+            parts.append(Text(f"the row sums to {total:.2f}: each input's flow is the most "
+                              "that could pass from it alone, and inputs share paths, so the "
+                              "row need not sum to 1 (rollout's divides the output between the "
+                              "inputs and does)", style="dim"))  # fmt: skip
+        else:
+            parts.append(Text(f"the row sums to {total:.2f}: the output divided between the "
+                              "inputs", style="dim"))  # fmt: skip
         if self.matrix is not None and len(self.queries) <= 32:
             parts.append(
                 matrix_table(self.matrix, self.queries, self.keys, "rollout, every output")
@@ -126,16 +135,19 @@ class RolloutResult(Result):
         if self.image is not None:
             return self._image_figure()
         if self.matrix is not None:
-            fig, (a, b) = new_figure(1, 2, figsize=(11, 4.5))
+            R, C = self.matrix.shape
+            tall = max(4.5, 0.13 * R + 1.6)  # a row of tick labels (7 points) per output
+            fig, (a, b) = new_figure(1, 2, figsize=(min(14.0, max(11.0, 0.26 * C + 6)), tall))
             heat(a, self.matrix, [show_token(t) for t in self.queries],
                  [show_token(t) for t in self.keys], "rollout (row = output)", diverging=False,
-                 annotate=False)  # fmt: skip
+                 annotate=False, xlabel="input (its token)", ylabel="output (its token)",
+                 colorbar_label="share the output draws from the input",
+                 row_tokens=True)  # fmt: skip
         else:
             fig, b = new_figure(figsize=(6, 3.5))
         b.bar(range(len(self.row)), self.row)
-        if len(self.keys) <= 64:
-            b.set_xticks(range(len(self.keys)), [show_token(t) for t in self.keys], rotation=90,
-                         fontsize=7)  # fmt: skip
+        token_ticks(b, self.keys, "input (its token)")
+        b.set_ylabel(f"{self.method}: share drawn", fontsize=8)
         b.set_title(f"{self.method} into {show_token(self.queries[self.position])!r}@"
                     f"{self.position}", fontsize=9)  # fmt: skip
         fig.tight_layout()
@@ -147,7 +159,8 @@ class RolloutResult(Result):
         patch = self.row[1:].reshape(g, g)  # [CLS] -> patches, row by row
         fig, (a, b) = new_figure(1, 2, figsize=(8, 3.8))
         image(a, img, "image")
-        overlay(b, img, patch, title=f"[CLS] {self.method} to each patch")
+        overlay(b, img, patch, title=f"[CLS] {self.method} to each patch",
+                colorbar_label=f"{self.method}: share [CLS] draws from the patch")  # fmt: skip
         return fig
 
     def save_png(self, path):

@@ -11,7 +11,7 @@ import html
 import io
 import json
 import math
-import os
+import re
 import sys
 
 import numpy as np
@@ -19,7 +19,6 @@ import numpy as np
 from attnlab.render.tables import Matrix
 
 TERMINAL_TOKENS = 32  # rows of each of trace's matrices (its columns page to the width)
-PIPE_WIDTH = 100  # the width tables are laid out for when stdout is not a terminal
 
 
 VISIBLE = {" ": "␣", "\n": "↵", "\t": "⇥", "\r": "\\r"}
@@ -59,19 +58,23 @@ def rounded(x, digits: int = 4):
 
 
 def console(file=None, width: int | None = None, plain: bool = False):
-    """A rich Console on ``file`` (stdout), as wide as the terminal (``COLUMNS`` if set), or
-    ``PIPE_WIDTH`` columns when ``file`` is not a terminal; tables lay themselves out for it
-    (``attnlab.render.tables``). ``plain``: no ANSI codes whatever the environment says
-    (FORCE_COLOR included): what ``str(result)`` and a notebook's fallback use."""
+    """A rich Console on ``file`` (stdout) as wide as the one width rule says
+    (``attnlab.render.terminal``: ``COLUMNS``, else the terminal's width, else 80), or
+    ``width``. Tables lay themselves out for it (``attnlab.render.tables``); prose is folded
+    keeping its indent and no line keeps trailing spaces (``FittedStream``). ``plain``: no
+    ANSI codes whatever the environment says (FORCE_COLOR included): what ``str(result)`` and
+    a notebook's fallback use."""
     from rich.console import Console
 
+    from attnlab.render.terminal import FittedStream, terminal_width
+
     file = file or sys.stdout
-    if width is None and not (hasattr(file, "isatty") and file.isatty()):
-        columns = os.environ.get("COLUMNS", "")
-        width = int(columns) if columns.isdigit() and int(columns) > 0 else PIPE_WIDTH
+    width = width or getattr(file, "width", None) or terminal_width(file)
+    if not isinstance(file, FittedStream) or file.width != width:
+        file = FittedStream(file, width)
     extra = {"color_system": None, "force_terminal": False} if plain else {}
     return Console(
-        file=file, width=width, highlight=False, soft_wrap=False, force_jupyter=False, **extra
+        file=file, width=width, highlight=False, soft_wrap=True, force_jupyter=False, **extra
     )
 
 
@@ -94,8 +97,11 @@ class Result:
         return json.dumps(d, indent=indent, ensure_ascii=False)
 
     def __str__(self) -> str:
+        """The terminal rendering as plain text, at the width ``print`` would show it with."""
+        from attnlab.render.terminal import terminal_width
+
         buf = io.StringIO()
-        console(buf, width=160, plain=True).print(self.__rich__())
+        console(buf, width=terminal_width(sys.stdout), plain=True).print(self.__rich__())
         return buf.getvalue().rstrip("\n")
 
     def _repr_html_(self) -> str:  # a plain fallback; most results draw heatmaps
@@ -114,13 +120,19 @@ def token_html(t: str) -> str:
     return html.escape(show_token(str(t)))
 
 
+NUMBER = re.compile(r"^[+\-−]?[\d.,]+(%|e[+\-]?\d+)?(\.\.[+\-−]?[\d.,]+%?)?$|^(n/a|-)$")
+
+
 def table_html(header: list[str], rows: list[list], title: str = "", caption: str = "") -> str:
-    """A plain HTML table; every header and cell is escaped text (str() of the value)."""
+    """A plain HTML table; every header and cell is escaped text (str() of the value). Numbers
+    (and ranges of them) are right-aligned, so their digits line up; words read from the left."""
+
+    def td(c) -> str:
+        align = "right" if NUMBER.match(str(c).strip()) else "left"
+        return f'<td style="{CELL};text-align:{align}">{html.escape(str(c))}</td>'
+
     th = "".join(f'<th style="{CELL};text-align:left">{html.escape(str(h))}</th>' for h in header)
-    body = "".join(
-        "<tr>" + "".join(f'<td style="{CELL}">{html.escape(str(c))}</td>' for c in row) + "</tr>"
-        for row in rows
-    )
+    body = "".join("<tr>" + "".join(td(c) for c in row) + "</tr>" for row in rows)
     cap = f"<div><b>{html.escape(title)}</b></div>" if title else ""
     note = f"<div><i>{html.escape(caption)}</i></div>" if caption else ""
     return (

@@ -26,6 +26,8 @@ from attnlab.errors import AttnlabError
 from attnlab.render.display import show_token
 
 MAX_LABELS = 64  # past this many tokens a side, ticks show positions instead of tokens
+MASKED = "#c8c8c8"  # a cell the mask hides (a query may not attend to that key): no colour of
+# the scales (viridis, Blues, RdBu) is this grey, so it never reads as a weight of 0
 
 
 def heatmap(
@@ -46,9 +48,12 @@ def heatmap(
     ylabel: str | None = None,
     fontsize: float = 8,
     title_size: float = 9,
-    xtick_rotation: float = 90,
+    xtick_rotation: float | None = None,
     aspect: str = "equal",
     max_labels: int = MAX_LABELS,
+    masked=None,
+    row_tokens: bool = True,
+    col_tokens: bool = True,
 ):
     """Draw ``matrix`` (R, C) on ``ax`` and return the image.
 
@@ -62,24 +67,47 @@ def heatmap(
     - ``annotate``: write each finite cell's value in it, ``fmt``-formatted (for small
       matrices), white on dark colours and black on light ones.
     - ``xlabel``/``ylabel``: default "key (attended to)" and "query" when tokens label the
-      axes; pass "" for none.
+      axes; pass "" for none. Every picture names both axes and its colour bar (a test
+      checks every figure attnlab writes: ``attnlab.render.layout``).
+    - ``xtick_rotation``: None turns the column labels upright when each fits its column
+      (single characters always do), a quarter turn when not.
+    - ``row_tokens``/``col_tokens`` False: those labels are names ("layer 0", "head 1"),
+      written as they are, not tokens made visible (a space as ␣).
+    - ``masked`` (R, C) bool: cells the mask hides, drawn grey (no colour of the scale) and
+      said so on the colour bar, never as the colour of a weight of 0.
     """
+    import matplotlib
+
     m = np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2:
         raise ValueError(f"heatmap needs a 2-D matrix, got shape {m.shape}")
-    finite = m[np.isfinite(m)]
+    hidden = None if masked is None else np.asarray(masked, dtype=bool)
+    if hidden is not None and not hidden.any():
+        hidden = None
+    finite = m[np.isfinite(m) & (True if hidden is None else ~hidden)]
     if vmax is None:
         vmax = max(1e-9, float(finite.max())) if finite.size else 1.0
     if vmin is None:
         vmin = float(finite.min()) if finite.size else 0.0
-    im = ax.imshow(m, cmap=cmap, vmin=vmin, vmax=vmax, aspect=aspect, interpolation="nearest")
+    shown, colours = m, cmap
+    if hidden is not None:
+        shown = np.ma.masked_array(m, mask=hidden | ~np.isfinite(m))
+        base = matplotlib.colormaps[cmap] if isinstance(cmap, str) else cmap
+        colours = base.with_extremes(bad=MASKED)
+    im = ax.imshow(shown, cmap=colours, vmin=vmin, vmax=vmax, aspect=aspect,
+                   interpolation="nearest")  # fmt: skip
     too_many = max(len(rows or ()), len(cols or ())) > max_labels
     if too_many:
         xlabel = "key position" if xlabel is None else xlabel
         ylabel = "query position" if ylabel is None else ylabel
     else:
-        _ticks(ax.set_xticks, ax.set_xticklabels, cols, fontsize, rotation=xtick_rotation)
-        _ticks(ax.set_yticks, ax.set_yticklabels, rows, fontsize)
+        if xtick_rotation is None and cols is not None:
+            shown = [show_token(str(c)) if col_tokens else str(c) for c in cols]
+            xtick_rotation = 0 if upright_fits(ax, shown, fontsize, m.shape, aspect) else 90
+        _ticks(ax.set_xticks, ax.set_xticklabels, cols, fontsize, rotation=xtick_rotation or 0,
+               tokens=col_tokens)  # fmt: skip
+        _ticks(ax.set_yticks, ax.set_yticklabels, rows, fontsize, rotation=None,
+               tokens=row_tokens)  # fmt: skip
         labelled = rows is not None or cols is not None
         xlabel = ("key (attended to)" if labelled else "") if xlabel is None else xlabel
         ylabel = ("query" if labelled else "") if ylabel is None else ylabel
@@ -91,12 +119,43 @@ def heatmap(
         ax.set_title(title, fontsize=title_size)
     if annotate:
         for (i, j), v in np.ndenumerate(m):
-            if np.isfinite(v):
+            if np.isfinite(v) and (hidden is None or not hidden[i, j]):
                 ax.text(j, i, fmt.format(v), ha="center", va="center",
                         fontsize=max(fontsize - 2, 5), color=text_colour(im, v))  # fmt: skip
     if colorbar:
-        _colorbar(ax, im, fontsize, colorbar_label)
+        label = colorbar_label
+        if hidden is not None:  # the bar says what the grey cells are
+            label = f"{label or 'value'}  (grey: masked, may not attend)"
+        _colorbar(ax, im, fontsize, label)
     return im
+
+
+def upright_fits(ax, labels, fontsize: float, shape: tuple[int, int], aspect: str) -> bool:
+    """Does each column label fit its column written upright? Measured with the figure's
+    renderer against the width a column has where the axes stand now (with a margin for the
+    layout still to come); single characters always fit."""
+    from matplotlib.text import Text
+
+    shown = [show_token(str(t)) for t in labels]
+    if max((len(t) for t in shown), default=0) <= 1:
+        return True
+    fig = ax.figure
+    get_renderer = getattr(fig.canvas, "get_renderer", None)
+    if get_renderer is None:
+        return max(len(t) for t in shown) <= 2
+    renderer = get_renderer()
+    widest = 0.0
+    for t in shown:
+        probe = Text(0, 0, t, fontsize=fontsize)
+        probe.set_figure(fig)
+        widest = max(widest, probe.get_window_extent(renderer).width)
+    box = ax.get_position()
+    R, C = shape
+    width_px, height_px = box.width * fig.bbox.width, box.height * fig.bbox.height
+    column = width_px / max(1, C)
+    if aspect == "equal":
+        column = min(column, height_px / max(1, R))
+    return widest <= 0.75 * column
 
 
 def text_colour(im, value: float) -> str:
@@ -149,17 +208,24 @@ def overlay(
     grid,
     *,
     title: str | None = None,
-    cmap: str = "inferno",
+    cmap: str = "Reds",
     vmin: float | None = None,
     vmax: float | None = None,
-    alpha: float = 0.6,
     colorbar: bool = True,
+    colorbar_label: str | None = None,
     fontsize: float = 8,
     title_size: float = 9,
 ):
-    """``grid`` (g, g), one value per image patch (row by row, as a ViT numbers them), drawn
-    over ``img`` (H, W): patch (r, c) covers rows r*H/g .. (r+1)*H/g and the same for columns.
-    ``vmin``/``vmax`` None: the grid's own range. Returns the grid's image."""
+    """``grid`` (g, g), one value per image patch (row by row, as a ViT numbers them), laid
+    over ``img`` (H, W) in grey: patch (r, c) covers rows r*H/g .. (r+1)*H/g and the same for
+    columns. Each patch is tinted by its value, more opaque the larger it is (at most 60%),
+    so the image shows through everywhere and a patch that scores nothing is left as it is.
+    A diverging ``cmap`` (RdBu_r) tints by the size of the value either way. ``vmin``/``vmax``
+    None: the grid's own range. Returns the mappable the colour bar reads."""
+    import matplotlib
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+
     g = np.asarray(grid, dtype=np.float64)
     if g.ndim != 2:
         raise ValueError(f"overlay needs a 2-D grid, got shape {g.shape}")
@@ -168,24 +234,113 @@ def overlay(
     finite = g[np.isfinite(g)]
     lo = (float(finite.min()) if finite.size else 0.0) if vmin is None else vmin
     hi = (float(finite.max()) if finite.size else 1.0) if vmax is None else vmax
-    im = ax.imshow(g, cmap=cmap, vmin=lo, vmax=max(hi, lo + 1e-9), alpha=alpha,
-                   extent=(-0.5, W - 0.5, H - 0.5, -0.5), interpolation="nearest")  # fmt: skip
+    norm = Normalize(lo, max(hi, lo + 1e-9))
+    colours = matplotlib.colormaps[cmap]
+    level = np.clip(norm(np.nan_to_num(g, nan=lo)), 0.0, 1.0)  # (g, g) in 0..1
+    strength = np.abs(2 * level - 1) if lo < 0 < hi else level  # diverging: away from 0
+    rgba = colours(level)  # (g, g, 4)
+    rgba[..., 3] = 0.6 * strength
+    ax.imshow(rgba, extent=(-0.5, W - 0.5, H - 0.5, -0.5), interpolation="nearest")
+    mappable = ScalarMappable(norm=norm, cmap=colours)
     if colorbar:
-        _colorbar(ax, im, fontsize)
-    return im
+        _colorbar(ax, mappable, fontsize, colorbar_label)
+    return mappable
 
 
-def _ticks(set_ticks, set_labels, labels, fontsize, rotation: float = 0) -> None:
+def _ticks(set_ticks, set_labels, labels, fontsize, rotation: float | None = None,
+           tokens: bool = True) -> None:  # fmt: skip
+    """Tick labels for one axis; ``rotation`` None is the y axis (labels end at the axis);
+    ``tokens``: made visible (a space as ␣), else written as they are."""
     if labels is None:
         set_ticks([])
         return
     set_ticks(range(len(labels)))
+    shown = [show_token(str(t)) if tokens else str(t) for t in labels]
+    if rotation is None:
+        set_labels(shown, fontsize=fontsize)
+        return
     ha = "right" if 0 < rotation < 90 else "center"
-    set_labels([show_token(str(t)) for t in labels], fontsize=fontsize, rotation=rotation, ha=ha)
+    set_labels(shown, fontsize=fontsize, rotation=rotation, ha=ha)
+
+
+MIN_TICK_POINTS = 5.0  # tick labels are not made smaller than this (render.layout's floor)
+
+
+def fit_tick_labels(fig, dpi: float | None = None) -> None:
+    """Tick labels that would run into their neighbours are made to fit, on every axis of
+    ``fig`` whose labels were set by hand (tokens, names; an automatic axis spaces its own):
+    smaller, down to MIN_TICK_POINTS, where that is enough; else every k-th label is kept
+    (at its own tick), k the fewest that leaves a gap. Measured as the figure is drawn at
+    ``dpi`` (its own if None), along the axis: a label's height on a y axis, its width (or
+    height, turned) on an x axis, against the distance between two ticks."""
+    import math
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.ticker import FixedLocator
+
+    if dpi is not None and dpi != fig.dpi:
+        fig.set_dpi(dpi)
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    axes: list = []
+
+    def walk(ax):
+        if ax not in axes:
+            axes.append(ax)
+            for child in ax.child_axes:
+                walk(child)
+
+    for ax in fig.axes:
+        walk(ax)
+    for _ in range(3):  # a smaller label can move the layout: measure again
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        changed = False
+        for ax in axes:
+            if not ax.get_visible() or not ax.axison:
+                continue
+            for axis, along in ((ax.xaxis, 0), (ax.yaxis, 1)):
+                if not isinstance(axis.get_major_locator(), FixedLocator):
+                    continue
+                changed |= _fit_axis(ax, axis, along, renderer, math)
+        if not changed:
+            return
+
+
+def _fit_axis(ax, axis, along: int, renderer, math) -> bool:
+    """One axis of ``fit_tick_labels``; True when it changed a label."""
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = [t for t in axis.get_major_ticks()
+             if t.get_loc() is not None and lo <= t.get_loc() <= hi
+             and t.label1.get_visible() and t.label1.get_text().strip()]  # fmt: skip
+    if len(ticks) < 2:
+        return False
+    boxes = [t.label1.get_window_extent(renderer) for t in ticks]
+    centres = sorted((b.x0 + b.x1) / 2 if along == 0 else (b.y0 + b.y1) / 2 for b in boxes)
+    pitch = min(b - a for a, b in zip(centres, centres[1:]))
+    need = max(b.width if along == 0 else b.height for b in boxes)
+    room = pitch - 2.0  # a pixel each side: render.layout counts an overlap past one
+    if need <= room or pitch <= 0:
+        return False
+    size = ticks[0].label1.get_fontsize()
+    smaller = size * room / need
+    if smaller >= MIN_TICK_POINTS:
+        for t in ticks:
+            t.label1.set_fontsize(smaller)
+        return True
+    for t in ticks:
+        t.label1.set_fontsize(MIN_TICK_POINTS)
+    need_min = need * MIN_TICK_POINTS / size
+    k = math.ceil((need_min + 2.0) / pitch)
+    for i, t in enumerate(sorted(ticks, key=lambda t: t.get_loc())):
+        if i % k:
+            t.label1.set_visible(False)
+    return True
 
 
 def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
-    """Write ``fig`` as a PNG atomically (never a half-written file) and close it."""
+    """Write ``fig`` as a PNG atomically (never a half-written file) and close it; tick labels
+    that would overlap are fitted first (``fit_tick_labels``)."""
     import matplotlib.pyplot as plt
 
     from attnlab.files import atomic_write
@@ -196,6 +351,7 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
             raise AttnlabError(f"{path}: figures are written as PNG; name the file *.png")
         if not path.parent.is_dir():
             raise AttnlabError(f"{path.parent}: no such directory")
+        fit_tick_labels(fig, dpi)
         atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight"))
     finally:
         plt.close(fig)
@@ -213,6 +369,7 @@ def png_html(fig, dpi: int = 80) -> str:
 
     buf = io.BytesIO()
     try:
+        fit_tick_labels(fig, dpi)
         fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
     finally:
         plt.close(fig)

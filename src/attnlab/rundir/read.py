@@ -54,6 +54,7 @@ from attnlab.safetensors_io import (
     error_line,
     load_tensors,
     looks_like_pickle,
+    nonfinite,
     read_header,
 )
 from attnlab.tokenizers import PairTokenizer, Tokenizer, TokenizerError, load_tokenizer
@@ -431,8 +432,29 @@ def open_model(
         except FileChangedError:
             if attempt == 2:
                 raise
+    refuse_nonfinite(tensors, run.header.path)
     model = assign_weights(run.model, tensors)
     return model.to(device).eval(), run.tokenizer
+
+
+def refuse_nonfinite_run(run_dir: str | Path) -> None:
+    """``refuse_nonfinite`` for a run directory's weights, read (mapped) for the check alone:
+    what fine-tuning from a run checks before it reads or writes anything else."""
+    header = read_header(Path(run_dir) / MODEL_FILE)
+    refuse_nonfinite(load_tensors(header.path, mmap=True, header=header), header.path)
+
+
+def refuse_nonfinite(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """A RunError when the weights hold NaN or an infinity: every verb would print NaN scores
+    or crash on them (a sampler cannot draw from NaN probabilities), so the run is refused
+    before anything is built, printed or written."""
+    found = nonfinite(tensors)
+    if found is not None:
+        name, n = found
+        raise RunError(f"{path}: {n:,} weight value{'s' if n != 1 else ''} are not finite (NaN "
+                       f"or infinity; the first in {name}): the weights are corrupt. A run that "
+                       "diverged keeps its last finite checkpoint in its run directory; train "
+                       "again, with a lower --lr")  # fmt: skip
 
 
 def _image_tokenizer(body: dict):

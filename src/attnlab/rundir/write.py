@@ -75,6 +75,7 @@ from attnlab.rundir.read import (
     read_metrics,
     read_tokenizer_files,
     read_trainer_state,
+    refuse_nonfinite,
     state_dict_for_saving,
     unwrap,
     weights_dtype,
@@ -380,6 +381,7 @@ class RunDir:
         tensors = load_tensors(self.model_file, header=header)
         if model is not None:
             check_state_dict(model, tensors, str(self.model_file))
+        refuse_nonfinite(tensors, self.model_file)
         return state, tensors, load_tensors(self.optimizer_file)
 
     # -- reading -------------------------------------------------------------------------------

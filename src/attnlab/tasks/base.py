@@ -203,6 +203,12 @@ class InitFrom:
         )
 
 
+def on(result) -> str:
+    """`` on 20 sampled held-out batches (15,360 tokens)``: what a summary's val loss was
+    computed on (``TrainResult.val_on``), or nothing where it was not said."""
+    return f" on {result.val_on}" if getattr(result, "val_on", "") else ""
+
+
 class Task:
     """What the Trainer needs to train a model on one kind of problem (see module docstring).
 
@@ -348,6 +354,19 @@ class Task:
         """The task's figures on its held-out data (called in eval mode, without gradients)."""
         return {}
 
+    # the held-out loss is the mean over val_batches: a sample of the split, or all of it
+    val_whole: ClassVar[bool] = False
+
+    def val_source(self, batches: list) -> str:
+        """What ``val_loss`` is computed on, in words: ``20 sampled held-out batches (15,360
+        tokens)``, or ``the whole held-out split (359 images)``. Training's val loss, and
+        ``heads --importance``'s intact loss by default, are this one figure; ``attnlab
+        eval`` scores the whole split."""
+        n = sum(self.count(b) for b in batches)
+        if self.val_whole:
+            return f"the whole held-out split ({n:,} {self.unit})"
+        return f"{len(batches)} sampled held-out batches ({n:,} {self.unit})"
+
     def example(self, model: nn.Module) -> str | None:
         """One line shown at each evaluation: a sample, a translation, a prediction."""
         return None
@@ -380,7 +399,7 @@ class Task:
         """The result line printed on stdout."""
         val = result.val_loss
         return f"trained {result.step} steps: " + (
-            f"val loss {val:.4f}" if val is not None else "no validation split"
+            f"val loss {val:.4f}{on(result)}" if val is not None else "no validation split"
         )
 
     # -- after training ------------------------------------------------------------------------

@@ -203,6 +203,8 @@ class TextClassifier(Task):
 
         return RandomBatches(make, batch_size, seed, rank, world_size)
 
+    val_whole = True  # its val_batches cover the held-out split
+
     def val_batches(self, batch_size, eval_iters):
         v = self.val_idx
         return [self.examples(v[lo : lo + VAL_BATCH]) for lo in range(0, len(v), VAL_BATCH)]

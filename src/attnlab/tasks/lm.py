@@ -30,7 +30,7 @@ from attnlab.heartbeat import beating
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
 from attnlab.models.gpt import ARCHS, FFN_KINDS, GPT, PRESETS, GPTConfig, arch_fields
-from attnlab.tasks.base import EvalOptions, Task, predict_options, register
+from attnlab.tasks.base import EvalOptions, Task, on, predict_options, register
 from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from attnlab.train_config import TrainConfig
 
@@ -459,7 +459,8 @@ class LanguageModel(Task):
             return f"trained {result.step} steps: no validation split"
         bpc = bits_per_char(result.val_loss, self.info.chars_per_token)
         best = f"; best {result.best['value']:.4f}" if result.best else ""
-        return f"trained {result.step} steps: val loss {result.val_loss:.4f} ({bpc:.3f} bits/char){best}"
+        return (f"trained {result.step} steps: val loss {result.val_loss:.4f} ({bpc:.3f} "
+                f"bits/char){on(result)}{best}")  # fmt: skip
 
     def predict(self, model, inputs, options=None, **given):
         """The ``top_k`` most probable next tokens after each text, with probabilities: the

@@ -32,7 +32,7 @@ from attnlab.models.encoder import (
     EncoderConfig,
     mask_tokens,
 )
-from attnlab.tasks.base import EvalOptions, Task, predict_options, register
+from attnlab.tasks.base import EvalOptions, Task, on, predict_options, register
 from attnlab.tokenizers import ENCODER_SPECIALS, TokenizerError, build_tokenizer, special_id
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
@@ -243,7 +243,7 @@ class MaskedLM(Task):
         acc = result.last_eval.get("val_masked_accuracy")
         acc_text = f"  val_masked_accuracy {acc:.4f}" if acc is not None else ""
         loss = result.val_loss
-        return f"val loss {loss:.4f}{acc_text}" if loss is not None else "no evaluation"
+        return f"val loss {loss:.4f}{on(result)}{acc_text}" if loss is not None else "no evaluation"
 
     def predict(self, model, inputs, options=None, **given):
         """Each mask token of each text ([MASK], or the tokenizer's own such as <mask>) with its

@@ -256,6 +256,8 @@ class Seq2Seq(Task):
 
         return EpochBatches(len(self.train_set), make, batch_size, seed, rank, world_size)
 
+    val_whole = True  # its val_batches cover the held-out split
+
     def val_batches(self, batch_size, eval_iters):
         enc = encode_pairs(self.tokenizer, self.val_pairs)
         start = self.tokenizer.BOS
@@ -338,6 +340,10 @@ class Seq2Seq(Task):
 
     def prediction_lines(self, pred):
         lines = [f"{pred['input']!r} -> {pred['output']!r}"]
+        if pred["output"] == "":  # '' alone reads like a failure of the tool
+            lines.append("  (no text: the decoder wrote only special tokens (padding, end) "
+                         "before it stopped, as an untrained or random model does; `attnlab "
+                         "trace RUN TEXT` shows what it predicts at each step)")  # fmt: skip
         for n, b in enumerate(pred.get("beams", [])[1:], 2):
             lines.append(f"  beam #{n}: {b['output']!r}  (score {b['score']:.3f})")
         return lines

@@ -147,6 +147,8 @@ class ImageClassifier(Task):
         i = self.train_idx
         return im.RandomImageBatches(X[i], Y[i], batch_size, seed, rank, world_size)
 
+    val_whole = True  # its val_batches cover the held-out split
+
     def val_batches(self, batch_size, eval_iters):
         X, Y = self.images.images, self.images.labels
         return im.fixed_batches(X[self.val_idx], Y[self.val_idx], 256)

@@ -7,6 +7,8 @@ kill-during-install:N     SIGKILL itself while installing the N-th checkpoint (c
                           model moved into place, trainer_state.json not yet)
 disk-full-at-checkpoint:N the N-th checkpoint write fails with ENOSPC
 nan-at:S                  the loss of step S (from 0) becomes NaN
+nan-weights-at:S          a weight becomes NaN once step S is done (a run that diverged
+                          between two reads of its loss)
 step-delay:SECONDS        sleep after every step (so a test can kill a run mid-way)
 sigint-at:S, sigterm-at:S the process sends itself SIGINT / SIGTERM once step S is done
 
@@ -42,6 +44,11 @@ class Faults:
         return loss * float("nan") if self.at("nan-at", trainer.step) else loss
 
     def on_step_end(self, trainer) -> None:
+        if self.at("nan-weights-at", trainer.step):
+            import torch
+
+            with torch.no_grad():
+                next(trainer.raw_model.parameters()).view(-1)[0] = float("nan")
         delay = self.items.get("step-delay")
         if delay:
             time.sleep(delay)

@@ -77,7 +77,9 @@ from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric, val_loss_metric
 from attnlab.modes import evaluating
 from attnlab.rundir import RunDir
+from attnlab.rundir.read import state_dict_for_saving
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
+from attnlab.safetensors_io import nonfinite
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import (
     DistInfo,
@@ -134,6 +136,7 @@ class TrainResult:
     out_dir: Path | None = None
     history: list[dict] = dataclasses.field(default_factory=list)
     last_eval: dict = dataclasses.field(default_factory=dict)
+    val_on: str = ""  # what val_loss is computed on (Task.val_source)
 
 
 class Trainer:
@@ -172,6 +175,7 @@ class Trainer:
                                                 self.dist.world_size)  # fmt: skip
         rows = c.eval_batch_size or c.batch_size
         self.val_batches = task.val_batches(rows, c.eval_iters)
+        self.val_on = task.val_source(self.val_batches) if self.val_batches else ""
         self.train_eval_batches = task.train_eval_batches(rows, c.eval_iters)
         self.metrics: tuple[Metric, ...] = (val_loss_metric(task.loss_unit), *task.metrics)
         self.best_metric = next(m for m in self.metrics if m.name == task.best)
@@ -196,6 +200,7 @@ class Trainer:
         self.last_saved_step: int | None = None
         self.history: list[dict] = []
         self._last_save_at, self._last_save_cost = time.monotonic(), 0.0
+        self._eval_seconds = 0.0  # how long the last evaluation took (the time left counts it)
         self._stop: str | None = None  # the signal that asked to stop (this process)
         self._stop_all: str | None = None  # ... as agreed by every process
         self._counted = 0  # items (task.unit) trained since the last log line
@@ -299,6 +304,7 @@ class Trainer:
         model_tensors, opt_sd = self._gathered()
         if not self.writes:
             return
+        self._refuse_nonfinite(model_tensors)
         opt_tensors, opt_meta = optimizer_tensors(self.optimizer, opt_sd)
         data = self.train_batches
         state = {
@@ -323,6 +329,15 @@ class Trainer:
         self.last_saved_step = self.step
         self._last_save_at = time.monotonic()
         self._last_save_cost = self._last_save_at - t0
+
+    def _refuse_nonfinite(self, model_tensors: dict) -> None:
+        """Weights that are not finite are never written over the last finite checkpoint:
+        training stops, as for a NaN loss, naming the step (tied copies counted once, as
+        they are stored)."""
+        found = nonfinite(state_dict_for_saving(self.raw_model, model_tensors))
+        if found is not None:
+            self._nan(float("nan"), f"weights ({found[1]:,} values, first in {found[0]})",
+                      self.step)  # fmt: skip
 
     def _on_save(self, point: str, staging: Path) -> None:
         self._notify("on_save", point, staging)
@@ -353,6 +368,7 @@ class Trainer:
             return
         if model_tensors is None:
             model_tensors = self.raw_model.state_dict()
+        self._refuse_nonfinite(model_tensors)
         try:
             self.run.save_best(model_tensors, self.best, model=self.raw_model)
         except OSError as e:
@@ -438,8 +454,10 @@ class Trainer:
 
     def _evaluate_and_save(self, progress: Progress) -> dict:
         self._flush()
-        with progress.evaluating(self.step, first=not self.history):
+        t0 = time.perf_counter()
+        with progress.evaluating(self.step, first=not self.history, on=self.val_on):
             ev = self.evaluate()
+        self._eval_seconds = time.perf_counter() - t0
         row = {"step": self.step, **ev, "lr": lr_at(self.step, self.config)}
         self._write_metrics(row)
         progress.note(eval_line(row, self.metrics))
@@ -448,6 +466,9 @@ class Trainer:
                 example = self.task.example(self.raw_model) if progress.enabled else None
             if example:
                 progress.note(f"      {example}")
+        for key in ("val_loss", "train_loss"):  # weights gone to NaN: never saved
+            if ev.get(key) is not None and not math.isfinite(ev[key]):
+                self._nan(ev[key], key.replace("_", " ").replace("val", "validation"), self.step)
         value = ev.get(self.best_metric.name)
         better = value is not None and self.step > 0 and self._improves(value, ev.get("val_loss"))
         if self.sharded:  # all processes gather best/ or none
@@ -604,8 +625,17 @@ class Trainer:
         self._write_metrics(row)
         progress.rate(rate, row["train_loss"])
         if not progress.live:
-            progress.note(log_line(row, self.config.max_iters, unit))
+            progress.note(log_line(row, self.config.max_iters, unit, self._time_left(row)))
         self._counted = 0
+
+    def _time_left(self, row: dict) -> float | None:
+        """Seconds to max_iters: the steps left at the pace of the last window, and the
+        evaluations left at the length of the last one."""
+        c, step = self.config, self.step
+        per_step = row["ms_per_iter"] / 1000
+        evals = c.max_iters // c.eval_interval - step // c.eval_interval
+        evals += 0 if c.max_iters % c.eval_interval == 0 else 1  # the one at the end
+        return (c.max_iters - step) * per_step + evals * self._eval_seconds
 
     def fit(self, resume: bool = False) -> TrainResult:
         """Train to ``max_iters``: evaluate, keep the best, checkpoint; stop on a signal. The
@@ -660,7 +690,8 @@ class Trainer:
             self._log(f"saved the checkpoint of step {self.step} in {self.out_dir}")
         last_eval = next((r for r in reversed(self.history) if "val_loss" in r), {})
         return TrainResult(self.step, self._last_loss, last_eval.get("val_loss"), self.best,
-                           self._stop_all, self.out_dir, self.history, last_eval)  # fmt: skip
+                           self._stop_all, self.out_dir, self.history, last_eval,
+                           self.val_on)  # fmt: skip
 
     def _notify(self, event: str, *args) -> None:
         for cb in self.callbacks:

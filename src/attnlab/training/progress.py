@@ -11,7 +11,7 @@ import contextlib
 import sys
 from collections.abc import Callable
 
-from attnlab.heartbeat import Heartbeat, stamped
+from attnlab.heartbeat import Heartbeat, duration, stamped
 from attnlab.metrics import Metric
 
 
@@ -23,16 +23,21 @@ def eval_line(row: dict, metrics: tuple[Metric, ...]) -> str:
     for m in metrics:
         if row.get(m.name) is not None:
             parts.append(f"{m.label} {m.format(row[m.name])}")
-    return "eval  " + "  ".join(parts)
+    line = "eval  " + "  ".join(parts)
+    return line if len(line) <= 80 else "eval " + " ".join(parts)  # closer, to fit 80
 
 
-def log_line(row: dict, max_iters: int, unit: str) -> str:
+def log_line(row: dict, max_iters: int, unit: str, left: float | None = None) -> str:
+    """``step 530/1100  loss 2.0608  lr 1.95e-03  2,187 tokens/s  1 thr  3m20s left``: at most
+    80 columns (the time per step is in metrics.jsonl, ``ms_per_iter``). ``left``: seconds
+    to the end, at the pace of the steps since the last line (evaluations included)."""
     rate = row.get(f"{unit}_per_s") or 0
-    return (
-        f"step {row['step']}/{max_iters}  loss {row['train_loss']:.4f}  lr {row['lr']:.2e}  "
-        f"{rate:,.0f} {unit}/s  {row.get('ms_per_iter', 0):.1f} ms/iter  "
-        f"{row.get('threads', '?')} thr"
-    )
+    parts = [f"step {row['step']}/{max_iters}", f"loss {row['train_loss']:.4f}",
+             f"lr {row['lr']:.2e}", f"{rate:,.0f} {unit}/s", f"{row.get('threads', '?')} thr"]  # fmt: skip
+    if left is not None and row["step"] < max_iters:
+        parts.append(f"{duration(left)} left")
+    line = "  ".join(parts)
+    return line if len(line) <= 80 else " ".join(parts)  # big numbers: closer together
 
 
 class Progress:
@@ -64,8 +69,8 @@ class Progress:
                 TextColumn("loss {task.fields[loss]}"),
                 TextColumn("{task.fields[rate]} " + unit + "/s"),
                 TextColumn(f"{threads} thr"),
-                TextColumn("ETA"),
                 TimeRemainingColumn(),
+                TextColumn("left"),
                 console=Console(stderr=True),
                 transient=False,
             )
@@ -101,10 +106,11 @@ class Progress:
             self.bar.update(self.task, loss=f"{loss:.4f}")
 
     @contextlib.contextmanager
-    def evaluating(self, step: int, first: bool):
-        """Around an evaluation: the first one is announced (it can take seconds before any
-        step is shown); on a terminal the bar says so while each one runs. One that runs on
-        says how far it is every two seconds (a Heartbeat: batches done of all)."""
+    def evaluating(self, step: int, first: bool, on: str = ""):
+        """Around an evaluation: the first one is announced, saying what the val loss is
+        computed ``on`` (it can take seconds before any step is shown); on a terminal the bar
+        says so while each one runs. One that runs on says how far it is every two seconds (a
+        Heartbeat: batches done of all)."""
         if not self.enabled:
             yield
             return
@@ -119,7 +125,7 @@ class Progress:
                 bar.update(task, what="step")
             return
         if first:
-            self.log(f"{what} ...")
+            self.log(f"{what} ..." + (f" (val loss: on {on})" if on else ""))
         with Heartbeat(what, show=self.log):
             yield
 

@@ -38,6 +38,7 @@ from attnlab import rundir
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.rundir import RunDir
+from attnlab.rundir.read import refuse_nonfinite_run
 from attnlab.runtime import THREADS_PER_CORE_MAX, max_threads, resolve_device, using_threads
 from attnlab.tasks.base import ARCHITECTURE_OPTIONS, InitFrom, Task, task_class, task_for_run
 from attnlab.train_config import TrainConfig
@@ -102,7 +103,8 @@ class TrainOutcome:
         task, the last step, the last evaluation's figures, the best one and the final ones."""
         r = self.result
         return {"run": str(self.out), "task": self.task.name, "step": r.step,
-                "train_loss": r.train_loss, "val_loss": r.val_loss, "best": r.best,
+                "train_loss": r.train_loss, "val_loss": r.val_loss, "val_loss_on": r.val_on,
+                "best": r.best,
                 "metrics": {k: v for k, v in r.last_eval.items() if k != "lr"},
                 "final": self.final, "summary": self.summary}  # fmt: skip
 
@@ -261,6 +263,8 @@ def train(p: TrainPlan, log: Callable[[str], None] | None = None,
     ``p.threads`` or the busy-machine rule gives (torch's count as it was afterwards).
     ``callbacks`` are the Trainer's, after those ``p`` asks for (a test's fault injection)."""
     log = stamped(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
+    if p.init_from is not None and not p.resume:  # weights that are not finite: refused first
+        refuse_nonfinite_run(p.init_from.path)
     with using_threads(p.threads):  # the Trainer says the choice (first line, config.json)
         return _locked(p, log, callbacks)
 
