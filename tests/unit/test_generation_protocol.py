@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from attnlab.generation import (
-    BOS,
     SamplingConfig,
     beam_generate,
     beam_search,
@@ -26,7 +25,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.tokenizers import CharTokenizer, PairTokenizer
+from attnlab.tokenizers import BOS, CharTokenizer, PairTokenizer
 
 V = 13
 
@@ -85,7 +84,7 @@ def gpt_steps(model, ids: torch.Tensor, prompt_len: int, use_cache: bool = True)
 
 @torch.no_grad()
 def encdec_steps(model, src, tgt_in):
-    dec = decoder_for(model)  # an encoder-decoder is its own decoder
+    dec = decoder_for(model)  # the decoder its kind declares
     state = dec.start(src, tgt_in.size(1))
     return torch.stack([dec.step(state, tgt_in[:, t]) for t in range(tgt_in.size(1))], 1)
 
@@ -266,3 +265,4 @@ def test_decoding_runs_in_eval_mode_and_hands_the_model_back_as_it_came(name):
     beam_search(model, x[:1], beam=2, max_len=4)
     next_token_logprobs(model, x)
     assert all(m.training for m in model.modules())
+
