@@ -30,6 +30,7 @@ def translate(args: argparse.Namespace) -> int:
     from attnlab.cli.generate import decoding_settings
     from attnlab.generation import beam_generate
     from attnlab.generation import generate as sample
+    from attnlab.models.declare import max_positions
 
     cfg = decoding_settings(args, args.max_len)
     if args.max_len is not None and args.max_len < 1:
@@ -37,7 +38,7 @@ def translate(args: argparse.Namespace) -> int:
     run = _load(args.run, args.device)
     model, tok = run
     texts = args.text if args.text != ["-"] else [ln.rstrip("\n") for ln in sys.stdin]
-    limit = getattr(model.config, "max_len", None)
+    limit = max_positions(model)  # a Transformer's max_len; an LSTM reads any length
     for t in texts:
         if limit and len(tok.encode_source(t)) > limit:
             raise UsageError(f"source of {len(tok.encode_source(t))} tokens is longer than the "

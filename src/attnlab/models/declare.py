@@ -333,6 +333,16 @@ class ModelKind:
         "ln_f": "the final normalised residual stream",
     }
 
+    # parameters that are copies of another when the config ties them (config.tie_weights):
+    # stored once in a checkpoint
+    tied_weights_keys: tuple[str, ...] = ()
+
+    @property
+    def tied_now(self) -> tuple[str, ...]:
+        """The parameters this model holds as copies of another now: ``tied_weights_keys``
+        where its config ties its weights (``tie_weights``), else none."""
+        return tuple(self.tied_weights_keys) if getattr(self.config, "tie_weights", False) else ()
+
     @property
     def decodes(self) -> bool:
         """It declares a decoder: generate and beam search run on it."""

@@ -72,7 +72,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoint import check_state_dict, state_dict_for_saving
+from attnlab.checkpoint import check_state_dict, state_dict_for_saving, uncompiled
 from attnlab.files import RunError
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric, val_loss_metric
@@ -564,8 +564,7 @@ class Trainer:
             finally:
                 set_gradient_sync(self.raw_model, True)
             return
-        inner = getattr(self.model, "_orig_mod", self.model)
-        with inner.no_sync():
+        with uncompiled(self.model).no_sync():  # DistributedDataParallel's
             yield
 
     def _nan(self, value: float, what: str, step: int) -> None:
