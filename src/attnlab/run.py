@@ -162,12 +162,15 @@ class Run:
 
     def generate(self, prompt: str | list[str] = "\n", *, stop=(), num_samples: int = 1,
                  use_cache: bool = True, stream=None, window: str = "slide",
-                 beam: int | None = None, alpha: float = PredictOptions.alpha, **sampling):  # fmt: skip
+                 beam: int | None = None, alpha: float = PredictOptions.alpha,
+                 samples: bool = False, **sampling):  # fmt: skip
         """What ``attnlab generate`` prints: a GPT's continuation of ``prompt`` (an
         encoder-decoder's sampled output for a source text), sampled with ``SamplingConfig``'s
         options and defaults (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
         ``repetition_penalty``, ``seed``), or the best ``num_samples`` of a beam search
-        (``beam=N``). A str for one prompt and one sample; otherwise a list."""
+        (``beam=N``): the one place that choice is made. A str for one prompt and one sample;
+        otherwise a list; ``samples=True``: always the list of ``attnlab.generation.Sample``
+        (each its prompt, text and tokens), each prompt's in turn."""
         from attnlab.generation import SamplingConfig, beam_generate
         from attnlab.generation import generate as sample
 
@@ -182,11 +185,14 @@ class Run:
             rows = beam_generate(self.model, self.tokenizer, prompts, beam, alpha,
                                  cfg.max_new_tokens, n_best=num_samples, window=window,
                                  use_cache=use_cache)  # fmt: skip
-            texts = [s.text for row in rows for s in row]
+            found = [s for row in rows for s in row]
         else:
-            texts = [s.text for s in sample(self.model, self.tokenizer, prompts, cfg, stop=stop,
-                                            num_samples=num_samples, use_cache=use_cache,
-                                            stream=stream, window=window)]  # fmt: skip
+            found = sample(self.model, self.tokenizer, prompts, cfg, stop=stop,
+                           num_samples=num_samples, use_cache=use_cache, stream=stream,
+                           window=window)  # fmt: skip
+        if samples:
+            return found
+        texts = [s.text for s in found]
         return texts[0] if isinstance(prompt, str) and len(texts) == 1 else texts
 
     def record(self, text: str):
