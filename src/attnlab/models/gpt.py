@@ -175,6 +175,10 @@ PRESETS: dict[str, dict] = {
     # quickest way found to val 1.88 on tiny Shakespeare
     "fast": dict(n_layer=4, n_head=4, d_model=128, block_size=64, pos="rotary", d_ff=256),
     "small": dict(n_layer=6, n_head=6, d_model=384, block_size=256),
+    # a word-level toy (--data sentences --tokenizer word): a sentence is a handful of tokens,
+    # so its attention is the notes' N x N matrix of words; trained in about a minute on a CPU
+    # by the LM task's recipe (attnlab.tasks.lm.PRESET_TRAINING)
+    "toy": dict(n_layer=2, n_head=4, d_model=64, block_size=32),
     "gpt2": dict(n_layer=12, n_head=12, d_model=768, block_size=1024),
     # Elhage et al. (2021)'s two-layer attention-only transformer, with rotary positions (with
     # learned ones the induction task finds a positional shortcut: see attnlab.tasks.induction)
