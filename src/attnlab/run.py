@@ -195,6 +195,40 @@ class Run:
         texts = [s.text for s in found]
         return texts[0] if isinstance(prompt, str) and len(texts) == 1 else texts
 
+    def translate(self, texts: str | list[str], *, beam: int | None = None,
+                  alpha: float = PredictOptions.alpha, max_len: int | None = None,
+                  num_samples: int = 1, stop=(), **sampling) -> list[dict]:  # fmt: skip
+        """What ``attnlab translate`` prints: an encoder-decoder's output for each source text,
+        rows {"source", "output"}. Greedy (``predict``'s translation) unless it searches
+        (``beam=N``, the best ``num_samples``) or samples (``temperature`` > 0, a repetition
+        penalty, ``stop`` strings or several samples; ``generate``'s decoding, with
+        ``SamplingConfig``'s other options). ``max_len``: the longest output (default: twice
+        the source + 10)."""
+        import dataclasses
+
+        from attnlab.generation import SamplingConfig
+
+        if self.model.predicts != "decoder-step":
+            raise ckpt.RunError(f"{self.path}: not an encoder-decoder run (train one with --task "
+                                "seq2seq); `attnlab predict` answers for any run")  # fmt: skip
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        cfg = SamplingConfig(max_len, **{"temperature": 0.0, **sampling})
+        sampled = cfg.temperature > 0 or cfg.repetition_penalty != 1.0 or bool(stop)
+        if beam is None and not sampled and num_samples == 1:  # greedy: predict's answer
+            preds = self.predict(texts, alpha=alpha, max_len=max_len)
+            return [{"source": t, "output": p["output"]} for t, p in zip(texts, preds)]
+        found = self.generate(texts, stop=stop, num_samples=num_samples, beam=beam, alpha=alpha,
+                              samples=True, **dataclasses.asdict(cfg))  # fmt: skip
+        return [{"source": s.prompt, "output": s.text} for s in found]
+
+    def classify(self, inputs: str | list[str], top_k: int = PredictOptions.top_k):
+        """What ``attnlab classify`` prints: a classifier's ``top_k`` classes of each input (a
+        text; for a ViT an image file or ``test:N``), as ``predict`` gives them."""
+        if self.model.predicts != "class":
+            raise ckpt.RunError(f"{self.path}: not a classifier run (train one with --task "
+                                "classify); `attnlab predict` answers for any run")  # fmt: skip
+        return self.predict(inputs, top_k=top_k)
+
     def record(self, text: str):
         """One recorded forward pass over ``text`` (an image path or ``test:N`` for a ViT): the
         ``attnlab.inspect.Recording`` every look-inside tool reads."""

@@ -328,3 +328,26 @@ def test_a_gpt_and_an_encoder_decoder_decode_through_one_protocol(name):
             (0, 1),
             False,
         )
+
+
+@pytest.mark.parametrize("verb", ["generate", "translate", "classify"])
+def test_the_decoding_verbs_call_the_run_method_of_their_name(verb):
+    """`attnlab generate | translate | classify` hand the work to Run.generate | translate |
+    classify (the one place each verb's logic lives, the beam-or-sample choice included): the
+    verb's module calls ``<run>.<verb>(...)`` and no decoding function of attnlab.generation."""
+    import ast
+    from pathlib import Path
+
+    import attnlab.cli
+
+    path = Path(attnlab.cli.__file__).parent / f"{verb}.py"
+    calls = [n.func for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+    attrs = {f.attr for f in calls if isinstance(f, ast.Attribute)}
+    assert verb in attrs
+    imported = {
+        a.name
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.ImportFrom) and n.module == "attnlab.generation"
+        for a in n.names
+    }
+    assert not imported & {"generate", "beam_generate", "beam_search", "greedy", "translate"}
