@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from attnlab.config import ConfigError
 from attnlab.files import FileChangedError, RunError, atomic_write_json, atomic_write_text
@@ -77,7 +78,7 @@ def model_class(model_type: str) -> type[nn.Module]:
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside torch.compile's and DistributedDataParallel's wrappers."""
     model = uncompiled(model)
-    if isinstance(model, nn.parallel.DistributedDataParallel):
+    if isinstance(model, DistributedDataParallel):
         model = model.module
     return model
 
