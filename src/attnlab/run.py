@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab import checkpoint as ckpt
+from attnlab import rundir
 from attnlab.data import DataError
-from attnlab.models.declare import InputError
+from attnlab.models.declare import InputError, max_positions
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, PredictOptions, Task, open_task, predict_options
+
+RECORDED_PREDICT_TOKENS = 512  # predict reads a recorded pass up to this many tokens (Run.predict)
 
 
 class Run:
@@ -59,7 +61,7 @@ class Run:
     @property
     def imported(self) -> str | None:
         """The Hugging Face directory the weights came from, if they were imported."""
-        return _imported(self.config)
+        return rundir.imported_from(self.config)
 
     @property
     def no_data_of_its_own(self) -> str | None:
@@ -86,8 +88,8 @@ class Run:
         if self._task is None:
             try:
                 self._task = open_task(self.path, cfg=self.config, tokenizer=self.tokenizer)
-            except ckpt.RunError as e:
-                raise ckpt.RunError(f"{self.path}: {e}") from None
+            except rundir.RunError as e:
+                raise rundir.RunError(f"{self.path}: {e}") from None
         return self._task
 
     def __repr__(self) -> str:
@@ -107,19 +109,63 @@ class Run:
 
     # -- what it does --------------------------------------------------------------------------
 
-    def predict(self, inputs: str | list[str], options: PredictOptions | None = None, **given):
+    def predict(self, inputs: str | list[str], options: PredictOptions | None = None, *,
+                rec=None, **given):  # fmt: skip
         """The model's prediction for one input (a dict) or several (a list): the next tokens
         of a GPT, the fillers of each [MASK], the classes of a text or image (a file or
-        ``test:N``), the translation of an encoder-decoder (greedy, or ``beam=N``)."""
+        ``test:N``), the translation of an encoder-decoder (greedy, or ``beam=N``).
+
+        Each input the model reads whole, of at most ``RECORDED_PREDICT_TOKENS`` tokens, is
+        predicted from one recorded forward pass (``record``; ``rec``: a recording of the one
+        input already made, used where that applies): the pass every look-inside tool reads,
+        so the workbench's panels share it and show these numbers to the bit. A longer input
+        (a GPT's prompt past its block: the last block), a beam search, or an input the task
+        reads otherwise runs the task's own pass (the same prediction, to float rounding)."""
         options = predict_options(options, given)
         task = self.task
         if options.beam != 1 and task.name != "seq2seq":
-            raise ckpt.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
+            raise rundir.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
         single = isinstance(inputs, str)
-        if any(x == "" for x in ([inputs] if single else inputs)):  # as trace and attention say
+        items = [inputs] if single else list(inputs)
+        if any(x == "" for x in items):  # as trace and attention say
             raise InputError("the text has no tokens")
-        preds = task.predict(self.model, [inputs] if single else list(inputs), options)
+        if rec is not None and not (single and rec.text == inputs):
+            raise InputError("rec must be a recording of the one input predicted")
+        preds = [self._predict_recorded(x, options, rec) for x in items]
+        if any(p is None for p in preds):
+            rest = iter(task.predict(self.model, [x for x, p in zip(items, preds) if p is None],
+                                     options))  # fmt: skip
+            preds = [p if p is not None else next(rest) for p in preds]
         return preds[0] if single else preds
+
+    def _predict_recorded(self, text: str, options: PredictOptions, rec=None) -> dict | None:
+        """``predict``'s answer for ``text`` read off a recording of it (``rec``, else one made
+        here) where ``recorded_predict`` says so; None: the task's own pass answers."""
+        if not self.recorded_predict(text):
+            return None
+        if rec is None:
+            from attnlab.inspect.recording import InspectError
+
+            try:
+                rec = self.record(text)
+            except (InspectError, InputError):  # the task's own pass says why, in its words
+                return None
+        with torch.no_grad():
+            return self.task.predict_recorded(self.model, rec, options)
+
+    def recorded_predict(self, text: str) -> bool:
+        """Whether ``predict`` reads ``text`` off a recorded forward pass: the model reads it
+        whole, in at most ``RECORDED_PREDICT_TOKENS`` tokens (a recording holds every head's
+        tokens x tokens weights; past that, the task's own pass keeps memory flat)."""
+        if self.model.reads == "image":
+            return True  # a ViT's patches: a fixed, small number
+        try:
+            n = len(self.tokenizer.encode_source(text) if self.model.reads == "source"
+                    else self.tokenizer.encode(text))  # fmt: skip
+        except (ValueError, AttributeError):  # a character it cannot read: predict says so
+            return False
+        limit = max_positions(self.model)
+        return 0 < n <= RECORDED_PREDICT_TOKENS and (limit is None or n <= limit)
 
     def prediction_lines(self, pred: dict) -> list[str]:
         """A prediction as terminal lines, in the words of the run's task."""
@@ -145,7 +191,7 @@ class Run:
         _ = self.task  # an encoder with no head is refused before any data is read
         where = self.no_data_of_its_own
         if where is not None:
-            raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
+            raise rundir.RunError(f"{self.path} {where}, so it has no held-out split: give "
                                 "--data FILE (Python: evaluate(data=...))")  # fmt: skip
         try:
             return open_task(self.path, True, self.config, self.tokenizer)
@@ -175,7 +221,7 @@ class Run:
         from attnlab.generation import generate as sample
 
         if not self.model.decodes:
-            raise ckpt.RunError(
+            raise rundir.RunError(
                 f"{self.path}: generate samples text from a GPT (or an encoder-decoder); this "
                 f"run is a {self.kind} ({self.describe()}): use predict"
             )
@@ -209,7 +255,7 @@ class Run:
         from attnlab.generation import SamplingConfig
 
         if self.model.predicts != "decoder-step":
-            raise ckpt.RunError(f"{self.path}: not an encoder-decoder run (train one with --task "
+            raise rundir.RunError(f"{self.path}: not an encoder-decoder run (train one with --task "
                                 "seq2seq); `attnlab predict` answers for any run")  # fmt: skip
         texts = [texts] if isinstance(texts, str) else list(texts)
         cfg = SamplingConfig(max_len, **{"temperature": 0.0, **sampling})
@@ -225,7 +271,7 @@ class Run:
         """What ``attnlab classify`` prints: a classifier's ``top_k`` classes of each input (a
         text; for a ViT an image file or ``test:N``), as ``predict`` gives them."""
         if self.model.predicts != "class":
-            raise ckpt.RunError(f"{self.path}: not a classifier run (train one with --task "
+            raise rundir.RunError(f"{self.path}: not a classifier run (train one with --task "
                                 "classify); `attnlab predict` answers for any run")  # fmt: skip
         return self.predict(inputs, top_k=top_k)
 
@@ -414,17 +460,10 @@ class Run:
         return Subject(self.model, self.tokenizer, self.config.get("labels"))
 
 
-def _imported(config: dict) -> str | None:
-    source = config.get("source")
-    if isinstance(source, dict) and source.get("format") == "huggingface":
-        return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
-    return None
-
-
 def about(model: nn.Module, config: dict) -> dict:
     """{"kind", "model_type", "description"} of a model and its run's config.json: what every
     ``--json`` output starts with."""
-    imported = _imported(config)
+    imported = rundir.imported_from(config)
     text = model.describe() + (f" (imported from {imported})" if imported else "")
     return {"kind": model.kind, "model_type": config.get("model_type", ""), "description": text}
 
@@ -432,7 +471,7 @@ def about(model: nn.Module, config: dict) -> dict:
 def about_run(path: str | Path) -> dict:
     """``about`` of the run at ``path`` without reading its weights (the model is built on the
     meta device): for verbs that read a run's files but run no model (timeline, train)."""
-    checked = ckpt.check_run(path)
+    checked = rundir.check_run(path)
     return about(checked.model, checked.config)
 
 
@@ -440,6 +479,6 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> Run:
     """The run directory at ``path`` (trained or imported, any kind), loaded on ``device``:
     the one door to a run (config.json is read once, then checked against the weights and
     the tokenizer before any weight is read)."""
-    config = ckpt.read_run_config(path)
-    model, tokenizer = ckpt.open_model(path, device=device, cfg=config)
+    config = rundir.read_run_config(path)
+    model, tokenizer = rundir.open_model(path, device=device, cfg=config)
     return Run(path, model, tokenizer, config)

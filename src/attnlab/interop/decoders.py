@@ -33,11 +33,11 @@ import torch
 from torch import Tensor
 
 from attnlab.blocks import layout_words
-from attnlab.checkpoint import RunError, build_model, weights_dtype
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, register
 from attnlab.interop.hf_files import KeyMap, apply_key_map, read_hf_config, read_hf_weights
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.rundir import RunError, build_model, weights_dtype
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 GEMMAS = ("gemma", "gemma2", "gemma3_text")

@@ -426,12 +426,24 @@ class LanguageModel(Task):
         dec, out = decoder_for(model), []
         for text in inputs:
             ids = torch.tensor([dec.encode(self.tokenizer, text)])  # (1, T)
-            probs = next_token_logprobs(model, ids)[0].exp()  # (V,)
-            top = torch.topk(probs, min(top_k, probs.numel()))
-            out.append({"input": text, "next": [
-                {"token": self.tokenizer.decode([i]), "id": i, "p": p}
-                for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
+            out.append(self._next(text, next_token_logprobs(model, ids)[0], top_k))
         return out
+
+    def predict_recorded(self, model, rec, options):
+        """The next tokens from the recorded logits at the last position: log_softmax of
+        ``rec.logits[0, -1]``, as the decoding protocol's first step computes it."""
+        if rec.logits is None or rec.logits.dim() != 3:
+            return None
+        logp = torch.log_softmax(rec.logits[0, -1], dim=-1)  # (V,)
+        return self._next(rec.text, logp, options.top_k)
+
+    def _next(self, text: str, logp, top_k: int) -> dict:
+        """{"input", "next": the ``top_k`` most probable tokens}, from log p (V,)."""
+        probs = logp.exp()  # (V,)
+        top = torch.topk(probs, min(top_k, probs.numel()))
+        return {"input": text, "next": [
+            {"token": self.tokenizer.decode([i]), "id": i, "p": p}
+            for p, i in zip(top.values.tolist(), top.indices.tolist())]}  # fmt: skip
 
     def prediction_lines(self, pred):
         lines = [f"{pred['input']!r} -> next token:"]

@@ -25,7 +25,7 @@ and on a signal at every step, so they read it back every step.) Every ``eval_in
 steps (and at step 0 and the last step): an evaluation, best/ if it is the best so far, and a
 checkpoint; also a checkpoint whenever ``checkpoint_seconds`` have passed since the last, so a
 run killed early still leaves one. The run directory is one object, ``out_dir``'s
-``attnlab.training.rundir.RunDir``, that the Trainer calls a handful of times: ``start``,
+``attnlab.rundir.RunDir``, that the Trainer calls a handful of times: ``start``,
 ``append_metrics``, ``save_best``, ``save_checkpoint`` (whole or not at all), and
 ``read_checkpoint`` to resume; rank 0 alone writes.
 
@@ -72,11 +72,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoint import check_state_dict, state_dict_for_saving, uncompiled
 from attnlab.files import RunError
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric, val_loss_metric
 from attnlab.modes import evaluating
+from attnlab.rundir import RunDir
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import (
@@ -100,7 +100,6 @@ from attnlab.training.optim import (
 )
 from attnlab.training.plots import plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
-from attnlab.training.rundir import RunDir
 from attnlab.training.state import check_rng_state, rng_state, set_rng_state
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -278,13 +277,14 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _gathered(self) -> tuple[dict, dict | None]:
-        """The whole model state dict (tied copies dropped) and optimizer state dict of this
-        process, or gathered from every process's shards (FSDP: all of them call this)."""
+        """The whole model state dict and optimizer state dict of this process, or gathered
+        from every process's shards (FSDP: all of them call this). The run directory stores
+        tied copies once (``RunDir.save_checkpoint``'s ``model``)."""
         if not self.sharded:
-            return state_dict_for_saving(self.raw_model), None
+            return self.raw_model.state_dict(), None
         model_sd = full_state_dict(self.raw_model)
         opt_sd = full_optimizer_state_dict(self.raw_model, self.optimizer)
-        return state_dict_for_saving(self.raw_model, model_sd), opt_sd
+        return model_sd, opt_sd
 
     def save_checkpoint(self) -> None:
         """Write model, optimizer and trainer state of this step as one checkpoint."""
@@ -308,7 +308,8 @@ class Trainer:
             "world_size": self.dist.world_size,
         }
         try:
-            self.run.save_checkpoint(model_tensors, opt_tensors, state, fault=self._on_save)
+            self.run.save_checkpoint(model_tensors, opt_tensors, state, fault=self._on_save,
+                                     model=self.raw_model)  # fmt: skip
         except OSError as e:
             raise TrainingError(
                 f"could not write the checkpoint of step {self.step} in {self.out_dir}: "
@@ -346,9 +347,9 @@ class Trainer:
         if not self.writes:
             return
         if model_tensors is None:
-            model_tensors = state_dict_for_saving(self.raw_model)
+            model_tensors = self.raw_model.state_dict()
         try:
-            self.run.save_best(model_tensors, self.best)
+            self.run.save_best(model_tensors, self.best, model=self.raw_model)
         except OSError as e:
             raise TrainingError(
                 f"could not write the best model of step {self.step}: {e.strerror or e}"
@@ -370,12 +371,11 @@ class Trainer:
             import torch.distributed as dist
 
             sync = dist.barrier
-        found = run.read_checkpoint(sync)
+        found = run.read_checkpoint(sync, model=self.raw_model)  # checked against the model
         if found is None:
             self._resumed = False
             return False
         state, tensors, opt_tensors = found
-        check_state_dict(self.raw_model, tensors, str(run.model_file))
         check_optimizer_tensors(self.optimizer, opt_tensors, str(run.optimizer_file))
         if not self.sharded:
             self.raw_model.load_state_dict(tensors, strict=False)
@@ -564,7 +564,11 @@ class Trainer:
             finally:
                 set_gradient_sync(self.raw_model, True)
             return
-        with uncompiled(self.model).no_sync():  # DistributedDataParallel's
+        dynamo = sys.modules.get("torch._dynamo")  # loaded once anything has been compiled
+        inner = self.model  # DistributedDataParallel, maybe inside torch.compile's wrapper
+        if dynamo is not None and isinstance(inner, dynamo.eval_frame.OptimizedModule):
+            inner = inner._orig_mod
+        with inner.no_sync():
             yield
 
     def _nan(self, value: float, what: str, step: int) -> None:

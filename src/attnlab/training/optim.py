@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from attnlab.checkpoint import RunError
+from attnlab.rundir import RunError
 from attnlab.train_config import TrainConfig
 
 
