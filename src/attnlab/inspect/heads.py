@@ -252,7 +252,7 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
         rows, described,
         None if samp is None else (sample_name or f"{sample.size(0)} held-out sequences"),
         probe.loss_first_half if probe else None, probe.loss_repeated_half if probe else None,
-        composition_scores(model), notes, vocab=vocab_size(model) if probe else None,
+        composition_scores(model), notes, vocab=model.probe_vocab_size if probe else None,
     )  # fmt: skip
 
 
