@@ -10,6 +10,17 @@ A query row with nothing to attend to gives a zero output and zero weights, neve
 The families' variations are options of the same pieces, not new kinds of attention: fewer
 K/V heads than query heads (grouped-query), another scale, a softcap on the scores, a sliding
 window, an additive position bias (T5), a norm on q and k (``MultiHeadAttention`` says which).
+
+How scores become weights (``WEIGHTINGS``, the ``weighting`` of ``reference_attention`` and of
+``MultiHeadAttention``), for a query row s_1 .. s_S of scores over the keys it may see:
+    softmax    w_j = exp(s_j) / sum_k exp(s_k)          every row sums to 1
+    softmax1   w_j = exp(s_j) / (1 + sum_k exp(s_k))    softmax with one more logit fixed at 0,
+               a key that is always there and whose value is zero ("attend to nothing"): a row
+               sums to less than 1 (Miller 2023, "softmax off by one")
+    sigmoid    w_j = sigmoid(s_j)                       each key on its own, no normalisation:
+               a row sums to anything in (0, S) (the sigmoid attention without normalisation of
+               Gu et al. 2025, "When Attention Sink Emerges")
+Only softmax must put a row's whole weight somewhere; the other two can attend to nothing.
 """
 
 from __future__ import annotations
@@ -116,6 +127,31 @@ def softcap(x: Tensor, cap: float) -> Tensor:
     return cap * torch.tanh(x / cap)
 
 
+def softmax_weights(scores: Tensor) -> Tensor:
+    """w_j = exp(s_j) / sum_k exp(s_k) over the last dim (the keys): every row sums to 1."""
+    return torch.softmax(scores, dim=-1)
+
+
+def softmax1_weights(scores: Tensor) -> Tensor:
+    """w_j = exp(s_j) / (1 + sum_k exp(s_k)): softmax over the keys and one extra logit fixed
+    at 0 (a key whose score is always 0 and whose value is zero), so a row sums to less than 1
+    and can give almost nothing to every key. Computed stably: m = max(0, max_k s_k) is taken
+    out of every exponential, the zero logit's included."""
+    m = scores.amax(dim=-1, keepdim=True).clamp_min(0.0)  # (..., T, 1)
+    e = torch.exp(scores - m)  # (..., T, S)
+    return e / (torch.exp(-m) + e.sum(dim=-1, keepdim=True))
+
+
+def sigmoid_weights(scores: Tensor) -> Tensor:
+    """w_j = sigmoid(s_j) = 1 / (1 + exp(-s_j)), each key on its own: no normalisation over the
+    keys, so a row's weights sum to anything between 0 and the number of keys."""
+    return torch.sigmoid(scores)
+
+
+WEIGHTINGS = {"softmax": softmax_weights, "softmax1": softmax1_weights,
+              "sigmoid": sigmoid_weights}  # fmt: skip  # how scores become weights
+
+
 def reference_attention(
     q: Tensor,
     k: Tensor,
@@ -125,16 +161,18 @@ def reference_attention(
     dropout_p: float = 0.0,
     bias: Tensor | None = None,
     cap: float | None = None,
+    weighting: str = "softmax",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Attention written one step per line. Returns (output, weights, scores).
 
     scores = Q K^T * scale (+ bias) (then cap * tanh(scores / cap)); weights = softmax over the
     keys of the scores the mask allows; output = weights V. ``scale`` defaults to 1/sqrt(d_k);
     ``bias`` (broadcastable to (..., T, S)) is an additive position bias (T5's); ``cap`` a
-    softcap (Gemma 2's). The scores returned are the softmax's input BEFORE the mask (what the
-    mask then hides is still visible to inspection). Masked scores are filled with the dtype's
-    most negative finite number rather than -inf, and masked weights are zeroed after the
-    softmax, so an empty row gives zeros, never NaN.
+    softcap (Gemma 2's); ``weighting`` another function from scores to weights (``WEIGHTINGS``:
+    softmax1, sigmoid), whose rows need not sum to 1. The scores returned are the weighting's
+    input BEFORE the mask (what the mask then hides is still visible to inspection). Masked
+    scores are filled with the dtype's most negative finite number rather than -inf, and masked
+    weights are zeroed after the weighting, so an empty row gives zeros, never NaN.
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = q @ k.transpose(-2, -1)  # (..., T, S) raw similarities Q K^T
@@ -147,9 +185,9 @@ def reference_attention(
     if mask is not None:
         # hide what is not allowed (the most negative finite number, so no row is all -inf)
         masked = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(masked, dim=-1)  # (..., T, S) each row sums to 1 over the keys
+    weights = WEIGHTINGS[weighting](masked)  # (..., T, S) softmax: each row sums to 1
     if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)  # an empty row becomes all zeros
+        weights = weights.masked_fill(~mask, 0.0)  # hidden keys weigh 0, an empty row is zeros
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = attn @ v  # (..., T, d_v) weighted sum of the values
     return out, weights, scores
@@ -334,6 +372,8 @@ class MultiHeadAttention(nn.Module):
     - ``softcap``: scores become cap * tanh(scores / cap) before the mask (Gemma 2).
     - ``window``: each query sees only the last ``window`` positions, itself included
       (sliding-window attention: Mistral, Gemma 2/3).
+    - ``weighting``: how scores become weights (``WEIGHTINGS``): softmax, or softmax1 and
+      sigmoid, whose rows need not sum to 1 (always computed on the reference path).
     ``forward`` also takes ``position_bias`` (B|1, H, T, S), added to the scaled scores (T5).
 
     Recorded (see ``attnlab.hooks``): q (B, H, T, d_k); k, v (B, n_kv, S, D) as the KV cache
@@ -359,6 +399,7 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         softcap: float | None = None,
         window: int | None = None,
+        weighting: str = "softmax",
     ):
         super().__init__()
         if d_model <= 0 or n_heads <= 0:
@@ -370,6 +411,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         if (softcap is not None and softcap <= 0) or (window is not None and window <= 0):
             raise ValueError("softcap and window must be positive")
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"unknown weighting {weighting!r}; choose {', '.join(WEIGHTINGS)}")
+        self.weighting = weighting
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or d_model // n_heads
@@ -455,11 +499,12 @@ class MultiHeadAttention(nn.Module):
         T, S, gqa = q.size(2), k.size(2), self.n_kv_heads != self.n_heads
         p = self.dropout if self.training else 0.0
         recording = self.hook_weights.active or self.hook_scores.active
-        if return_weights or recording or not self.use_fused or self.softcap is not None:
+        reference = self.softcap is not None or self.weighting != "softmax"  # no fused kernel
+        if return_weights or recording or not self.use_fused or reference:
             k, v = self._share(k), self._share(v)  # (B, H, S, D) each query head's K/V head
             mask = self._mask(mask, causal, T, S, x.device)
             z, weights, scores = reference_attention(
-                q, k, v, mask, self.scale, p, position_bias, self.softcap
+                q, k, v, mask, self.scale, p, position_bias, self.softcap, self.weighting
             )
             self.hook_scores(scores)
             weights = self.hook_weights(weights)

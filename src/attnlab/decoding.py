@@ -181,9 +181,9 @@ MIRRORS = (nn.ModuleList, nn.Embedding, nn.Linear, nn.LayerNorm, RMSNorm, nn.Dro
 
 def _restated_attention(m: MultiHeadAttention) -> bool:
     """True for the attention FastForward restates: any number of query heads and of K/V heads
-    shared by them (GQA, MQA), keys and values of one width, any scale, QK-norm; no softcap or
-    sliding window."""
-    return m.d_k == m.d_v and m.softcap is None and m.window is None
+    shared by them (GQA, MQA), keys and values of one width, any scale, QK-norm; softmax
+    weights; no softcap or sliding window."""
+    return m.d_k == m.d_v and m.softcap is None and m.window is None and m.weighting == "softmax"
 
 
 def _norm(m: nn.Module) -> Callable[[Tensor], Tensor]:
@@ -191,6 +191,8 @@ def _norm(m: nn.Module) -> Callable[[Tensor], Tensor]:
     kernel, ``rms_norm``), without the module call."""
     if isinstance(m, RMSNorm):
         return functools.partial(rms_norm, weight=m.weight, eps=m.eps, offset=m.offset)
+    if isinstance(m, nn.Identity):  # no norm (GPTConfig norm="none")
+        return lambda x: x
     return functools.partial(F.layer_norm, normalized_shape=m.normalized_shape, weight=m.weight,
                              bias=m.bias, eps=m.eps)  # fmt: skip
 

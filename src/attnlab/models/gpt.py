@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.attention import KVCache, from_hf_attention_mask, softcap
+from attnlab.attention import WEIGHTINGS, KVCache, from_hf_attention_mask, softcap
 from attnlab.blocks import ACTIVATIONS, FFNS, Block
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
@@ -71,6 +71,8 @@ class GPTConfig(BaseConfig):
     parallel: bool = False  # x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, Pythia)
     post_norms: bool = False  # a norm on each sublayer's output too (Gemma 2, 3)
     embed_scale: bool = False  # token embeddings times sqrt(d_model) (Gemma)
+    attention: str = "softmax"  # how scores become weights: softmax, softmax1 or sigmoid, whose
+    #       rows need not sum to 1 (attnlab.attention.WEIGHTINGS)
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
@@ -88,6 +90,7 @@ class GPTConfig(BaseConfig):
         self._one_of("norm", NORMS)
         self._one_of("ffn", FFNS)
         self._one_of("rotary", ROTARY_LAYOUTS)
+        self._one_of("attention", tuple(WEIGHTINGS))
         if self.n_head % (self.n_kv_heads or self.n_head):
             raise ConfigError(f"n_kv_heads ({self.n_kv_heads}) must divide n_head ({self.n_head})")
         if (self.rotary != "pairs" or self.rot_dim or self.rope_scaling) and self.pos != "rotary":
@@ -108,7 +111,7 @@ class GPTConfig(BaseConfig):
                 raise ConfigError("sliding layers need a sliding_window")
         if (self.qk_norm or self.norm != "layer") and not self.norm_first:
             raise ConfigError("qk_norm and RMS norms are built pre-norm (norm_first)")
-        if self.qk_norm and self.norm == "layer":
+        if self.qk_norm and self.norm in ("layer", "none"):
             raise ConfigError("qk_norm is an RMSNorm: choose norm rms or rms-gemma")
         if (self.parallel or self.post_norms) and (not self.norm_first or not self.mlp):
             raise ConfigError("parallel and post_norms blocks are pre-norm with a feed-forward")
@@ -182,7 +185,8 @@ def _decoder_blocks(c: GPTConfig) -> nn.ModuleList:
         window = c.window_of(i)
         attn = dict(n_kv_heads=c.n_kv_heads, qkv_bias=c.qkv_bias, out_bias=c.out_bias,
                     qk_norm=c.norm if c.qk_norm else None, qk_norm_eps=c.ln_eps,
-                    scale=c.attn_scale, softcap=c.attn_softcap, window=window)  # fmt: skip
+                    scale=c.attn_scale, softcap=c.attn_softcap, window=window,
+                    weighting=c.attention)  # fmt: skip
         if c.head_dim is not None:
             attn.update(d_k=c.head_dim, d_v=c.head_dim)
         rot = rotary.get("sliding" if window else "full", rotary.get("full"))
@@ -400,7 +404,8 @@ class GPT(ModelKind, nn.Module):
         if c.pos == "rotary" and c.rotary == "half":
             out.append("rotate-half rotary" + (f" on {c.rot_dim} channels" if c.rot_dim else ""))
         if c.norm != "layer":
-            out.append({"rms": "RMSNorm", "rms-gemma": "RMSNorm times (1 + w)"}[c.norm])
+            out.append({"rms": "RMSNorm", "rms-gemma": "RMSNorm times (1 + w)",
+                        "none": "no norms"}[c.norm])  # fmt: skip
         if c.ffn == "gated":
             out.append(f"gated feed-forward ({c.activation})")
         if c.n_kv_heads and c.n_kv_heads < c.n_head:
@@ -409,6 +414,9 @@ class GPT(ModelKind, nn.Module):
             )
         if c.qk_norm:
             out.append("QK-norm")
+        if c.attention != "softmax":
+            out.append({"softmax1": "softmax with an extra zero logit",
+                        "sigmoid": "sigmoid attention (no normalisation)"}[c.attention])  # fmt: skip
         if c.sliding_window:
             out.append(
                 f"sliding window {c.sliding_window}" + (" on some layers" if c.layer_types else "")

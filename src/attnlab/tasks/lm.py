@@ -34,7 +34,7 @@ from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from attnlab.train_config import TrainConfig
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
-DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm")  # the modern-decoder pieces
+DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm", "attention")  # the modern-decoder pieces
 
 # How a preset is trained when it is not the TrainConfig default. ``fast``: the quickest way
 # found to val <= 1.88 on tiny Shakespeare (nanoGPT's CPU run reaches 1.886 in 2000 steps at lr
@@ -134,6 +134,7 @@ class LMOptions(BaseConfig):
     ffn: str | None = None  # mlp, swiglu or geglu
     kv_heads: int | None = None  # K/V heads shared by groups of query heads (GQA)
     qk_norm: bool | None = None  # an RMSNorm on each head's queries and keys
+    attention: str | None = None  # softmax (default), softmax1 or sigmoid (attnlab.attention)
     token_cache: str | None = None  # stream the tokens through shards cached here
 
     def to_dict(self) -> dict:
@@ -172,6 +173,8 @@ class LMOptions(BaseConfig):
             fields["n_kv_heads"] = self.kv_heads
         if self.qk_norm:
             fields["qk_norm"] = True
+        if self.attention is not None:
+            fields["attention"] = self.attention
         try:
             return GPTConfig(vocab_size=vocab_size, **fields)
         except ConfigError as e:
