@@ -393,8 +393,11 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
             rows.append(row)
     notes = []
     if probe is None:
-        notes.append("this model reads no token ids: scored on the sample only (no "
-                     "duplicate-token or induction score)")  # fmt: skip
+        why = ("this model reads no token ids" if vocab_size(model) is None else
+               f"its {max_positions(model)} positions hold no repeated sequence of 2 or more "
+               "tokens")  # fmt: skip
+        notes.append(f"{why}: scored on the sample only (no duplicate-token or induction "
+                     "score)")  # fmt: skip
     if getattr(model, "config", None) is not None and getattr(model.config, "pos", "") == "rotary":
         notes.append("rotary positions: composition is measured at relative offset 0")
     described = (f"{rep.size(0)} random sequences of {rep.size(1) // 2} tokens, each repeated "
