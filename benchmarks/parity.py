@@ -27,7 +27,7 @@ import transformers  # noqa: E402
 from attnlab.checkpoint import save_model  # noqa: E402
 from attnlab.data.batches import pad_batch  # noqa: E402
 from attnlab.embeddings import sentence_embeddings  # noqa: E402
-from attnlab.interop import hf  # noqa: E402
+from attnlab.interop import bert, gpt2, hf  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 
@@ -62,7 +62,7 @@ def gpt2_row(size, d: Path) -> list:
     )
     ref = _perturb(transformers.GPT2LMHeadModel(cfg).eval())
     ref.save_pretrained(d / "ref")
-    ours = hf.load_gpt2(d / "ref")
+    ours = gpt2.load_gpt2(d / "ref")
     ids, mask = _batch(V, 32)
     keep = mask.bool()
     with torch.no_grad():
@@ -78,9 +78,9 @@ def gpt2_row(size, d: Path) -> list:
         for i in range(L)
     )
     save_model(d / "run", ours)
-    hf.export_gpt2(d / "run", d / "export")
+    gpt2.export_gpt2(d / "run", d / "export")
     transformers.GPT2LMHeadModel.from_pretrained(d / "export").save_pretrained(d / "export2")
-    back = hf.load_gpt2(d / "export2")
+    back = gpt2.load_gpt2(d / "export2")
     d_trip = max(
         (a - b).abs().max().item()
         for a, b in zip(ours.state_dict().values(), back.state_dict().values())
@@ -101,7 +101,7 @@ def bert_row(size, d: Path) -> list:
     )
     ref = _perturb(transformers.BertForMaskedLM(cfg).eval())
     ref.save_pretrained(d / "bert")
-    ours = hf.load_bert(d / "bert")
+    ours = bert.load_bert(d / "bert")
     ids, mask = _batch(V, 32)
     keep = mask.bool()
     with torch.no_grad():

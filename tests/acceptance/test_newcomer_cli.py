@@ -22,16 +22,8 @@ import pytest
 import torch
 
 from attnlab import __version__
-from attnlab.cli import (
-    NO_DTYPE_VERBS,
-    NO_JSON_VERBS,
-    READS_ONLY_VERBS,
-    WEIGHTS_DTYPE_VERBS,
-    build_parser,
-    main,
-    verbs,
-)
-from attnlab.cli.lm import unescaped
+from attnlab.cli import build_parser, main, registered, verbs
+from attnlab.cli.generate import unescaped
 from cli_helpers import SRC
 from fault_cli import command
 from lm_helpers import TEXT, TINY_TRAIN
@@ -157,13 +149,15 @@ def test_nothing_close_says_where_the_list_is(cli, home):
 
 
 def test_every_verb_that_runs_a_model_takes_device_dtype_and_json():
+    declared = registered()
     for verb, parser in verbs(build_parser()).items():
         have = {o for a in parser._actions for o in a.option_strings}
-        runs_a_model = verb not in READS_ONLY_VERBS
+        runs_a_model = declared[verb].runs == "model"
         assert ("--device" in have) == runs_a_model, verb
-        takes_dtype = (runs_a_model and verb not in NO_DTYPE_VERBS) or verb in WEIGHTS_DTYPE_VERBS
+        dtype = declared[verb].dtype
+        takes_dtype = (runs_a_model and dtype == "autocast") or dtype == "weights"
         assert ("--dtype" in have) == takes_dtype, verb
-        if runs_a_model and verb not in NO_JSON_VERBS:
+        if runs_a_model and declared[verb].json:
             assert "--json" in have, verb
 
 

@@ -866,7 +866,8 @@ def test_every_task_trains_holding_the_lock(tmp_path, task_id, monkeypatch):
 
 
 def test_import_hf_is_refused_while_another_process_writes_its_run(tmp_path):
-    from attnlab.interop.hf import export_gpt2, import_hf
+    from attnlab.interop.gpt2 import export_gpt2
+    from attnlab.interop.hf import import_hf
 
     export_gpt2(saved(tmp_path, "gpt tied learned"), tmp_path / "hf")
     out = tmp_path / "out"

@@ -298,9 +298,15 @@ def test_the_trace_says_what_each_new_step_is(capsys, imported):
 
 
 def test_import_hf_help_names_every_model_type_it_reads():
-    """The help text lists the model_types by hand (the CLI starts without importing interop);
-    this keeps it equal to the loaders every family module registers."""
-    from attnlab.cli.interop import IMPORTED_TYPES
+    """The help names every family and every model_type the families' modules register, in
+    their order (GPT-2 and BERT first, as the help always listed them)."""
+    from attnlab.cli import build_parser, verbs
     from attnlab.interop import hf
 
-    assert IMPORTED_TYPES.split(", ") == list(hf.LOADERS)
+    types = list(hf.loaders())
+    assert types[:4] == ["gpt2", "bert", "llama", "mistral"] and {"t5", "vit"} <= set(types)
+    parser = build_parser()
+    p = verbs(parser)["import-hf"]
+    assert "model_type: " + ", ".join(types) + "." in " ".join(p.description.split())
+    listed = " ".join(parser.format_help().split())
+    assert all(f.label in listed for f in hf.families().values())

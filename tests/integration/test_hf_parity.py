@@ -17,7 +17,7 @@ transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
 from attnlab.checkpoint import RunError, save_model  # noqa: E402
-from attnlab.interop import hf  # noqa: E402
+from attnlab.interop import bert, gpt2, hf  # noqa: E402
 from attnlab.models.gpt import GPT, GPTConfig  # noqa: E402
 from attnlab.run import load_run  # noqa: E402
 
@@ -106,7 +106,7 @@ def maxdiff(a, b, keep=None):
 @pytest.mark.parametrize("size", GPT2_SIZES, ids=lambda s: f"L{s[0]}H{s[1]}C{s[2]}V{s[3]}")
 def test_gpt2_logits_hidden_states_and_attention_match(tmp_path, size, left):
     ref = gpt2_reference(tmp_path, size)
-    ours = hf.load_gpt2(tmp_path)
+    ours = gpt2.load_gpt2(tmp_path)
     T = size[4] - 3
     ids, mask = padded_batch(size[3], T, left)
     keep = mask.bool()  # padded query positions carry no meaning in either model
@@ -133,7 +133,7 @@ def test_gpt2_logits_hidden_states_and_attention_match(tmp_path, size, left):
 @pytest.mark.parametrize("size", GPT2_SIZES[:3], ids=lambda s: f"L{s[0]}H{s[1]}C{s[2]}")
 def test_gpt2_greedy_generation_matches_with_cache(tmp_path, size):
     ref = gpt2_reference(tmp_path, size)
-    ours = hf.load_gpt2(tmp_path)
+    ours = gpt2.load_gpt2(tmp_path)
     prompt = torch.randint(size[3], (1, 4))
     steps = 6
     with torch.no_grad():
@@ -165,7 +165,7 @@ def test_export_round_trip_is_bit_exact(tmp_path, shape, tie):
             if name.endswith("bias") or "ln" in name:
                 p.add_(0.1 * torch.randn_like(p))
     save_model(tmp_path / "run", model)
-    hf.export_gpt2(tmp_path / "run", tmp_path / "hf")
+    gpt2.export_gpt2(tmp_path / "run", tmp_path / "hf")
     assert (
         json.loads((tmp_path / "hf" / "config.json").read_text())["attnlab"]["model_type"] == "gpt"
     )
@@ -182,7 +182,7 @@ def test_export_round_trip_is_bit_exact(tmp_path, shape, tie):
         )
     ref.save_pretrained(tmp_path / "hf2")  # attnlab -> HF -> (HF's own writer) -> attnlab
     for src in ("hf", "hf2"):
-        back = hf.load_gpt2(tmp_path / src)
+        back = gpt2.load_gpt2(tmp_path / src)
         assert back.config == config
         sd, sd2 = model.state_dict(), back.state_dict()
         assert sd.keys() == sd2.keys()
@@ -192,7 +192,7 @@ def test_export_round_trip_is_bit_exact(tmp_path, shape, tie):
 def test_export_refuses_what_gpt2_cannot_express(tmp_path):
     save_model(tmp_path / "run", GPT(GPTConfig(vocab_size=20, n_layer=1, d_model=16, pos="rotary")))
     with pytest.raises(RunError, match="rotary"):
-        hf.export_gpt2(tmp_path / "run", tmp_path / "hf")
+        gpt2.export_gpt2(tmp_path / "run", tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 
 
@@ -204,7 +204,7 @@ def test_export_refuses_what_gpt2_cannot_express(tmp_path):
 @pytest.mark.parametrize("size", BERT_SIZES, ids=lambda s: f"L{s[0]}H{s[1]}C{s[2]}V{s[3]}-{s[5]}")
 def test_bert_hidden_states_pooler_and_attention_match(tmp_path, size):
     ref = bert_reference(tmp_path, size)
-    ours = hf.load_bert(tmp_path)
+    ours = bert.load_bert(tmp_path)
     assert ours.config.pooler and ours.config.ln_eps == size[6]
     ids, mask = padded_batch(size[3], 17)
     types = torch.randint(size[7], ids.shape)
@@ -251,7 +251,7 @@ def test_bert_masked_lm_logits_match(tmp_path, size, tie):
     with torch.no_grad():
         ref.cls.predictions.bias.add_(torch.randn_like(ref.cls.predictions.bias))
     ref.save_pretrained(tmp_path)
-    ours = hf.load_bert(tmp_path)
+    ours = bert.load_bert(tmp_path)
     assert ours.config.mlm_head and not ours.config.pooler and ours.config.tie_weights == tie
     ids, mask = padded_batch(size[3], 12)
     with torch.no_grad():
@@ -262,7 +262,7 @@ def test_bert_masked_lm_logits_match(tmp_path, size, tie):
 
 def test_bert_sequence_classification_logits_match(tmp_path):
     ref = bert_reference(tmp_path, BERT_SIZES[1], cls=transformers.BertForSequenceClassification)
-    ours = hf.load_bert(tmp_path)
+    ours = bert.load_bert(tmp_path)
     assert ours.config.num_labels == 3
     ids, mask = padded_batch(BERT_SIZES[1][3], 10)
     with torch.no_grad():
@@ -275,7 +275,7 @@ def test_imported_bert_run_round_trips_through_a_run_directory(tmp_path):
     bert_reference(tmp_path / "hf", BERT_SIZES[1], cls=transformers.BertForMaskedLM)
     hf.import_hf(tmp_path / "hf", tmp_path / "run")
     model, _ = load_run(tmp_path / "run")
-    direct = hf.load_bert(tmp_path / "hf")
+    direct = bert.load_bert(tmp_path / "hf")
     ids = torch.randint(BERT_SIZES[1][3], (2, 9))
     assert torch.equal(model.mlm_logits(ids), direct.mlm_logits(ids))
     source = json.loads((tmp_path / "run" / "config.json").read_text())["source"]
@@ -310,7 +310,7 @@ def test_gpt2_key_map_asserts_counts_and_shapes(tmp_path, damage, match):
     gpt2_reference(tmp_path, GPT2_SIZES[1])
     _rewrite_weights(tmp_path, damage)
     with pytest.raises(RunError, match=match):
-        hf.load_gpt2(tmp_path)
+        gpt2.load_gpt2(tmp_path)
 
 
 def test_pickle_only_directory_is_refused_without_unpickling(tmp_path):

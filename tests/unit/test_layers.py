@@ -101,9 +101,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.heartbeat",
         ],
     ),  # fmt: skip
-    # Self-validating configs (TrainConfig too: tasks state their defaults with it) and the
-    # root of every user error.
-    ("config", ["attnlab.config", "attnlab.train_config", "attnlab.errors"]),
+    # Self-validating configs (TrainConfig too: tasks state their defaults with it), the
+    # root of every user error
+    # and the one way things of a sort register (registry.py).
+    ("config", ["attnlab.config", "attnlab.train_config", "attnlab.errors", "attnlab.registry"]),
 ]
 
 # Modules placed above that land with branches being merged now; absent until then. Remove a

@@ -207,11 +207,11 @@ def test_a_run_past_the_memory_is_refused_from_its_options_naming_the_estimate(t
 
 
 def test_the_default_runs_fit():
-    from attnlab.tasks import TASKS, task_class
+    from attnlab.tasks import registered, task_class
     from attnlab.train_config import TrainConfig
     from attnlab.training.memory import check_fits
 
-    for task in TASKS:
+    for task in registered():
         cls = task_class(task)
         s = check_fits(
             cls.Options(data="x"), TrainConfig(**cls.defaults_for({})), torch.device("cpu")

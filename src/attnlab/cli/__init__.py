@@ -1,32 +1,62 @@
 """attnlab's command line: argument parsing only; every verb calls a library function.
 
 Results go to stdout, progress and logs to stderr. Bad input exits 2 with one line on stderr.
-Each area of verbs lives in its own module here and registers its sub-parsers.
+
+One module per verb, named after it (``import-hf`` is ``import_hf.py``): to add a verb, add a
+module here that defines a function adding its sub-parser (``add(sub)``, which sets
+``func``) and registers it, ``VERB = register(Verb("name", order, add))``. ``build_parser``
+finds every module of this package (nothing lists them) and adds the verbs in ``order``, the
+place each has in ``attnlab --help``; ``Verb`` says which common options the verb takes.
+Modules that register no verb hold what several verbs share (``common.py``, ``limits.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import os
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from attnlab.errors import AttnlabError
+from attnlab.registry import Registry
 
-AREAS = (
-    "train",
-    "predict",
-    "lm",
-    "look",
-    "interop",
-    "seq2seq",
-    "vision",
-    "intervene",
-    "timeline",
-    "experiment",
-)
+VERBS = Registry("attnlab.cli")
+
+
+@dataclass(frozen=True)
+class Verb:
+    """A verb of ``attnlab``, declared by the module named after it.
+
+    ``add(sub)`` adds its parser to the sub-parsers and sets its ``func``; ``order`` is its
+    place in ``attnlab --help`` (lower first). ``runs``: "model" (it loads and runs a model:
+    it takes ``--threads``, ``--device``, ``--dtype`` and ``--json``), "files" (it reads a
+    run's files and runs no model, timeline: ``--threads`` only) or "nothing" (import-hf,
+    export-hf: neither). ``json`` False: no ``--json`` (embed's result is JSON already,
+    explore's a page). ``dtype``: "autocast" (the dtype its model runs in), None (none: check
+    compares in float32) or "weights" (its own ``--dtype``, of the weights it writes).
+    ``own_threads``: its library call chooses the threads itself, as it does from Python
+    (train), so ``--threads`` is passed on to it instead of being chosen first."""
+
+    name: str
+    order: int
+    add: Callable[[argparse._SubParsersAction], None]
+    runs: str = "model"
+    json: bool = True
+    dtype: str | None = "autocast"
+    own_threads: bool = False
+
+
+def register(verb: Verb) -> Verb:
+    """Register a verb (in its own module: see the package docstring)."""
+    return VERBS.register(verb)
+
+
+def registered() -> dict[str, Verb]:
+    """Every verb by name, in ``attnlab --help``'s order (every module here imported first)."""
+    return VERBS.registered()
 
 
 class UsageError(AttnlabError):
@@ -82,21 +112,6 @@ def int_at_least(low: int):
     from attnlab.cli.limits import bounded
 
     return bounded(int, low)
-
-
-# Verbs that run no model; every other verb takes --threads (see add_threads_option).
-NO_MODEL_VERBS = {"import-hf", "export-hf"}
-# Verbs whose library call chooses the threads itself (training.run.train: the Python API makes
-# the same choice); the CLI passes --threads on to them instead of choosing first.
-OWN_THREADS_VERBS = {"train"}
-# Verbs that run a model take --device and --dtype (and --json, but for these two: embed's
-# result is JSON already, explore's is a page); timeline reads snapshots and runs none.
-READS_ONLY_VERBS = NO_MODEL_VERBS | {"timeline"}
-NO_JSON_VERBS = {"embed", "explore"}
-# check compares computations with float32 tolerances: it runs in float32 (no --dtype)
-NO_DTYPE_VERBS = {"check"}
-# verbs whose --dtype is the dtype of the weights they write, not of a model they run
-WEIGHTS_DTYPE_VERBS = {"import-hf"}
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -209,13 +224,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"attnlab {__version__}")
     sub = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
-    for area in AREAS:
-        importlib.import_module(f"attnlab.cli.{area}").register(sub)
-    for verb, p in sub.choices.items():
-        if verb not in NO_MODEL_VERBS:
+    for verb in registered().values():
+        verb.add(sub)
+        p = sub.choices[verb.name]
+        if verb.runs != "nothing":
             add_threads_option(p)
-        if verb not in READS_ONLY_VERBS:
-            add_model_options(p, json=verb not in NO_JSON_VERBS, dtype=verb not in NO_DTYPE_VERBS)
+        if verb.runs == "model":
+            add_model_options(p, json=verb.json, dtype=verb.dtype == "autocast")
     from attnlab.cli import limits
 
     limits.apply(sub.choices)  # every numeric option's bound, from the one table
@@ -260,7 +275,7 @@ def _model_context(args: argparse.Namespace):
     machine lacks is one line, exit 2). ``train`` takes them into its TrainConfig instead."""
     from attnlab import runtime
 
-    if args.verb == "train" or not hasattr(args, "device"):
+    if not hasattr(args, "device"):
         return contextlib.nullcontext()
     device = runtime.resolve_device(args.device)
     args.device = str(device)  # "auto" resolved once: the verb's loaders take it as is
@@ -280,16 +295,17 @@ def main(argv: list[str] | None = None) -> int:
             from attnlab import runtime
 
             runtime.start_cpu_sample()
-            parser = build_parser()  # imports every area's verbs
+            parser = build_parser()  # imports every verb's module
         if interrupted:
             raise KeyboardInterrupt
         args = parser.parse_args(argv)
         args._argv = list(sys.argv[1:] if argv is None else argv)  # lets a verb see what was given
         threads = vars(args).pop("threads", None)  # the CLI's option, not the verb's
-        if args.verb in OWN_THREADS_VERBS:
+        verb = registered()[args.verb]
+        if verb.own_threads:
             args.threads = threads  # the library chooses, as it does when called from Python
             result = args.func(args)
-        elif args.verb not in NO_MODEL_VERBS:  # chosen now, said by the verb (the Trainer logs it)
+        elif verb.runs != "nothing":  # chosen now, said by the verb (the Trainer logs it)
             with runtime.using_threads(threads), _model_context(args):
                 result = args.func(args)
         else:

@@ -9,6 +9,8 @@ import json
 import os
 import sys
 
+from attnlab.cli import Verb, register
+
 REPORT_WIDTH = 80  # into a pipe or a file: the width the report is written for
 
 
@@ -52,27 +54,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    from attnlab.experiments import NAMES
+def add(sub) -> None:
+    from attnlab.experiments import registry
 
+    known = registry()
     p = sub.add_parser(
         "experiment",
         help="rerun a classic experiment on attention and compare with the paper",
         description="Train the models an experiment needs (run directories under OUT/runs/), "
         "measure, and write OUT/report.html and OUT/figures.json: each published figure beside "
         "attnlab's, over several seeds, with the criterion that decides whether it reproduces. "
-        "pruning: Michel et al. 2019 (head importance, pruning curves). rollout-and-flow: Abnar "
-        "& Zuidema 2020 (raw attention, rollout and flow against blank-out and gradients). "
-        "attention-vs-importance: Jain & Wallace 2019 and Wiegreffe & Pinter 2019 (attention "
-        "against gradient and leave-one-out importance; permuted, adversarial, uniform "
-        "attention). attention-vs-contribution: the notes' question (does an encoder-decoder "
-        "step's attention over the source match what blanking and patching each source token "
-        "costs its output?).",
+        + " ".join(f"{e.name}: {e.about}." for e in known.values()),
     )
     p.set_defaults(func=run)
-    p.add_argument("name", choices=list(NAMES), metavar="NAME", help=f"one of {', '.join(NAMES)}")
+    p.add_argument("name", choices=list(known), metavar="NAME", help=f"one of {', '.join(known)}")
     p.add_argument("--out", required=True, help="directory to write the report and runs into")
     p.add_argument("--quick", action="store_true",
                    help="smaller models and fewer steps: under a minute (what CI runs)")  # fmt: skip
     p.add_argument("--seeds", type=seeds, default="1,2,3",
                    help="seeds to train and measure with, comma separated")  # fmt: skip
+
+
+VERB = register(Verb("experiment", 220, add))

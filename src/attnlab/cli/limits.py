@@ -13,7 +13,7 @@ the machine and the model is checked once they are known, still before any work:
 ``--threads`` against the cores (``attnlab.runtime.max_threads``), ``train``'s sizes against
 the memory they need (``attnlab.training.memory.check_fits``; ``--force`` to try anyway),
 ``generate``'s ``--max-new-tokens`` and ``--num-samples`` against the memory their buffers
-need (``attnlab.cli.lm``).
+need (``attnlab.cli.generate``).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ BOUNDS: dict = {
     "seed": SEED,
     "snapshot_every": _count(STEPS_MAX, low=0),
     # decoding: generate, translate, predict (the memory they need is checked once the model is
-    # loaded: attnlab.cli.lm)
+    # loaded: attnlab.cli.generate)
     "max_new_tokens": _count(2**40, low=0),
     "max_len": _count(4096, why="tokens in one output; a Transformer also stops at its max_len"),
     "temperature": _rate(100.0, why="past 100 every token is as likely as any"),

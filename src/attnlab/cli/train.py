@@ -8,6 +8,8 @@ import argparse
 import json
 import sys
 
+from attnlab.cli import Verb, register
+
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.training import run as training
@@ -52,19 +54,19 @@ RULES = {
     "tgt_tokenizer": "--tokenizer",
 }
 SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm", "ffn", "kv_heads"}
-# The tasks in the order their defaults are listed; a variant is (label, task, given options).
-VARIANTS = [
-    (name, name, {})
-    for name in ("lm", "mlm", "classify", "seq2seq", "vision", "induction", "modular")
-]
-VARIANTS.insert(4, ("seq2seq --arch lstm*", "seq2seq", {"arch": "lstm"}))
-VARIANTS.insert(1, ("lm --arch llama", "lm", {"arch": "llama"}))  # its own recipe
+# Variants of a task whose defaults are listed after its own: (label, given options) by task.
+VARIANTS = {
+    "lm": [("lm --arch llama", {"arch": "llama"})],  # its own recipe
+    "seq2seq": [("seq2seq --arch lstm*", {"arch": "lstm"})],
+}
 
 
 def _option_defaults() -> list[tuple[str, dict]]:
-    from attnlab.tasks import task_class
+    """(label, defaults) of every task, in the registry's order, each followed by its variants."""
+    from attnlab.tasks import registered
 
-    return [(label, task_class(t).option_defaults(given)) for label, t, given in VARIANTS]
+    return [(label, cls.option_defaults(given)) for name, cls in registered().items()
+            for label, given in [(name, {}), *VARIANTS.get(name, [])]]  # fmt: skip
 
 
 def default_text(name: str, per_task: list[tuple[str, dict]]) -> str | None:
@@ -96,7 +98,7 @@ def presets() -> tuple[list[str], str]:
     return list(dict.fromkeys([*PRESETS, *ENCODER_PRESETS])), whose
 
 
-def register(sub) -> None:
+def add(sub) -> None:
     p = sub.add_parser(
         "train",
         help="train a model on a text, a task or a TSV file",
@@ -119,10 +121,10 @@ def register(sub) -> None:
             help += f" (default: {shown})"
         p.add_argument(*names, **kw, help=help.replace("%", "%%"), default=None)
 
-    from attnlab.tasks import TASKS
+    from attnlab.tasks import registered
     from attnlab.train_config import DTYPES, SCHEDULES
 
-    a("--task", choices=list(TASKS), help="what to train (classify on images trains a ViT)")
+    a("--task", choices=list(registered()), help="what to train (classify on images trains a ViT)")
     a("--data",
       help="a text file, a directory of .txt files, a built-in corpus (shakespeare), a "
       "label<TAB>text or source<TAB>target file, a generated task (dates, copy, reverse, sort, "
@@ -214,3 +216,6 @@ def register(sub) -> None:
     a("--label-smoothing", type=float, help="seq2seq: label smoothing")
     a("--src-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: source tokenizer")
     a("--tgt-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: target tokenizer")
+
+
+VERB = register(Verb("train", 10, add, own_threads=True))

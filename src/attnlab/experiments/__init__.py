@@ -7,7 +7,8 @@ An experiment is a named, seeded recipe: it trains the models it needs (each a n
 directory under OUT/runs/, through ``attnlab.training.run``, as ``attnlab train`` does), runs
 its measurements with the library's interventions, and returns a ``Report`` whose claims put
 the published figure beside attnlab's and decide, by a criterion the report states, whether the
-finding reproduces. ``run_experiment`` writes OUT/report.html and OUT/figures.json.
+finding reproduces. ``run_experiment`` writes OUT/report.html and OUT/figures.json. Each
+experiment is a module of this package that registers its recipe (``recipe.register``).
 
 This package is the top layer: nothing in attnlab imports it but the command line.
 """
@@ -17,48 +18,33 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from attnlab.experiments import (
-    attention_contribution,
-    attention_importance,
-    pruning,
-    rollout_flow,
+from attnlab.experiments.recipe import (
+    Context,
+    Experiment,
+    ExperimentError,
+    example_file,
+    register,
+    registry,
 )
-from attnlab.experiments.recipe import Context, Experiment, ExperimentError, example_file
 from attnlab.experiments.report import Claim, Report, Table
 
-__all__ = ["NAMES", "Claim", "Context", "Experiment", "ExperimentError", "Report", "Table",
-           "example_file", "registry", "run_experiment"]  # fmt: skip
-
-
-def registry() -> dict[str, Experiment]:
-    """Every experiment by name."""
-    found = {e.name: e for e in (pruning.EXPERIMENT, rollout_flow.EXPERIMENT,
-                                 attention_importance.EXPERIMENT,
-                                 attention_contribution.EXPERIMENT)}  # fmt: skip
-    assert tuple(found) == NAMES, "NAMES lists the registered experiments"
-    return found
-
-
-NAMES = (
-    "pruning",
-    "rollout-and-flow",
-    "attention-vs-importance",
-    "attention-vs-contribution",
-)  # the registry's names, for the CLI's choices
+__all__ = ["Claim", "Context", "Experiment", "ExperimentError", "Report", "Table",
+           "example_file", "register", "registry", "run_experiment"]  # fmt: skip
 
 
 def run_experiment(name: str, out: str | Path, quick: bool = False, seeds=(1, 2, 3),
                    device: str = "cpu", threads: int | None = None, log=None) -> Report:  # fmt: skip
     """Run the experiment ``name`` into ``out`` (its runs, report.html and figures.json)."""
-    if name not in NAMES:
-        raise ExperimentError(f"unknown experiment {name!r}; choose {', '.join(NAMES)}")
+    known = registry()
+    if name not in known:
+        raise ExperimentError(f"unknown experiment {name!r}; choose {', '.join(known)}")
     seeds = list(seeds)
     if len(seeds) < 1 or len(set(seeds)) != len(seeds) or any(s < 0 for s in seeds):
         raise ExperimentError(f"--seeds must be distinct non-negative integers, got {seeds}")
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ExperimentError(f"--out {out}: is a file, not a directory")
-    exp = registry()[name]
+    exp = known[name]
     ctx = Context(out, quick, seeds, device, threads)
     if log is not None:
         ctx.log = log

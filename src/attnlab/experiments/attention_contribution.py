@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from attnlab.experiments.recipe import Context, Experiment, ExperimentError
+from attnlab.experiments.recipe import Context, Experiment, ExperimentError, register
 from attnlab.experiments.report import Claim, Report, Table, value_range
 from attnlab.experiments.stats import kendall, mean_defined, spearman
 
@@ -412,8 +412,11 @@ def _notes_figure(results, seed: int) -> str:
     return png_html(fig)
 
 
-EXPERIMENT = Experiment(
+EXPERIMENT = register(Experiment(
     "attention-vs-contribution", "Does a decoder step's attention say what its output uses?",
     "the notes' question: encoder-decoder attention per step against blank-out and patching "
     "of each source token", CITATION, recipe,
-)  # fmt: skip
+    order=40,
+    about=("the notes' question (does an encoder-decoder step's attention over the source match "
+           "what blanking and patching each source token costs its output?)"),
+))  # fmt: skip

@@ -32,7 +32,7 @@ import math
 import numpy as np
 import torch
 
-from attnlab.experiments.recipe import Context, Experiment
+from attnlab.experiments.recipe import Context, Experiment, register
 from attnlab.experiments.report import Claim, Report, Table, value_range
 from attnlab.experiments.stats import kendall, mean_defined
 
@@ -500,8 +500,11 @@ def _baseline_figure(tasks, results) -> str:
     return png_html(fig)
 
 
-EXPERIMENT = Experiment(
+EXPERIMENT = register(Experiment(
     "attention-vs-importance", "Is attention explanation?",
     "attention against gradient and leave-one-out importance in a BiLSTM and a Transformer; "
     "permuted, adversarial, uniform and frozen attention", CITATION, recipe,
-)  # fmt: skip
+    order=30,
+    about=("Jain & Wallace 2019 and Wiegreffe & Pinter 2019 (attention against gradient and leave-"
+           "one-out importance; permuted, adversarial, uniform attention)"),
+))  # fmt: skip

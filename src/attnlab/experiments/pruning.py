@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from attnlab.experiments.recipe import Context, Experiment
+from attnlab.experiments.recipe import Context, Experiment, register
 from attnlab.experiments.report import Claim, Report, Table, value_range
 
 CITATION = ("Michel, Levy & Neubig (2019), Are Sixteen Heads Really Better than One? "
@@ -407,8 +407,10 @@ def _curves_png(models: list[Model], results) -> str:
     return png_html(fig)
 
 
-EXPERIMENT = Experiment(
+EXPERIMENT = register(Experiment(
     "pruning", "Are sixteen heads really better than one?",
     "head importance and pruning curves (importance and random order), per-layer counts",
     CITATION, recipe,
-)  # fmt: skip
+    order=10,
+    about="Michel et al. 2019 (head importance, pruning curves)",
+))  # fmt: skip

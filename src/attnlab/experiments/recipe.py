@@ -1,5 +1,9 @@
 """What a recipe is given (``Context``: where to write, how big to run, the seeds, a way to
-train a run) and what it is registered as (``Experiment``)."""
+train a run) and what it is registered as (``Experiment``, with ``register``).
+
+To add an experiment, add a module to ``attnlab.experiments`` whose recipe is registered,
+``EXPERIMENT = register(Experiment(name, title, summary, citation, recipe, order, about))``:
+``attnlab experiment`` finds it (``registry()``), lists it in its help and runs it."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 
 from attnlab.errors import AttnlabError
 from attnlab.experiments.report import Report
+from attnlab.registry import Registry
 
 
 class ExperimentError(AttnlabError):
@@ -73,3 +78,18 @@ class Experiment:
     summary: str  # one line for --help and the list
     citation: str
     recipe: Callable[[Context], Report]
+    order: int = 0  # its place in `attnlab experiment`'s list (lower first)
+    about: str = ""  # what `attnlab experiment --help` says of it: the paper and what it measures
+
+
+EXPERIMENTS = Registry("attnlab.experiments")
+
+
+def register(experiment: Experiment) -> Experiment:
+    """Make ``experiment`` one that ``attnlab experiment NAME`` runs (in its own module)."""
+    return EXPERIMENTS.register(experiment)
+
+
+def registry() -> dict[str, Experiment]:
+    """Every experiment by name, in order (every module of attnlab.experiments imported first)."""
+    return EXPERIMENTS.registered()

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from attnlab.experiments.pruning import MODELS
-from attnlab.experiments.recipe import Context, Experiment
+from attnlab.experiments.recipe import Context, Experiment, register
 from attnlab.experiments.report import Claim, Report, Table, value_range
 from attnlab.experiments.stats import mean_defined, spearman
 
@@ -250,8 +250,10 @@ def _figure(models, results) -> str:
     return png_html(fig)
 
 
-EXPERIMENT = Experiment(
+EXPERIMENT = register(Experiment(
     "rollout-and-flow", "Quantifying attention flow",
     "raw attention, rollout and flow against blank-out and input-gradient importance",
     CITATION, recipe,
-)  # fmt: skip
+    order=20,
+    about="Abnar & Zuidema 2020 (raw attention, rollout and flow against blank-out and gradients)",
+))  # fmt: skip

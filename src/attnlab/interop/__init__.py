@@ -1,4 +1,3 @@
-"""Bridges to other libraries' model formats (Hugging Face)."""
-
-# the families with a module of their own add their loaders to hf.LOADERS
-from attnlab.interop import decoders, t5, vit  # noqa: E402,F401
+"""Bridges to other libraries' model formats (Hugging Face): one module per family (gpt2.py,
+bert.py, decoders.py, t5.py, vit.py), each registering a ``hf.Family`` that ``hf.families()``
+finds; to add a family, add a module here (see ``attnlab.interop.hf``)."""

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from attnlab.checkpoint import RunError, build_model, weights_dtype
 from attnlab.config import ConfigError
-from attnlab.interop import hf
+from attnlab.interop.hf import Family, register
 from attnlab.interop.hf_files import KeyMap, apply_key_map, read_hf_config, read_hf_weights
 from attnlab.models.gpt import GPT, GPTConfig
 
@@ -404,20 +404,17 @@ def llama_state_dict(model: GPT, kind: str) -> dict[str, Tensor]:
     return {h: sd[o].contiguous() for o, h, _ in llama_key_map(model.config, kind)}
 
 
-_export_gpt2 = hf.EXPORTS["gpt"]
-
-
-def _export_gpt(run) -> tuple[dict, dict, int]:
-    """A GPT as Llama / Qwen2 / Qwen3 where it has their pieces, else as GPT-2."""
+def export_llama(run) -> tuple[dict, dict, int]:
+    """A GPT that has their pieces (``is_llama_shaped``) as Llama / Qwen2 / Qwen3."""
     c = run.model.config
-    if not is_llama_shaped(c):
-        return _export_gpt2(run)
     config = llama_hf_config(c, run.tokenizer)
     config["dtype"] = weights_dtype(run.model)  # a run imported from bfloat16 stays bfloat16
     return config, llama_state_dict(run.model, config["model_type"]), c.block_size
 
 
-# registered with hf.py's tables as each family module does
-hf.LOADERS.update({kind: load_decoder for kind in FAMILIES})
-hf.REQUIRED_FILES.update({kind: "tokenizer.json" for kind in FAMILIES})
-hf.EXPORTS["gpt"] = _export_gpt
+# a GPT run that is not Llama-shaped is written as GPT-2 (gpt2.py's family takes any GPT)
+FAMILY = register(Family(
+    "decoders", 30, "Llama, Mistral, Qwen2/3, Gemma 1-3, Pythia", FAMILIES, load_decoder,
+    needs="tokenizer.json", exports=("gpt",), export=export_llama,
+    fits=lambda model: is_llama_shaped(model.config),
+))  # fmt: skip

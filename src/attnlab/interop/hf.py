@@ -1,23 +1,25 @@
-"""Hugging Face models in (GPT-2, BERT here; Llama, Mistral, Qwen, Gemma, GPT-NeoX through
-``decoders``); GPT-2 and BERT weights out, with a tokenizer.
+"""Hugging Face models in and out: the families' registry and the whole-directory steps
+(``load_hf``, ``import_hf``, ``export_hf``), and the tokenizers both ways.
 
 A Hugging Face model directory holds config.json, model.safetensors (or shards listed in
 model.safetensors.index.json) and a tokenizer (tokenizer.json, or vocab.txt / vocab.json +
 merges.txt). Reading it and the key-map machinery are ``hf_files``.
 
-GPT-2 stores its linear layers as ``Conv1D`` modules whose weight is (in, out), the transpose of
-``nn.Linear``'s (out, in); its query, key and value projections are one (C, 3C) matrix ``c_attn``.
-The key map names both: ``conv1d`` (transpose) and ``conv1d_q/k/v`` (third of c_attn, transposed).
+Each family attnlab reads (and perhaps writes) is one module of ``attnlab.interop`` that
+registers a ``Family``: gpt2.py (GPT-2), bert.py (BERT), decoders.py (Llama, Mistral, Qwen2/3,
+Gemma 1-3, GPT-NeoX), t5.py, vit.py. To add a family, add a module there that builds the
+model from a config.json and the weights and registers it,
+``FAMILY = register(Family(name, order, label, model_types, load, ...))``: ``import-hf`` (its
+help included) and ``export-hf`` find it (``families()``), and nothing else changes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from torch import Tensor
 
 from attnlab import __version__ as ATTNLAB_VERSION
 from attnlab.checkpoint import (
@@ -27,17 +29,15 @@ from attnlab.checkpoint import (
     save_tensors,
     with_weights_dtype,
 )
-from attnlab.config import ConfigError
 from attnlab.files import FileLock, atomic_write_json, atomic_write_text
 from attnlab.interop.hf_files import (
-    KeyMap,
-    apply_key_map,
+    KeyMap,  # noqa: F401  (the families read it from here)
+    apply_key_map,  # noqa: F401
     read_hf_config,
-    read_hf_weights,
+    read_hf_weights,  # noqa: F401
     weight_files,
 )
-from attnlab.models.encoder import Encoder, EncoderConfig
-from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.registry import Registry
 from attnlab.tokenizers import HFTokenizer, Tokenizer, TokenizerError, tokenizer_from_json
 
 # HF activation name -> ours
@@ -47,22 +47,11 @@ HF_ACTIVATIONS = {
     "gelu_pytorch_tanh": "gelu_tanh",
     "relu": "relu",
 }
-GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # ours -> HF
 ATTNLAB_TOKENIZER = "attnlab_tokenizer.json"  # a char/word tokenizer kept beside an exported model
 
 
-def _strip_prefix(tensors: dict[str, Tensor], prefix: str) -> dict[str, Tensor]:
-    return {k.removeprefix(prefix): v for k, v in tensors.items()}
-
-
-def _get(cfg: dict, *names, default=None):
-    for n in names:
-        if cfg.get(n) is not None:
-            return cfg[n]
-    return default
-
-
-def _activation(cfg: dict, key: str) -> str:
+def activation(cfg: dict, key: str) -> str:
+    """attnlab's name for the activation config.json names under ``key`` (gelu if none)."""
     act = cfg.get(key, "gelu")
     if act not in HF_ACTIVATIONS:
         raise RunError(
@@ -73,308 +62,62 @@ def _activation(cfg: dict, key: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# GPT-2
+# Families
 # ---------------------------------------------------------------------------------------------
 
 
-def gpt2_config(hf: dict) -> GPTConfig:
-    """attnlab GPTConfig for a Hugging Face GPT-2 config.json."""
-    for key, ok in (
-        ("scale_attn_by_inverse_layer_idx", False),
-        ("add_cross_attention", False),
-        ("scale_attn_weights", True),
-    ):
-        if hf.get(key, ok) != ok:
-            raise RunError(f"config.json: GPT-2 with {key}={hf[key]} is not supported")
-    try:
-        return GPTConfig(
-            vocab_size=hf["vocab_size"],
-            block_size=_get(hf, "n_positions", "n_ctx", default=1024),
-            n_layer=hf["n_layer"],
-            n_head=hf["n_head"],
-            d_model=hf["n_embd"],
-            d_ff=hf.get("n_inner"),
-            dropout=float(hf.get("resid_pdrop", 0.1)),
-            bias=True,
-            pos="learned",
-            norm_first=True,
-            activation=_activation(hf, "activation_function"),
-            ln_eps=float(hf.get("layer_norm_epsilon", 1e-5)),
-            tie_weights=bool(hf.get("tie_word_embeddings", True)),
-        )
-    except KeyError as e:
-        raise RunError(f"config.json: GPT-2 config has no {e.args[0]!r}") from None
-    except ConfigError as e:
-        raise RunError(f"config.json: {e}") from None
+@dataclass(frozen=True)
+class Family:
+    """A family of Hugging Face models, declared by its module of ``attnlab.interop``.
+
+    ``label`` names it in ``import-hf``'s help, ``order`` places it there (and its
+    ``model_types`` in the list of those import-hf reads). ``load(hf_dir, hf)`` builds the model
+    (eval mode) from the directory and its config.json (``hf``). ``needs``: a file it cannot be
+    imported without (its text or image reader). ``read_tokenizer(hf_dir, hf, model)`` ->
+    (tokenizer, the file it came from), where the family reads its own (None:
+    ``load_hf_tokenizer``). ``exports``: the attnlab model_types it writes, with
+    ``export(run)`` -> (HF config.json, tensors, the tokenizer's max length); ``fits(model)``:
+    for a family that writes only some of those runs (a Llama-shaped GPT), which; such a
+    family is tried before one that writes them all."""
+
+    name: str
+    order: int
+    label: str
+    model_types: tuple[str, ...] = ()
+    load: Callable | None = None
+    needs: str | None = None
+    read_tokenizer: Callable | None = None
+    exports: tuple[str, ...] = ()
+    export: Callable | None = None
+    fits: Callable | None = None
 
 
-def gpt2_key_map(config: GPTConfig) -> KeyMap:
-    """(attnlab name, HF GPT-2 name without 'transformer.', how) for every attnlab tensor."""
-    rows: KeyMap = [
-        ("tok_embed.weight", "wte.weight", "copy"),
-        ("pos_embed.weight", "wpe.weight", "copy"),
-    ]
-    for i in range(config.n_layer):
-        ours, theirs = f"blocks.{i}.", f"h.{i}."
-        for ln_ours, ln_theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
-            for p in ("weight", "bias"):
-                rows.append((f"{ours}{ln_ours}.{p}", f"{theirs}{ln_theirs}.{p}", "copy"))
-        for j in "qkv":
-            rows.append(
-                (f"{ours}attn.{j}_proj.weight", f"{theirs}attn.c_attn.weight", f"conv1d_{j}")
-            )
-            rows.append((f"{ours}attn.{j}_proj.bias", f"{theirs}attn.c_attn.bias", f"qkv_bias_{j}"))
-        for lin_ours, lin_theirs in (
-            ("attn.out_proj", "attn.c_proj"),
-            ("mlp.fc1", "mlp.c_fc"),
-            ("mlp.fc2", "mlp.c_proj"),
-        ):
-            rows.append((f"{ours}{lin_ours}.weight", f"{theirs}{lin_theirs}.weight", "conv1d"))
-            rows.append((f"{ours}{lin_ours}.bias", f"{theirs}{lin_theirs}.bias", "copy"))
-    rows += [("ln_f.weight", "ln_f.weight", "copy"), ("ln_f.bias", "ln_f.bias", "copy")]
-    if not config.tie_weights:
-        rows.append(("lm_head.weight", "lm_head.weight", "copy"))
-    return rows
+FAMILIES = Registry("attnlab.interop")
 
 
-def _gpt2_skippable(tensors: dict[str, Tensor], config: GPTConfig) -> set[str]:
-    """Buffers older GPT-2 files carry (the causal mask) and the tied LM head copy."""
-    skip = {
-        k
-        for k in tensors
-        if k.endswith((".attn.bias", ".attn.masked_bias")) and tensors[k].dim() != 1
-    }
-    if config.tie_weights and "lm_head.weight" in tensors:
-        if not torch.equal(tensors["lm_head.weight"], tensors["wte.weight"]):
-            raise RunError(
-                "lm_head.weight differs from wte.weight but config.json says they are tied"
-            )
-        skip.add("lm_head.weight")
-    return skip
+def register(family: Family) -> Family:
+    """Make ``family`` one that import-hf reads and export-hf writes (in its own module)."""
+    return FAMILIES.register(family)
 
 
-def load_gpt2(hf_dir: str | Path, hf: dict | None = None) -> GPT:
-    hf = hf or read_hf_config(hf_dir)
-    config = gpt2_config(hf)
-    tensors = _strip_prefix(read_hf_weights(hf_dir), "transformer.")
-    model = GPT(config)
-    apply_key_map(
-        model, tensors, gpt2_key_map(config), _gpt2_skippable(tensors, config), str(hf_dir)
-    )
-    return model.eval()
+def families() -> dict[str, Family]:
+    """Every family by name, in order (every module of attnlab.interop imported first)."""
+    return FAMILIES.registered()
 
 
-def gpt2_state_dict(model: GPT) -> dict[str, Tensor]:
-    """The inverse key map: attnlab GPT tensors -> GPT2LMHeadModel names, Conv1D layout."""
-    sd = model.state_dict()
-    out: dict[str, Tensor] = {}
-    for o, h, how in gpt2_key_map(model.config):
-        t = sd[o]
-        if how == "copy":
-            out[h] = t
-        elif how == "conv1d":
-            out[h] = t.t()
-        elif how in ("conv1d_q", "qkv_bias_q"):  # q, k, v are rejoined once, at q's row
-            parts = [sd[o.replace("q_proj", f"{j}_proj")] for j in "qkv"]
-            out[h] = (
-                torch.cat([p.t() for p in parts], dim=1) if how == "conv1d_q" else torch.cat(parts)
-            )
-    return {
-        ("" if k == "lm_head.weight" else "transformer.") + k: v.contiguous()
-        for k, v in out.items()
-    }
+def loaders() -> dict[str, Family]:
+    """The family that reads each Hugging Face model_type, in import-hf's order."""
+    return {kind: f for f in families().values() for kind in f.model_types}
 
 
-def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
-    """A GPT-2 config.json for an attnlab GPTConfig (or a RunError if GPT-2 cannot express it)."""
-    problems = []
-    defaults = GPTConfig(vocab_size=config.vocab_size)
-    for name in ("norm", "ffn", "n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "out_bias",
-                 "attn_scale", "attn_softcap", "final_softcap", "sliding_window", "parallel",
-                 "post_norms", "embed_scale"):  # fmt: skip
-        if getattr(config, name) != getattr(defaults, name):
-            problems.append(f"{name}={getattr(config, name)!r} (GPT-2 has no such piece)")
-    if config.pos != "learned":
-        problems.append(f"pos={config.pos!r} (GPT-2 has learned positions)")
-    if not config.norm_first:
-        problems.append("post-norm blocks (GPT-2 is pre-norm)")
-    if not config.bias:
-        problems.append("bias=False (GPT-2 has biases)")
-    if not config.mlp:
-        problems.append("attention-only blocks (every GPT-2 block has an MLP)")
-    if config.activation not in GPT2_ACTIVATIONS:
-        problems.append(f"activation={config.activation!r}")
-    if problems:
-        raise RunError("cannot export as GPT-2: " + "; ".join(problems))
-    eos = tokenizer.special_tokens.get("<|endoftext|>") if tokenizer is not None else None
-    return {
-        "architectures": ["GPT2LMHeadModel"],
-        "model_type": "gpt2",
-        "vocab_size": config.vocab_size,
-        "n_positions": config.block_size,
-        "n_embd": config.d_model,
-        "n_layer": config.n_layer,
-        "n_head": config.n_head,
-        "n_inner": config.d_ff,
-        "activation_function": GPT2_ACTIVATIONS[config.activation],
-        "layer_norm_epsilon": config.ln_eps,
-        "resid_pdrop": config.dropout,
-        "embd_pdrop": config.dropout,
-        "attn_pdrop": config.dropout,
-        "tie_word_embeddings": config.tie_weights,
-        "scale_attn_weights": True,
-        "bos_token_id": eos,
-        "eos_token_id": eos,
-        "dtype": "float32",
-    }
-
-
-def _is_attnlab_run(d: Path) -> bool:
-    try:
-        return "attnlab_format" in json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        return False
-
-
-def export_gpt2(run_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write an attnlab GPT run as a directory ``GPT2LMHeadModel.from_pretrained`` loads (see
-    ``export_hf``, which also writes encoder runs)."""
-    return export_hf(run_dir, out_dir, only="gpt")
-
-
-# ---------------------------------------------------------------------------------------------
-# BERT
-# ---------------------------------------------------------------------------------------------
-
-BERT_PREFIXES = ("bert.",)
-
-
-def bert_config(hf: dict, tensors: dict[str, Tensor]) -> EncoderConfig:
-    """EncoderConfig for a BERT config.json; the heads follow the tensors present."""
-    if hf.get("position_embedding_type", "absolute") != "absolute":
-        raise RunError(
-            f"config.json: position_embedding_type={hf['position_embedding_type']!r} "
-            "is not supported (absolute only)"
-        )
-    if hf.get("is_decoder"):
-        raise RunError("config.json: BERT as a decoder (is_decoder=true) is not supported")
-    num_labels = tensors["classifier.weight"].shape[0] if "classifier.weight" in tensors else 0
-    try:
-        return EncoderConfig(
-            vocab_size=hf["vocab_size"],
-            block_size=hf.get("max_position_embeddings", 512),
-            n_layer=hf["num_hidden_layers"],
-            n_head=hf["num_attention_heads"],
-            d_model=hf["hidden_size"],
-            d_ff=hf.get("intermediate_size"),
-            type_vocab_size=hf.get("type_vocab_size", 2),
-            dropout=float(hf.get("hidden_dropout_prob", 0.1)),
-            activation=_activation(hf, "hidden_act"),
-            ln_eps=float(hf.get("layer_norm_eps", 1e-12)),
-            pooler="pooler.dense.weight" in tensors,
-            mlm_head="cls.predictions.transform.dense.weight" in tensors,
-            num_labels=num_labels,
-            pad_id=hf.get("pad_token_id") or 0,
-            tie_weights=bool(hf.get("tie_word_embeddings", True)),
-        )
-    except KeyError as e:
-        raise RunError(f"config.json: BERT config has no {e.args[0]!r}") from None
-    except ConfigError as e:
-        raise RunError(f"config.json: {e}") from None
-
-
-def bert_key_map(config: EncoderConfig, decoder_bias: str = "cls.predictions.bias") -> KeyMap:
-    """(attnlab name, HF BERT name without 'bert.', how) for every attnlab tensor."""
-    rows: KeyMap = [
-        ("tok_embed.weight", "embeddings.word_embeddings.weight", "copy"),
-        ("pos_embed.weight", "embeddings.position_embeddings.weight", "copy"),
-        ("embed_ln.weight", "embeddings.LayerNorm.weight", "copy"),
-        ("embed_ln.bias", "embeddings.LayerNorm.bias", "copy"),
-    ]
-    if config.type_vocab_size:
-        rows.append(("type_embed.weight", "embeddings.token_type_embeddings.weight", "copy"))
-    pairs = [
-        ("attn.q_proj", "attention.self.query"),
-        ("attn.k_proj", "attention.self.key"),
-        ("attn.v_proj", "attention.self.value"),
-        ("attn.out_proj", "attention.output.dense"),
-        ("ln1", "attention.output.LayerNorm"),
-        ("mlp.fc1", "intermediate.dense"),
-        ("mlp.fc2", "output.dense"),
-        ("ln2", "output.LayerNorm"),
-    ]
-    for i in range(config.n_layer):
-        for ours, theirs in pairs:
-            for p in ("weight", "bias"):
-                rows.append((f"blocks.{i}.{ours}.{p}", f"encoder.layer.{i}.{theirs}.{p}", "copy"))
-    heads = []
-    if config.pooler:
-        heads.append(("pooler", "pooler.dense"))
-    if config.mlm_head:
-        heads += [
-            ("mlm.dense", "cls.predictions.transform.dense"),
-            ("mlm.ln", "cls.predictions.transform.LayerNorm"),
-        ]
-        rows.append(("mlm.decoder.bias", decoder_bias, "copy"))
-        if not config.tie_weights:
-            rows.append(("mlm.decoder.weight", "cls.predictions.decoder.weight", "copy"))
-    if config.num_labels:
-        heads.append(("classifier", "classifier"))
-    for ours, theirs in heads:
-        rows += [
-            (f"{ours}.weight", f"{theirs}.weight", "copy"),
-            (f"{ours}.bias", f"{theirs}.bias", "copy"),
-        ]
-    return rows
-
-
-def _bert_tensors(raw: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Drop the 'bert.' prefix (BertFor*; sentence-transformers files have none) and rename
-    the TF-era LayerNorm.gamma/beta to weight/bias."""
-    out = {}
-    for k, v in raw.items():
-        for p in BERT_PREFIXES:
-            k = k.removeprefix(p)
-        out[
-            k.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
-                "LayerNorm.beta", "LayerNorm.bias"
-            )
-        ] = v
-    return out
-
-
-def _bert_skippable(tensors: dict[str, Tensor], config: EncoderConfig) -> set[str]:
-    """The position-id buffer, the NSP head, and the decoder's tied copies (checked equal)."""
-    skip = {k for k in tensors if k.endswith(("position_ids", "token_type_ids"))}
-    skip |= {k for k in tensors if k.startswith("cls.seq_relationship.")}  # next-sentence head
-    bias = tensors.get("cls.predictions.decoder.bias")
-    if bias is not None and "cls.predictions.bias" in tensors:
-        # HF's forward adds decoder.bias; cls.predictions.bias is its tied twin (always in 4.x,
-        # with tied embeddings in 5.x) or, untied, a parameter nothing reads.
-        if config.tie_weights and not torch.equal(bias, tensors["cls.predictions.bias"]):
-            raise RunError("cls.predictions.decoder.bias differs from cls.predictions.bias")
-        skip.add("cls.predictions.bias")
-    dec = tensors.get("cls.predictions.decoder.weight")
-    if dec is not None and config.tie_weights:
-        if not torch.equal(dec, tensors["embeddings.word_embeddings.weight"]):
-            raise RunError(
-                "cls.predictions.decoder.weight differs from the word embeddings "
-                "but config.json says they are tied"
-            )
-        skip.add("cls.predictions.decoder.weight")
-    return skip
-
-
-def load_bert(hf_dir: str | Path, hf: dict | None = None) -> Encoder:
-    hf = hf or read_hf_config(hf_dir)
-    tensors = _bert_tensors(read_hf_weights(hf_dir))
-    config = bert_config(hf, tensors)
-    model = Encoder(config)
-    dec_bias = "cls.predictions.decoder.bias"  # what HF's forward adds, when the file has it
-    dec_bias = dec_bias if dec_bias in tensors else "cls.predictions.bias"
-    key_map = bert_key_map(config, decoder_bias=dec_bias)
-    apply_key_map(model, tensors, key_map, _bert_skippable(tensors, config), str(hf_dir))
-    return model.eval()
+def exporter(model) -> Family | None:
+    """The family that writes ``model``'s run: one that fits it, else one that takes its
+    model_type whole; None when no family writes it."""
+    able = [f for f in families().values() if model.model_type in f.exports]
+    for f in able:
+        if f.fits is not None and f.fits(model):
+            return f
+    return next((f for f in able if f.fits is None), None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,33 +192,24 @@ def _json_or_empty(path: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-# model_type -> loader (hf_dir, hf) -> model. A family in a module of its own (interop/t5.py,
-# interop/vit.py) adds itself here when attnlab.interop is imported.
-LOADERS = {"gpt2": load_gpt2, "bert": load_bert}
-# files a model_type cannot be imported without (its text or image reader)
-REQUIRED_FILES: dict[str, str] = {}
-# model_type -> reader of its "tokenizer" (hf_dir, hf, model) -> (tokenizer, source); the rest
-# read tokenizer.json / vocab files (load_hf_tokenizer)
-TOKENIZER_READERS: dict = {}
-
-
 def load_hf(hf_dir: str | Path):
-    """(model, tokenizer, provenance) for a HF directory of a model type in ``LOADERS``, in
-    eval mode."""
+    """(model, tokenizer, provenance) for a HF directory of a model type a family reads
+    (``loaders()``), in eval mode."""
     hf_dir = Path(hf_dir)
     hf = read_hf_config(hf_dir)
     files = weight_files(hf_dir)  # refuses a directory of pickles before anything else
-    kind, known = hf.get("model_type"), LOADERS
+    kind, known = hf.get("model_type"), loaders()
     if kind not in known:
         raise RunError(
             f"{hf_dir}: model_type {kind!r} is not supported; attnlab imports {', '.join(known)}"
         )
-    need = REQUIRED_FILES.get(kind)
+    family = known[kind]
+    need = family.needs
     if need and not (hf_dir / need).is_file():
         raise RunError(f"{hf_dir}: no {need}, which a {kind} model needs to read its input")
-    model = LOADERS[kind](hf_dir, hf)
-    if kind in TOKENIZER_READERS:
-        tokenizer, tok_source = TOKENIZER_READERS[kind](hf_dir, hf, model)
+    model = family.load(hf_dir, hf)
+    if family.read_tokenizer is not None:
+        tokenizer, tok_source = family.read_tokenizer(hf_dir, hf, model)
     else:
         tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
     vocab = getattr(model.config, "vocab_size", None)
@@ -628,86 +362,11 @@ def tokenizer_files(tokenizer: Tokenizer, max_length: int) -> dict[str, str]:
     }
 
 
-def bert_hf_config(config: EncoderConfig, labels: list[str] | None = None) -> dict:
-    """A BERT config.json for an attnlab EncoderConfig (or a RunError saying what BERT cannot
-    express): BertForMaskedLM with a masked-LM head, BertForSequenceClassification with a
-    classification head (its labels as id2label), else BertModel."""
-    problems = []
-    if config.pos != "learned":
-        problems.append(f"pos={config.pos!r} (BERT has learned positions)")
-    if config.norm_first:
-        problems.append("pre-norm blocks (BERT is post-norm)")
-    if not config.embed_norm:
-        problems.append("no LayerNorm after the embeddings")
-    if not config.bias:
-        problems.append("bias=False (BERT has biases)")
-    if config.activation != "gelu":
-        problems.append(f"activation={config.activation!r} (export writes BERT's gelu)")
-    if config.num_labels and not config.pooler:
-        problems.append("a classification head without the pooler")
-    if problems:
-        raise RunError("cannot export as BERT: " + "; ".join(problems))
-    arch = ("BertForMaskedLM" if config.mlm_head
-            else "BertForSequenceClassification" if config.num_labels else "BertModel")  # fmt: skip
-    out = {
-        "architectures": [arch],
-        "model_type": "bert",
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.d_model,
-        "num_hidden_layers": config.n_layer,
-        "num_attention_heads": config.n_head,
-        "intermediate_size": config.d_ff or 4 * config.d_model,
-        "hidden_act": "gelu",
-        "hidden_dropout_prob": config.dropout,
-        "attention_probs_dropout_prob": config.dropout,
-        "max_position_embeddings": config.block_size,
-        "type_vocab_size": max(1, config.type_vocab_size),
-        "layer_norm_eps": config.ln_eps,
-        "pad_token_id": config.pad_id,
-        "position_embedding_type": "absolute",
-        "tie_word_embeddings": config.tie_weights,
-        "dtype": "float32",
-    }
-    if config.num_labels:
-        names = labels if labels and len(labels) == config.num_labels else None
-        names = names or [f"LABEL_{i}" for i in range(config.num_labels)]
-        out["id2label"] = {str(i): n for i, n in enumerate(names)}
-        out["label2id"] = {n: i for i, n in enumerate(names)}
-        out["num_labels"] = config.num_labels
-    return out
-
-
-def bert_state_dict(model: Encoder) -> dict[str, Tensor]:
-    """The inverse of ``bert_key_map``: attnlab encoder tensors -> BertFor* names. A model
-    without token types gets an all-zero type embedding (BERT always adds one: adding 0 keeps
-    every output the same); a masked LM's pooler is left out (BertForMaskedLM has none)."""
-    c = model.config
-    sd = model.state_dict()
-    out: dict[str, Tensor] = {}
-    for ours, theirs, _ in bert_key_map(c):
-        if c.mlm_head and ours.startswith("pooler."):
-            continue
-        base = theirs.startswith(("embeddings.", "encoder.", "pooler."))
-        out[("bert." if base and (c.mlm_head or c.num_labels) else "") + theirs] = sd[ours]
-    if c.mlm_head:
-        out["cls.predictions.decoder.bias"] = sd["mlm.decoder.bias"].clone()  # HF adds this one
-        if not c.tie_weights:
-            out["cls.predictions.decoder.weight"] = sd["mlm.decoder.weight"]
-    if not c.type_vocab_size:
-        prefix = "bert." if (c.mlm_head or c.num_labels) else ""
-        out[prefix + "embeddings.token_type_embeddings.weight"] = torch.zeros(1, c.d_model)
-    return {k: v.contiguous() for k, v in out.items()}
-
-
-# How each attnlab model type is written as a Hugging Face architecture (the explicit key
-# maps above): run -> (HF config.json, tensors, the tokenizer's max length). A format of this
-# module, not a declaration of the models, which know nothing of Hugging Face.
-EXPORTS = {
-    "gpt": lambda run: (gpt2_hf_config(run.model.config, run.tokenizer),
-                        gpt2_state_dict(run.model), run.model.config.block_size),
-    "encoder": lambda run: (bert_hf_config(run.model.config, run.config.get("labels")),
-                            bert_state_dict(run.model), run.model.config.block_size),
-}  # fmt: skip
+def _is_attnlab_run(d: Path) -> bool:
+    try:
+        return "attnlab_format" in json.loads((d / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        return False
 
 
 def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None) -> Path:
@@ -722,20 +381,21 @@ def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None)
 
     run = load_run(run_dir)
     model, tokenizer = run
-    # kind branch 2 of 2: a Hugging Face architecture is this module's format, chosen by the
-    # model_type config.json names (EXPORTS); the models declare nothing about Hugging Face
+    # a Hugging Face architecture is its family's format, chosen by the model_type config.json
+    # names (Family.exports); the models declare nothing about Hugging Face
     if only is not None and model.model_type != only:  # export_gpt2: GPT-2 directories only
         raise RunError(
             f"{run_dir}: export-hf writes GPT-2 directories from GPT runs; this run "
             f"holds a model of type {model.model_type!r}"
         )
-    if model.model_type not in EXPORTS:
+    family = exporter(model)
+    if family is None:
         raise RunError(
             f"{run_dir}: export-hf writes GPT runs (as GPT-2) and encoder runs (as BERT); this "
             f"run holds a model of type {model.model_type!r}, which attnlab cannot write as a "
             "Hugging Face architecture"
         )
-    hf, tensors, max_length = EXPORTS[model.model_type](run)
+    hf, tensors, max_length = family.export(run)
     if tokenizer is not None and (
         isinstance(tokenizer, PairTokenizer) or not hasattr(tokenizer, "encode")
     ):

@@ -23,13 +23,14 @@ from torch import Tensor
 
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
-from attnlab.interop import hf
 from attnlab.interop.hf import (
+    Family,
     KeyMap,
     apply_key_map,
     load_hf_tokenizer,
     read_hf_config,
     read_hf_weights,
+    register,
 )
 from attnlab.models.t5 import T5, T5Config
 from attnlab.tokenizers import HFTokenizer, SharedPairTokenizer
@@ -159,6 +160,5 @@ def read_t5_tokenizer(hf_dir: str | Path, hf: dict, model: T5):
     return SharedPairTokenizer(tok, c.pad_id, c.decoder_start_id, c.eos_id), source
 
 
-hf.LOADERS["t5"] = load_t5
-hf.REQUIRED_FILES["t5"] = "tokenizer.json"
-hf.TOKENIZER_READERS["t5"] = read_t5_tokenizer
+FAMILY = register(Family("t5", 40, "T5", ("t5",), load_t5, needs="tokenizer.json",
+                         read_tokenizer=read_t5_tokenizer))  # fmt: skip

@@ -25,14 +25,15 @@ from torch import Tensor
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.data.images import ImageTokenizer, Preprocess
-from attnlab.interop import hf
 from attnlab.interop.hf import (
     HF_ACTIVATIONS,
+    Family,
     KeyMap,
     apply_key_map,
     read_hf_config,
     read_hf_weights,
     read_json_object,
+    register,
 )
 from attnlab.models.vit import ViT, ViTConfig
 
@@ -152,6 +153,5 @@ def read_preprocessor(hf_dir: str | Path, hf: dict, model: ViT) -> tuple[ImageTo
     return tok, name
 
 
-hf.LOADERS["vit"] = load_vit
-hf.REQUIRED_FILES["vit"] = "preprocessor_config.json"
-hf.TOKENIZER_READERS["vit"] = read_preprocessor
+FAMILY = register(Family("vit", 50, "ViT", ("vit",), load_vit, needs="preprocessor_config.json",
+                         read_tokenizer=read_preprocessor))  # fmt: skip

@@ -28,25 +28,26 @@ as ``model(ids)`` with token ids (1, T); a kind overrides what differs.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
+from attnlab.registry import Registry
 
 SPECIAL = {"[CLS]", "[SEP]", "[MASK]", "[PAD]", "<pad>", "<bos>", "<eos>"}
 
-# model_type -> class; filled by @register as each model module is imported
-REGISTRY: dict[str, type] = {}
+# model_type -> class: a kind is a module of attnlab.models whose class registers itself
+# (``@register``); ``registered()`` imports every module of the package first
+KINDS = Registry("attnlab.models", key="model_type")
+REGISTRY: dict[str, type] = KINDS.found
 
 
 def register(cls: type) -> type:
-    """Class decorator: make ``cls`` the model that config.json's ``model_type`` names."""
-    REGISTRY[cls.model_type] = cls
-    return cls
+    """Class decorator: make ``cls`` the model that config.json's ``model_type`` names. To add
+    a kind, add a module to ``attnlab.models`` whose ``ModelKind`` class is decorated with it."""
+    return KINDS.register(cls)
 
 
 def model_for(config) -> nn.Module:
@@ -60,12 +61,7 @@ def model_for(config) -> nn.Module:
 def registered() -> dict[str, type]:
     """Every registered model class by model_type; the modules of ``attnlab.models`` (each a
     kind) are imported first, so a new module there is found without being listed."""
-    import attnlab.models as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name != "declare":
-            importlib.import_module(f"{package.__name__}.{info.name}")
-    return REGISTRY
+    return KINDS.registered()
 
 
 class InputError(AttnlabError):

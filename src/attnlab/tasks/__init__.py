@@ -17,6 +17,8 @@ from attnlab.tasks.base import (
     PredictOptions,
     Task,
     open_task,
+    register,
+    registered,
     task_class,
     task_for_run,
 )
@@ -27,6 +29,8 @@ __all__ = [
     "PredictOptions",
     "Task",
     "open_task",
+    "register",
+    "registered",
     "task_class",
     "task_for_run",
 ]

@@ -4,8 +4,9 @@ A task is what a model is trained to do: its data (read, split, tokenized), the 
 it, the loss of a batch, its evaluation figures in its own words, the example it shows while it
 trains, what its run directory must hold to be rebuilt, and (after training) what it predicts.
 The Trainer (``attnlab.training``) calls a task and nothing else; ``attnlab train --task NAME``
-finds the task here. A new task is one module in ``attnlab.tasks`` holding one ``Task``
-subclass, plus its line in ``TASKS``: nothing else changes.
+finds the task here. To add a task, add a module to ``attnlab.tasks`` holding one ``Task``
+subclass that names itself (``name``, and ``order``: its place in ``--task``'s choices) and is
+decorated with ``@register``: ``registered()`` finds it, and nothing else changes.
 
     cls = task_class("seq2seq")                 # the class; cls.Options holds its options
     task = cls(cls.Options(data="dates"), seed=1337)
@@ -21,7 +22,6 @@ otherwise (the ViT trains 600 steps of 64 images at lr 2e-3). ``option_defaults`
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -31,25 +31,28 @@ from torch import Tensor, nn
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.evaluation import Evaluation
 from attnlab.metrics import Metric
+from attnlab.registry import Registry
 from attnlab.train_config import TrainConfig
 
-# task name -> "module:Class"
-TASKS: dict[str, str] = {
-    "lm": "attnlab.tasks.lm:LanguageModel",
-    "mlm": "attnlab.tasks.mlm:MaskedLM",
-    "classify": "attnlab.tasks.classify:TextClassifier",
-    "seq2seq": "attnlab.tasks.seq2seq:Seq2Seq",
-    "vision": "attnlab.tasks.vision:ImageClassifier",
-    "induction": "attnlab.tasks.induction:Induction",
-    "modular": "attnlab.tasks.modular:ModularAddition",
-}
+# task name -> its Task class, each registered by its own module of attnlab.tasks
+TASKS = Registry("attnlab.tasks")
+
+
+def register(cls: type[Task]) -> type[Task]:
+    """Class decorator: make the Task subclass ``cls`` the task its ``name`` names."""
+    return TASKS.register(cls)
+
+
+def registered() -> dict[str, type[Task]]:
+    """Every task by name, in ``--task``'s order (every module of attnlab.tasks imported first)."""
+    return TASKS.registered()
 
 
 def task_class(name: str) -> type[Task]:
-    if name not in TASKS:
-        raise ConfigError(f"unknown task {name!r}; choose {', '.join(TASKS)}")
-    module, cls = TASKS[name].split(":")
-    return getattr(importlib.import_module(module), cls)
+    tasks = registered()
+    if name not in tasks:
+        raise ConfigError(f"unknown task {name!r}; choose {', '.join(tasks)}")
+    return tasks[name]
 
 
 @dataclasses.dataclass
@@ -137,7 +140,7 @@ def task_for_run(cfg: dict) -> type[Task]:
     or a classifier by the head it has; an encoder with neither has no task (a RunError that
     says what it can do instead)."""
     name = cfg.get("task") or imported_task(cfg)
-    if name not in TASKS:
+    if name not in registered():
         raise ConfigError(f"config.json names an unknown task {name!r}")
     return task_class(name).redirect(
         {**(cfg.get("task_options") or {}), "model_type": cfg.get("model_type")}
@@ -208,7 +211,8 @@ class Task:
     run) or ``reload`` (a run directory) has read it.
     """
 
-    name: ClassVar[str]  # its key in TASKS and in config.json's "task"
+    name: ClassVar[str]  # its name in registered() and in config.json's "task"
+    order: ClassVar[int] = 0  # its place in --task's choices (lower first)
     label: ClassVar[str] = ""  # how errors name it, e.g. "--task lm"
     Options: ClassVar[type[BaseConfig]]  # its options, each with its default
     train_defaults: ClassVar[dict[str, Any]] = {}  # TrainConfig fields it sets otherwise

@@ -31,7 +31,7 @@ from attnlab.metrics import Metric
 from attnlab.models.declare import model_for
 from attnlab.models.encoder import Encoder
 from attnlab.models.rnn_classifier import LSTMClassifierConfig
-from attnlab.tasks.base import EvalOptions, Task, predict_options, task_class
+from attnlab.tasks.base import EvalOptions, Task, predict_options, register, task_class
 from attnlab.tasks.mlm import EncoderOptions, check_fingerprint
 from attnlab.tokenizers import build_tokenizer, special_id
 
@@ -96,8 +96,10 @@ def read_labelled(path: str | Path, encoding: str = "utf-8", min_labels: int = 2
     return labels, texts, corpus
 
 
+@register
 class TextClassifier(Task):
     name = "classify"
+    order = 30
     label = "--task classify"
     Options = ClassifyOptions
     unit = "examples"

@@ -51,6 +51,7 @@ from attnlab.data.batches import RandomBatches
 from attnlab.metrics import Metric, half_losses
 from attnlab.models.gpt import GPTConfig
 from attnlab.modes import evaluating
+from attnlab.tasks.base import register
 from attnlab.tasks.lm import LanguageModel, LMOptions
 from attnlab.tokenizers import CharTokenizer
 from attnlab.train_config import default_snapshot_interval
@@ -133,8 +134,10 @@ class InductionOptions(LMOptions):
                 )
 
 
+@register
 class Induction(LanguageModel):
     name = "induction"
+    order = 60
     label = "--task induction"
     Options = InductionOptions
     metrics = (Metric("loss_first_half", "first-half loss", "nats/token"),

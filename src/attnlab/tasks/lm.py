@@ -29,7 +29,7 @@ from attnlab.heartbeat import beating
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
 from attnlab.models.gpt import ARCHS, FFN_KINDS, GPT, PRESETS, GPTConfig, arch_fields
-from attnlab.tasks.base import EvalOptions, Task, predict_options
+from attnlab.tasks.base import EvalOptions, Task, predict_options, register
 from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from attnlab.train_config import TrainConfig
 
@@ -181,8 +181,10 @@ class LMOptions(BaseConfig):
             raise ConfigError(str(e).replace("n_kv_heads", "kv_heads")) from None
 
 
+@register
 class LanguageModel(Task):
     name = "lm"
+    order = 10
     label = "--task lm"
     Options = LMOptions
     unit = "tokens"

@@ -32,7 +32,7 @@ from attnlab.models.encoder import (
     EncoderConfig,
     mask_tokens,
 )
-from attnlab.tasks.base import EvalOptions, Task, predict_options
+from attnlab.tasks.base import EvalOptions, Task, predict_options, register
 from attnlab.tokenizers import ENCODER_SPECIALS, TokenizerError, build_tokenizer, special_id
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
@@ -95,8 +95,10 @@ def check_fingerprint(corpus: data.Corpus, cfg: dict) -> None:
         )
 
 
+@register
 class MaskedLM(Task):
     name = "mlm"
+    order = 20
     label = "--task mlm"
     Options = EncoderOptions
     unit = "tokens"

@@ -37,7 +37,7 @@ from attnlab.data.batches import EpochBatches
 from attnlab.metrics import Metric
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.modes import evaluating
-from attnlab.tasks.base import EvalOptions, Task, predict_options
+from attnlab.tasks.base import EvalOptions, Task, predict_options, register
 from attnlab.tokenizers import WordTokenizer
 
 ADD = "add"
@@ -91,8 +91,8 @@ class ModularOptions(BaseConfig):
     d_model: int | None = None  # None: 128 (the MLP is 4x it)
 
     def validate(self) -> None:
-        if self.data:
-            parse_add(self.data)
+        if self.data and is_generated(self.data):  # bounds said when the options are made;
+            parse_add(self.data)  # any other data is refused when the task reads it
         self._positive_or_none("n_layer", "n_head", "d_model")
         self.model_config(3)
 
@@ -105,8 +105,10 @@ class ModularOptions(BaseConfig):
                          activation="relu", norm="none", tie_weights=False)  # fmt: skip
 
 
+@register
 class ModularAddition(Task):
     name = "modular"
+    order = 70  # after induction in --task's choices
     label = "--task modular"
     Options = ModularOptions
     unit = "pairs"

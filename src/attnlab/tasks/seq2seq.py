@@ -39,7 +39,7 @@ from attnlab.models.declare import model_for
 from attnlab.models.rnn import RNNConfig
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.modes import evaluating
-from attnlab.tasks.base import EvalOptions, Task, predict_options
+from attnlab.tasks.base import EvalOptions, Task, predict_options, register
 from attnlab.tokenizers import (
     PAD,
     CharTokenizer,
@@ -156,8 +156,10 @@ def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[st
             "n": len(encoded), "outputs": decoded}  # fmt: skip
 
 
+@register
 class Seq2Seq(Task):
     name = "seq2seq"
+    order = 40
     label = "--task seq2seq"
     Options = Seq2SeqOptions
     unit = "pairs"

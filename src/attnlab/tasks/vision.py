@@ -23,7 +23,7 @@ from attnlab.data import images as im
 from attnlab.metrics import Metric
 from attnlab.models.vit import ViT, ViTConfig
 from attnlab.modes import evaluating
-from attnlab.tasks.base import EvalOptions, Task, predict_options
+from attnlab.tasks.base import EvalOptions, Task, predict_options, register
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "patch_size", "dropout")
 
@@ -55,8 +55,10 @@ class VisionOptions(BaseConfig):
                          norm_first=self.norm != "post", **sizes)  # fmt: skip
 
 
+@register
 class ImageClassifier(Task):
     name = "vision"
+    order = 50
     label = "--arch vit"
     hint = "(size it with --n-layer, --n-head, --d-model and --patch-size)"
     Options = VisionOptions

@@ -174,7 +174,7 @@ def fine_tune_source(given: dict) -> tuple[InitFrom, type[Task], BaseConfig]:
     block size longer than the run's. Sets ``given["block_size"]`` to the run's, at most
     INIT_BLOCK_SIZE, when not given (a task whose options have one)."""
     from attnlab.models.declare import max_positions
-    from attnlab.tasks import TASKS
+    from attnlab.tasks import registered
 
     path = given["init_from"]
     try:
@@ -195,7 +195,7 @@ def fine_tune_source(given: dict) -> tuple[InitFrom, type[Task], BaseConfig]:
     if checked.tokenizer is None:
         raise ConfigError(f"--init-from {path}: the run has no tokenizer.json, so new data "
                           "cannot be read in its vocabulary")  # fmt: skip
-    able = [name for name in TASKS if task_class(name).fine_tunes(type(model))]
+    able = [name for name, task in registered().items() if task.fine_tunes(type(model))]
     remedy = (
         f"fine-tune it with {' or '.join(f'--task {n}' for n in able)}"
         if able

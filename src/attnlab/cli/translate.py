@@ -1,12 +1,14 @@
-"""The encoder-decoder verb ``translate`` (``train --task seq2seq`` is cli/train.py; ``eval``
-of every kind of run is cli/predict.py). Greedy and beam translations are ``predict``'s
-(``Seq2Seq.predict``), one output per line; sampling is ``attnlab.generation``'s."""
+"""`attnlab translate RUN TEXT...`: an encoder-decoder run's output for each source text.
+Greedy and beam translations are ``predict``'s (``Seq2Seq.predict``), one output per line;
+sampling is ``attnlab.generation``'s, with ``generate``'s decoding options."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+from attnlab.cli import Verb, register
 
 
 def _load(run: str, device: str = "cpu"):
@@ -25,7 +27,7 @@ def translate(args: argparse.Namespace) -> int:
     """``attnlab translate RUN TEXT...``: greedy, beam search (--beam) or sampling
     (--temperature > 0); one line per output on stdout."""
     from attnlab.cli import UsageError
-    from attnlab.cli.lm import decoding_settings
+    from attnlab.cli.generate import decoding_settings
     from attnlab.generation import beam_generate
     from attnlab.generation import generate as sample
 
@@ -68,9 +70,8 @@ def translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
-    """Add ``translate`` (``eval`` of a seq2seq run is the shared verb in cli/predict.py)."""
-    from attnlab.cli.lm import add_sampling_options
+def add(sub) -> None:
+    from attnlab.cli.generate import add_sampling_options
 
     p = sub.add_parser("translate", help="translate text with a trained encoder-decoder run",
                        description="Decode each TEXT (or stdin lines with '-') with the run's "
@@ -87,3 +88,6 @@ def register(sub) -> None:
     )
     add_sampling_options(p.add_argument, temperature=0.0)
     p.set_defaults(func=translate)
+
+
+VERB = register(Verb("translate", 140, add))

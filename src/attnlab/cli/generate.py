@@ -1,6 +1,5 @@
-"""The language-model verb ``generate`` and the decoding options it shares with ``translate``
-(``train --task lm`` is cli/train.py; ``predict`` and ``eval`` of every kind of run are
-cli/predict.py).
+"""`attnlab generate RUN [TEXT...]`: a GPT's continuation, sampled or beam-searched; and the
+decoding options it shares with ``translate`` (``add_sampling_options``, ``decoding_settings``).
 
 A thin layer over ``attnlab.generation`` (sampling, beam search), whose ``SamplingConfig`` holds
 the sampling options' defaults (``Run.generate`` uses the same).
@@ -11,10 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnlab import checkpoint as ckpt
-from attnlab.cli import DescribedHelpFormatter, UsageError, as_options
+from attnlab.cli import DescribedHelpFormatter, UsageError, Verb, as_options, register
 from attnlab.cli.limits import check_decoding_memory
-from attnlab.decoding import WINDOWS, decoder_for
 
 # ---------------------------------------------------------------------------------------------
 # generate
@@ -23,6 +20,7 @@ from attnlab.decoding import WINDOWS, decoder_for
 
 def _load_gpt(run: str, device_name: str):
     """A GPT run (an ``attnlab.run.Run``), refused otherwise in one line saying what to use."""
+    from attnlab.checkpoint import RunError
     from attnlab.cli.predict import open_run
 
     r = open_run(run, device_name)
@@ -33,7 +31,7 @@ def _load_gpt(run: str, device_name: str):
         raise UsageError(f"{run}: generate samples from a GPT language model; this run is a "
                          f"{r.kind} ({type(r.model).__name__}): use `attnlab predict`")  # fmt: skip
     if r.tokenizer is None:
-        raise ckpt.RunError(f"{run}: no tokenizer.json")
+        raise RunError(f"{run}: no tokenizer.json")
     return r
 
 
@@ -118,6 +116,7 @@ def decoding_settings(args: argparse.Namespace, max_new_tokens: int | None):
 def generate(args: argparse.Namespace) -> int:
     """``attnlab generate RUN TEXT`` (or ``--prompt TEXT``): sample a continuation (or beam-search one); text
     on stdout."""
+    from attnlab.decoding import decoder_for
     from attnlab.generation import beam_generate
     from attnlab.generation import generate as sample
 
@@ -207,8 +206,8 @@ Within the block all three are the KV cache, equal to recomputing the whole cont
 """
 
 
-def register(sub) -> None:
-    """Add ``generate`` (``train --task lm`` lives in cli/train.py)."""
+def add(sub) -> None:
+    from attnlab.decoding import WINDOWS
     from attnlab.generation import SamplingConfig
 
     g = sub.add_parser(
@@ -235,3 +234,6 @@ def register(sub) -> None:
         action="store_true",
         help="recompute the whole window every step (no KV cache)",
     )
+
+
+VERB = register(Verb("generate", 40, add))

@@ -1,5 +1,4 @@
-"""The verb ``classify``: ``predict`` for a classifier run, text or image
-(``train --task classify`` is cli/train.py).
+"""`attnlab classify RUN INPUT...`: ``predict`` for a classifier run, text or image.
 
     attnlab train --task classify --data digits --arch vit      # ~20 s on one CPU core
     attnlab classify runs/digits test:0                         # top classes of a test image
@@ -15,7 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from attnlab.cli import UsageError, int_at_least
+from attnlab.cli import UsageError, Verb, int_at_least, register
 
 
 def cmd_classify(args: argparse.Namespace) -> int:
@@ -30,7 +29,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(sub) -> None:
+def add(sub) -> None:
     from attnlab.tasks.base import PredictOptions
 
     d = {f.name: f.default for f in dataclasses.fields(PredictOptions)}
@@ -48,3 +47,6 @@ def register(sub) -> None:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=cmd_classify)
+
+
+VERB = register(Verb("classify", 150, add))

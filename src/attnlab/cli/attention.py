@@ -1,0 +1,82 @@
+"""`attnlab attention RUN TEXT`: the token x token attention matrix of a layer and head, or
+(``--all --png``) the grid of every layer x head (``attnlab.inspect.attention``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from attnlab.cli import UsageError, Verb, int_at_least, output_file, register
+from attnlab.cli.common import print_result, record, run_and_text, wrote
+
+
+def cmd_attention(args) -> int:
+    from attnlab.inspect.attention import attention, attention_grid
+
+    if args.all and args.png is None:
+        raise UsageError("--all draws the grid of every layer x head into --png FILE; give --png")
+    png = output_file(args.png, ".png", "--png")
+    _, _, rec = record(args)
+    if args.all:  # the grid's summary, not one head's table: the picture is the result
+        grid = attention_grid(rec, name=args.map, title=f"{args.run}: {args.text!r}")
+        grid.save_png(png)
+        if args.json:
+            sys.stdout.write(
+                json.dumps(
+                    {"about": grid.about, "png": str(png), **grid.to_dict()}, ensure_ascii=False
+                )
+                + "\n"
+            )
+        else:
+            print(f"{png}: attention grid, {grid.summary()}")
+        wrote(png, "attention grid (every layer x head)")
+        return 0
+    amap = attention(
+        rec, layer=args.layer, head=args.head, mean=args.mean, name=args.map, start=args.start
+    )
+    if png is not None:  # written before anything is printed: a failed write prints only itself
+        amap.save_png(png)
+    print_result(amap, args.json)
+    if png is not None:
+        wrote(png, "attention heatmap")
+    return 0
+
+
+def add(sub) -> None:
+    nonneg = int_at_least(0)
+
+    p = sub.add_parser(
+        "attention",
+        help="the token x token attention matrix of a layer and head",
+        description="Print the attention matrix (row = query token, column = key token). "
+        "--png saves a heatmap of it, or with --all a grid of every layer x head.",
+    )
+    run_and_text(p)
+    p.add_argument("--layer", type=nonneg, default=None, help="layer (default: 0)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--head", type=nonneg, default=None, help="head (default: 0)")
+    g.add_argument("--mean", action="store_true", help="the mean over heads")
+    p.add_argument(
+        "--map",
+        default=None,
+        metavar="NAME",
+        help="pick attention maps by name or part of it (e.g. cross, decoder)",
+    )
+    p.add_argument("--png", metavar="FILE", help="save a heatmap PNG")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="with --png: a grid of every layer x head (prints the grid's summary)",
+    )
+    p.add_argument(
+        "--start",
+        type=nonneg,
+        default=0,
+        help="first key shown in the terminal table (it pages to the terminal's width from "
+        "there; past 32 query rows, also the first query)",
+    )
+    p.add_argument("--json", action="store_true", help="print the matrix as JSON")
+    p.set_defaults(func=cmd_attention)
+
+
+VERB = register(Verb("attention", 60, add))
