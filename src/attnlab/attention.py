@@ -337,6 +337,65 @@ class RingKVCache(KVCache):
         self.length -= n
 
 
+class SinkKVCache(RingKVCache):
+    """StreamingLLM's cache (Xiao et al. 2023): the keys and values of the first ``sinks``
+    positions (the "attention sinks") kept for good in slots 0 .. sinks - 1, beside a ring of
+    the last w = ``max_len`` - sinks positions in the other slots.
+
+    Positions are the ones the cache gives, not the text's (StreamingLLM's choice, so that no
+    distance exceeds what the model was trained on): while it fills, every key sits at its own
+    position; once the ring has wrapped, the window keeps its true distances to the query and
+    the sinks sit just before the oldest window position, so a query sees sink i at distance
+    ``max_len - 1 - i`` whatever the length. With rotary keys (rotated when written) that means
+    turning the sinks' keys, written at positions 0 .. sinks - 1, down by ``max_len -
+    length`` before each read: ``shift`` (the rotary module's) does it. ``rebase`` moves the
+    ring's positions only; the sinks are placed from their first rotation at every append.
+    """
+
+    def __init__(self, batch: int, max_len: int, n_heads: int, d_k: int, d_v: int, *,
+                 sinks: int, shift, dtype=None, device=None):  # fmt: skip
+        if not 1 <= sinks < max_len:
+            raise ValueError(f"a sink cache of {max_len} slots keeps 1 to {max_len - 1} sinks, "
+                             f"got {sinks}")  # fmt: skip
+        super().__init__(batch, max_len, n_heads, d_k, d_v, dtype=dtype, device=device)
+        self.sinks, self.shift = sinks, shift
+        self.sink_k: Tensor | None = None  # the sinks' keys as written, positions 0 .. sinks - 1
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        n, m = k.size(2), self.sinks
+        if self.written + n <= self.max_len:  # still filling: slots in position order
+            slot = self.written
+        elif n == 1:  # the ring after the sinks: the oldest window slot
+            slot = m + (self.written - m) % (self.max_len - m)
+        else:
+            raise ValueError("a full sink cache takes one position at a time")
+        self.k.narrow(2, slot, n).copy_(k)
+        self.v.narrow(2, slot, n).copy_(v)
+        self.written += n
+        self.length += n
+        if self.sink_k is None and self.written >= m:
+            self.sink_k = self.k[:, :, :m].clone()  # (B, n_kv, sinks, D)
+        if self.written > self.max_len:  # wrapped: the sinks just before the oldest window key
+            self.k[:, :, :m] = self.shift(self.sink_k, self.max_len - self.length)
+        return self.k.narrow(2, 0, self.held), self.v.narrow(2, 0, self.held)
+
+    def clear(self) -> None:
+        super().clear()
+        self.sink_k = None
+
+    def rebase(self, n: int, shift) -> None:
+        """Every window key was rotated at position p; make it p - n (the sinks are placed
+        anew at the next append)."""
+        m = self.sinks
+        self.k[:, :, m : self.held] = shift(self.k[:, :, m : self.held], n)
+        self.length -= n
+
+    def reorder(self, index: Tensor) -> None:
+        super().reorder(index)
+        if self.sink_k is not None:
+            self.sink_k = self.sink_k.index_select(0, index)
+
+
 class StaticKV:
     """Keys and values computed once and reused (cross-attention over an encoder's output)."""
 
@@ -445,10 +504,18 @@ class MultiHeadAttention(nn.Module):
         g = self.n_heads // self.n_kv_heads
         return x if g == 1 else x.repeat_interleave(g, dim=1)
 
-    def new_cache(self, batch: int, max_len: int, ring: bool = False, dtype=None, device=None):
-        """A KVCache (``RingKVCache`` when ``ring``) sized for this layer: n_kv heads."""
+    def new_cache(self, batch: int, max_len: int, ring: bool = False, dtype=None, device=None,
+                  sinks: int = 0):  # fmt: skip
+        """A KVCache (``RingKVCache`` when ``ring``; a ``SinkKVCache`` keeping the first
+        ``sinks`` positions beside the ring, with rotary positions) sized for this layer."""
+        size = (batch, max_len, self.n_kv_heads, self.d_k, self.d_v)
+        if sinks:
+            if self.rotary is None:
+                raise ValueError("a sink cache places its sinks by rotary positions")
+            return SinkKVCache(*size, sinks=sinks, shift=self.rotary.shift, dtype=dtype,
+                               device=device)  # fmt: skip
         kind = RingKVCache if ring else KVCache
-        return kind(batch, max_len, self.n_kv_heads, self.d_k, self.d_v, dtype=dtype, device=device)
+        return kind(*size, dtype=dtype, device=device)
 
     def _project(self, x: Tensor, kv: Tensor | None, cache) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, T, d_k), and k (B, n_kv, S, d_k), v (B, n_kv, S, d_v) with what ``cache``

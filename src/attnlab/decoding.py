@@ -24,7 +24,24 @@ from attnlab.models.gpt import GPT
 from attnlab.norms import RMSNorm, rms_norm
 from attnlab.positional import LearnedPositions, Rotary, RotaryHalf, SinusoidalPositions
 
-WINDOWS = ("slide", "shift", "ring")  # what decoding does past block_size: see attnlab.generation
+WINDOWS = ("slide", "shift", "ring", "sinks")  # past block_size: see attnlab.generation
+SINKS = 4  # the first tokens the sinks window keeps, unless "sinks:K" says how many
+
+
+def window_policy(window: str) -> tuple[str, int]:
+    """ "slide" -> ("slide", 0); "sinks" -> ("sinks", 4); "sinks:8" -> ("sinks", 8): the policy
+    and the first tokens it keeps. ValueError (one line) for an unknown one."""
+    name, colon, k = window.partition(":")
+    if name not in WINDOWS or (colon and name != "sinks"):
+        raise ValueError(f"unknown window {window!r}; choose from {', '.join(WINDOWS)} "
+                         "(sinks:K keeps the first K tokens)")  # fmt: skip
+    if name != "sinks":
+        return name, 0
+    if not colon:
+        return name, SINKS
+    if not k.isdigit():
+        raise ValueError(f"window {window!r}: K in sinks:K is a whole number of tokens")
+    return name, int(k)
 
 
 class GPTDecoder:
@@ -48,6 +65,7 @@ class GPTDecoder:
         """
         model, c = self.model, self.model.config
         self.check_window(window, use_cache)
+        window, sinks = window_policy(window)
         B, T0 = prompt.shape
         if T0 == 0:
             raise ValueError("a GPT needs a prompt of at least one token")
@@ -55,7 +73,9 @@ class GPTDecoder:
         ids[:, : T0 - 1] = prompt[:, :-1]
         cache = None
         if use_cache:
-            cache = model.new_cache(B, min(c.block_size, T0 + max_len), ring=window == "ring")
+            size = min(c.block_size, T0 + max_len)
+            sinks = sinks if size < T0 + max_len else 0  # never past the block: a plain cache
+            cache = model.new_cache(B, size, ring=window in RINGS, sinks=sinks)
         run = FastForward(model) if FastForward.applies(model) else self._last_logits
         return DecodeState(ids, T0 - 1, 0, window, cache, run)
 
@@ -65,16 +85,18 @@ class GPTDecoder:
     def check_window(self, window: str, use_cache: bool = True) -> None:
         """ValueError (one line) unless this model can decode with ``window``."""
         c = self.model.config
-        if window not in WINDOWS:
-            raise ValueError(f"unknown window {window!r}; choose from {', '.join(WINDOWS)}")
-        if window == "ring" and c.pos != "rotary":
+        window, sinks = window_policy(window)
+        if window in RINGS and c.pos != "rotary":
             raise ValueError(
-                f"the ring window needs rotary positions; this model's are {c.pos}, which a "
-                "kept token would have to change (use the slide or shift window)"
+                f"the {window} window needs rotary positions; this model's are {c.pos}, which "
+                "a kept token would have to change (use the slide or shift window)"
             )
-        if window == "ring" and (not use_cache or c.block_size < 2):
-            raise ValueError("the ring window is a KV-cache layout: it needs the cache and a "
-                             "block_size of at least 2")  # fmt: skip
+        if window in RINGS and (not use_cache or c.block_size < 2):
+            raise ValueError(f"the {window} window is a KV-cache layout: it needs the cache and "
+                             "a block_size of at least 2")  # fmt: skip
+        if window == "sinks" and not 1 <= sinks < c.block_size:
+            raise ValueError(f"the sinks window keeps 1 to {c.block_size - 1} first tokens "
+                             f"beside its window (block_size {c.block_size}), got {sinks}")  # fmt: skip
 
     def step(self, state: DecodeState, tokens: Tensor) -> Tensor:
         """Feed ``tokens`` (B,) (or (B, T)) -> log-probabilities of the next token (B, V)."""
@@ -86,7 +108,7 @@ class GPTDecoder:
         new = state.ids[:, state.fed : n]  # (B, T') everything not yet through the model
         state.n = state.fed = n
         block, run = self.model.config.block_size, state.run
-        if state.window == "ring":
+        if state.window in RINGS:
             logits = self._feed_ring(state, new)
         else:
             start = window_start(n, block, state.window)
@@ -125,6 +147,7 @@ class GPTDecoder:
             layer.reorder(index)
 
 
+RINGS = ("ring", "sinks")  # the windows whose cache is a ring (each position fed once)
 DECODERS = {"gpt": GPTDecoder}  # what a model class's ``decoded_by`` may name
 
 

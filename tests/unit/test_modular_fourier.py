@@ -142,3 +142,31 @@ def test_pair_logits_and_attention_over_pairs_read_the_model():
     assert att.shape == (4, 7, 7)
     _, cache = model(x[3 * 7 + 5 : 3 * 7 + 6], record=True)
     torch.testing.assert_close(att[:, 3, 5].float(), cache["blocks.0.attn.weights"][0, :, 2, 0])
+
+
+def test_a_callback_finishes_a_run_early_at_an_evaluation(tmp_path):
+    """Trainer.finish_early: the evaluation that asked is the run's last, saved, and the run is
+    finished rather than interrupted (what the grokking experiment's early stop uses)."""
+    from attnlab.training.run import plan, train
+
+    class StopAtSecondEval:
+        evals = 0
+
+        def on_metrics(self, trainer, row):
+            if "val_loss" in row:
+                self.evals += 1
+                if self.evals == 2:
+                    trainer.finish_early("two evaluations are enough")
+
+    p = plan({"task": "modular", "data": "add:p=5,frac=0.6", "max_iters": 50,
+              "eval_interval": 4, "out": str(tmp_path / "run"), "quiet": True, "threads": 1})  # fmt: skip
+    outcome = train(p, callbacks=[StopAtSecondEval()])
+    assert outcome.result.step == 4 and outcome.result.interrupted is None
+    from attnlab import checkpoint as ckpt
+
+    cfg = ckpt.read_run_config(tmp_path / "run")
+    assert "metrics" in cfg and cfg["metrics"]["val_accuracy"] >= 0  # finished, not cut off
+    import json
+
+    state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
+    assert state["step"] == 4

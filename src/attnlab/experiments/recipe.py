@@ -33,10 +33,11 @@ class Context:
     threads: int | None = None
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
 
-    def train(self, name: str, given: dict):
+    def train(self, name: str, given: dict, callbacks=()):
         """A run trained with ``attnlab train``'s options ``given`` into OUT/runs/NAME, loaded
         (an ``attnlab.run.Run``). A finished run already there with the same options is reused,
-        so a second call of the experiment only measures again."""
+        so a second call of the experiment only measures again. ``callbacks`` watch the
+        training (the Trainer's; a reused run is not trained, so they see nothing)."""
         from attnlab import checkpoint as ckpt
         from attnlab.run import load_run
         from attnlab.training.run import plan, train
@@ -56,7 +57,7 @@ class Context:
             raise ExperimentError(f"{path} holds another run (or an unfinished one): give the "
                                   "experiment a new --out")  # fmt: skip
         t = time.time()
-        outcome = train(p, log=self.log)
+        outcome = train(p, log=self.log, callbacks=callbacks)
         self.log(f"experiment: trained {name} in {time.time() - t:.0f} s: {outcome.summary}")
         return load_run(path, self.device)
 

@@ -323,14 +323,15 @@ class GPT(ModelKind, nn.Module):
         return n
 
     def new_cache(
-        self, batch: int, max_len: int | None = None, ring: bool = False
+        self, batch: int, max_len: int | None = None, ring: bool = False, sinks: int = 0
     ) -> list[KVCache]:
         """One preallocated KV cache per layer, for incremental decoding (``ring``: a
-        ``RingKVCache``, which keeps the last ``max_len`` positions)."""
+        ``RingKVCache``, which keeps the last ``max_len`` positions; ``sinks``: a
+        ``SinkKVCache``, which keeps the first ``sinks`` beside a ring of the last ones)."""
         c, p = self.config, next(self.parameters())
         max_len = max_len or c.block_size
         return [
-            b.attn.new_cache(batch, max_len, ring, dtype=p.dtype, device=p.device)
+            b.attn.new_cache(batch, max_len, ring, dtype=p.dtype, device=p.device, sinks=sinks)
             for b in self.blocks
         ]
 
