@@ -170,3 +170,17 @@ def test_a_callback_finishes_a_run_early_at_an_evaluation(tmp_path):
 
     state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
     assert state["step"] == 4
+
+
+def test_icl_score_is_the_late_token_loss_minus_the_early_one():
+    from attnlab.metrics import icl_positions, icl_score
+
+    assert icl_positions(64) == (7, 64) and icl_positions(512) == (52, 512)
+    assert icl_positions(8) == (2, 8)
+    torch.manual_seed(0)
+    x = torch.randint(0, 9, (3, 30))
+    logits = torch.randn(3, 30, 9)
+    score, early, late = icl_score(logits, x)
+    nll = lambda t: torch.nn.functional.cross_entropy(logits[:, t - 2], x[:, t - 1])  # noqa: E731
+    assert (early, late) == (3, 30)
+    assert score == pytest.approx(float(nll(30) - nll(3)), abs=1e-6)
