@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow  # each trains six small models (about 20 to 40 s 
 
 
 @pytest.mark.parametrize("name", ["pruning", "rollout-and-flow", "attention-vs-importance",
-                                  "attention-vs-contribution"])  # fmt: skip
+                                  "attention-vs-contribution", "grokking", "attention-sinks"])  # fmt: skip
 def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path):
     out = tmp_path / "report"
     r = cli("experiment", name, "--quick", "--out", out, "--seeds", "1,2,3", "--threads", "1")

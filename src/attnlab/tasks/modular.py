@@ -12,7 +12,8 @@ batch   full batch: every training pair at every step (``--batch-size`` smaller:
         that visit every pair once per epoch)
 model   the ``grokking`` shape: 1 layer, width 128, 4 heads of 32, a ReLU MLP of 512, no
         LayerNorm anywhere, learned positions, an unembedding of its own (``--n-layer``,
-        ``--n-head``, ``--d-model`` change it; the MLP stays 4x the width)
+        ``--n-head``, ``--d-model`` change it; the MLP stays 4x the width), initialised as the
+        paper's (``build_model``)
 loss    cross-entropy of the answer at the last position ("="), over the p number tokens only
         (the paper's unembedding has p outputs; <unk> and "=" are never answers)
 figures test loss (val_loss), test accuracy, train accuracy; train loss on the whole training
@@ -187,7 +188,20 @@ class ModularAddition(Task):
         return self.options.model_config(self.p + 2)
 
     def build_model(self) -> GPT:
-        return GPT(self.model_config())
+        """The GPT, initialised as Nanda et al.'s: every weight matrix and embedding drawn from
+        N(0, 1/d_model), the unembedding from N(0, 1/vocab), biases 0 (a larger start than
+        GPT-2's N(0, 0.02), which the memorising phase grows from and weight decay shrinks)."""
+        import math
+
+        model = GPT(self.model_config())
+        d, v = model.config.d_model, model.config.vocab_size
+        with torch.no_grad():
+            for name, w in model.named_parameters():
+                if w.dim() < 2:
+                    w.zero_()
+                else:
+                    w.normal_(0.0, 1 / math.sqrt(v if name == "lm_head.weight" else d))
+        return model
 
     @classmethod
     def fine_tunes(cls, model_class: type) -> bool:
