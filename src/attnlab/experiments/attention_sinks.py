@@ -162,6 +162,7 @@ def imported_run(ctx: Context, seed: int):
             )  # fmt: skip
             torch.manual_seed(seed)
             transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()  # its bars are not attnlab's to show
             transformers.LlamaForCausalLM(cfg).save_pretrained(hf)
             shutil.copyfile(shared, hf / "tokenizer.json")
         import_hf(hf, imported)

@@ -39,7 +39,10 @@ CITATION = ("Nanda, Chan, Lieberum, Smith & Steinhardt (2023), Progress measures
 PAPER = {"p": 113, "frac": 0.3, "lr": 1e-3, "weight_decay": 1.0, "steps": 40000,
          "key_frequencies": [14, 35, 41, 42, 52]}  # fmt: skip
 HOLD = 0.99  # the test accuracy the early stop waits for ...
-HOLD_EVALS = 3  # ... at this many evaluations in a row
+HOLD_STEPS = 300  # ... and holds this many steps: weight decay's cleanup, which makes the
+#                   embedding sparse, comes after the test accuracy has jumped (one seed: the 6
+#                   strongest frequencies held 44% of its power at step 360, 71% at 440, when
+#                   test accuracy passed 99% at 420)
 MAX_KEY = 6  # the acceptance: 90% of the non-constant power in at most this many frequencies
 
 
@@ -92,19 +95,22 @@ class WeightSnapshots:
 
 class StopWhenHeld:
     """A Trainer callback: finish the run once the test accuracy has been at least ``level`` at
-    ``evals`` evaluations in a row (``Trainer.finish_early``)."""
+    every evaluation for ``steps`` steps (``Trainer.finish_early``)."""
 
-    def __init__(self, level: float, evals: int):
-        self.level, self.evals, self.run = level, evals, 0
+    def __init__(self, level: float, steps: int):
+        self.level, self.steps, self.since = level, steps, None
 
     def on_metrics(self, trainer, row) -> None:
         acc = row.get("val_accuracy")
         if acc is None:
             return
-        self.run = self.run + 1 if acc >= self.level else 0
-        if self.run >= self.evals:
-            trainer.finish_early(f"test accuracy at least {self.level:.0%} at {self.evals} "
-                                 "evaluations in a row")  # fmt: skip
+        if acc < self.level:
+            self.since = None
+        elif self.since is None:
+            self.since = row["step"]
+        if self.since is not None and row["step"] - self.since >= self.steps:
+            trainer.finish_early(f"test accuracy at least {self.level:.0%} for {self.steps} "
+                                 "steps")  # fmt: skip
 
 
 def snapshots(path: Path) -> dict[int, dict[str, torch.Tensor]]:
@@ -132,7 +138,7 @@ def measure(ctx: Context, seed: int) -> dict:
     given = {**options(ctx.quick), "seed": seed}
     fresh = not (ctx.out / "runs" / name / "config.json").is_file()
     callbacks = [WeightSnapshots(SNAPSHOT_EVERY, weights),
-                 StopWhenHeld(HOLD, HOLD_EVALS)]  # fmt: skip
+                 StopWhenHeld(HOLD, HOLD_STEPS if not ctx.quick else 50)]  # fmt: skip
     run = ctx.train(name, given, callbacks if fresh else ())
     if not weights.is_file():
         raise ExperimentError(f"{weights} is missing (the weights of {name} over training): "
@@ -205,12 +211,6 @@ def recipe(ctx: Context) -> Report:
               "the embedding is sparse in the Fourier basis: 5 key frequencies (14, 35, 41, 42, "
               "52) in the mainline run (Nanda et al. 2023, section 4)",
               {s: r[s]["top6_share"] for s in r}, ">=", 0.9, "%"),
-        Claim("key_count", "the number of key frequencies (the fewest holding 90% of the "
-              "embedding's non-constant power)",
-              "the embedding is sparse in the Fourier basis: 5 key frequencies (14, 35, 41, 42, "
-              "52) in the mainline run (Nanda et al. 2023, section 4)",
-              {s: float(len(r[s]["spectrum"]["key_frequencies"])) for s in r}, "<=",
-              float(MAX_KEY), "count"),
         Claim("excluded_trend", "Spearman's rho of the excluded loss with the step, over the "
               "snapshots from the first with the training pairs memorised (train accuracy 99%) "
               "to the first with test accuracy 50%",
@@ -255,8 +255,8 @@ def recipe(ctx: Context) -> Report:
         "(normal, std 1/sqrt(128); the unembedding 1/sqrt(vocabulary)).",
         f"Departures from the paper: learning rate {o['lr']:g} (paper 1e-3) and at most "
         f"{o['max_iters']} steps (paper 40k), stopping once test accuracy has been at least "
-        f"{HOLD:.0%} at {HOLD_EVALS} evaluations in a row, so that three seeds fit in 15 "
-        "minutes on 2 CPU cores; the phases are correspondingly shorter. Weight decay is not "
+        f"{HOLD:.0%} for {HOLD_STEPS if not ctx.quick else 50} steps (the cleanup), so that "
+        "three seeds fit in 15 minutes on 2 CPU cores; the phases are correspondingly shorter. Weight decay is not "
         "applied to biases (attnlab's AdamW groups); the unembedding has outputs for <unk> and "
         "'=' too, which the loss leaves out.",
         "Restricted loss: the logits of all p^2 pairs projected onto cos(w_k(a+b)) and "
