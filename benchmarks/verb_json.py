@@ -31,9 +31,11 @@ definition issue 21 changes on purpose: mean ablation of heads in several layers
 `eval --ablate`) and `heads --importance --mode mean` (its pruning curve ablates heads in
 several layers). `--allow mean-definition,crash-fixed` lets through the other intended
 changes, each narrowly (ALLOWANCES): mean ablation's new `mean_from` field and its note's ", in
-its clean run", and a baseline crash that now gives a result. `--record FILE` compares a saved
-record (an earlier `--out`) instead of recomputing. `--tol` compares floats with a relative
-tolerance (default 0: exact).
+its clean run", a baseline crash that now gives a result, `attnlab check`'s new last row
+(graph-check: "residual graph == forward", issue 27, appended and passed or skipped), and
+(dot-similarity) the dot products similarity's JSON holds beside its cosines (issue 29).
+`--record FILE` compares a saved record (an earlier `--out`) instead of recomputing. `--tol`
+compares floats with a relative tolerance (default 0: exact).
 
 After issue 21 (one-thread runs, 547 commands on 11 runs): with --ignore-mean-ablation and
 --allow mean-definition,crash-fixed, no differences; 32 allowed (20 `mean_from`, 10 notes, the
@@ -538,12 +540,20 @@ def crashed(output) -> bool:
 #                    run" (every mean comes from the clean run: issue 21 item 7)
 #   crash-fixed      a command whose baseline is an internal error now gives a result (the
 #                    attention-only GPT's DLA: KeyError 'blocks.0.mlp_out' before)
-ALLOWANCES = ("mean-definition", "crash-fixed")
+ALLOWANCES = ("mean-definition", "crash-fixed", "graph-check", "dot-similarity")
+GRAPH_CHECK = "residual graph == forward"  # issue 27's check row: the declared graph adds up
 CLEAN_RUN_NOTE = ("mean over the text's own positions;",
                   "mean over the text's own positions, in its clean run;")  # fmt: skip
 
 
 def allowed(key: str, path: str, a, b, allow: set[str]) -> bool:
+    if "dot-similarity" in allow and shlex.split(key)[0] == "similarity" and a == "(absent)":
+        # issue 29: similarity's JSON holds the raw dot products beside the cosines
+        return re.fullmatch(r"layers\[\d+\]\.(mean_)?dot_(before|after)", path) is not None
+    if "graph-check" in allow and key.split()[0] == "check" and path == "checks":
+        # the one new row, appended, and not failed; every other row as it was
+        return (isinstance(a, list) and isinstance(b, list) and b[:-1] == a
+                and b[-1].get("name") == GRAPH_CHECK and b[-1].get("passed") is not False)  # fmt: skip
     if "mean-definition" in allow and is_mean(key):
         if path == "mean_from" and a == "(absent)":
             return True

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from printed import printed
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -16,7 +18,7 @@ def run_cli(*args: str, cwd: str | Path | None = None, timeout: float = 600, env
             input: str | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     """``python -m attnlab ARGS`` with this checkout's ``src`` first on the path."""
     full_env = {**os.environ, "PYTHONPATH": str(SRC), **(env or {})}
-    return subprocess.run(
+    return printed(subprocess.run(
         [sys.executable, "-m", "attnlab", *map(str, args)],
         cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, input=input,
-    )  # fmt: skip
+    ))  # fmt: skip

@@ -9,6 +9,28 @@ import signal
 import pytest
 import torch
 
+from printed import Printed
+
+
+class _Captured:
+    """pytest's capsys, its captures handed out as ``Printed`` (tests/printed.py): what a
+    test reads of the terminal does not depend on where lines wrap."""
+
+    def __init__(self, capture):
+        self._capture = capture
+
+    def readouterr(self):
+        res = self._capture.readouterr()
+        return res._replace(out=Printed(res.out), err=Printed(res.err))
+
+    def __getattr__(self, name):
+        return getattr(self._capture, name)
+
+
+@pytest.fixture
+def capsys(capsys):
+    return _Captured(capsys)
+
 
 @pytest.fixture(scope="module")
 def forked_cli():

@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from printed import printed
+
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -160,6 +162,7 @@ class ForkedCLI:
             out.read_text(errors="replace"),
             err.read_text(errors="replace"),
         )
+        printed(result)  # tests/printed.py: read wherever lines wrapped
         result.maxrss_kb = reply["maxrss_kb"]  # the child's peak resident set (getrusage)
         result.peak_anon_kb = reply["peak_anon_kb"]  # its peak anonymous memory (polled)
         return result

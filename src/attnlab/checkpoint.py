@@ -464,6 +464,13 @@ def open_model(
     return model.to(device).eval(), run.tokenizer
 
 
+def _image_tokenizer(body: dict):
+    """A ViT run's tokenizer.json (``attnlab.data.images``, imported only for one)."""
+    from attnlab.data.images import ImageTokenizer
+
+    return ImageTokenizer.from_dict(body)
+
+
 def read_tokenizer_files(run_dir: str | Path):
     """The run's tokenizer: tokenizer.json, paired with target_tokenizer.json when there is one
     (an encoder-decoder run); None when the run has no tokenizer."""
@@ -472,7 +479,7 @@ def read_tokenizer_files(run_dir: str | Path):
     if tgt.is_file() and not src.is_file():
         raise RunError(f"{run_dir}: target_tokenizer.json without tokenizer.json")
     try:
-        tok = load_tokenizer(src) if src.is_file() else None
+        tok = load_tokenizer(src, {"image": _image_tokenizer}) if src.is_file() else None
         if tok is not None and tgt.is_file():
             tok = PairTokenizer(tok, load_tokenizer(tgt))
     except TokenizerError as e:

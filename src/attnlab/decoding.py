@@ -17,7 +17,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention
+from attnlab.attention import (
+    KVCache,
+    MultiHeadAttention,
+    RingKVCache,
+    causal_mask,
+    combine_masks,
+    reference_attention,
+    scaled_dot_product_attention,
+    sliding_window_mask,
+    softcap,
+)
 from attnlab.blocks import Block, FeedForward, GatedFeedForward
 from attnlab.hooks import Hook
 from attnlab.models.gpt import GPT
@@ -202,20 +212,13 @@ MIRRORS = (nn.ModuleList, nn.Embedding, nn.Linear, nn.LayerNorm, RMSNorm, nn.Dro
            SinusoidalPositions, Rotary, RotaryHalf)  # fmt: skip
 
 
-def _restated_attention(m: MultiHeadAttention) -> bool:
-    """True for the attention FastForward restates: any number of query heads and of K/V heads
-    shared by them (GQA, MQA), keys and values of one width, any scale, QK-norm; softmax
-    weights; no softcap or sliding window."""
-    return m.d_k == m.d_v and m.softcap is None and m.window is None and m.weighting == "softmax"
-
-
-def _norm(m: nn.Module) -> Callable[[Tensor], Tensor]:
+def _norm(m: nn.Module | None) -> Callable[[Tensor], Tensor] | None:
     """A norm module as a function of x alone, with the module's own arithmetic (a LayerNorm's
-    kernel, ``rms_norm``), without the module call."""
+    kernel, ``rms_norm``), without the module call; None for none (or an Identity)."""
+    if m is None or isinstance(m, nn.Identity):
+        return None
     if isinstance(m, RMSNorm):
         return functools.partial(rms_norm, weight=m.weight, eps=m.eps, offset=m.offset)
-    if isinstance(m, nn.Identity):  # no norm (GPTConfig norm="none")
-        return lambda x: x
     return functools.partial(F.layer_norm, normalized_shape=m.normalized_shape, weight=m.weight,
                              bias=m.bias, eps=m.eps)  # fmt: skip
 
@@ -229,25 +232,49 @@ def _joined(*layers: nn.Linear) -> tuple[Tensor, Tensor | None]:
     return w, torch.cat([lin.bias for lin in layers]).detach()
 
 
+def _attention(a: MultiHeadAttention) -> tuple:
+    """What a step of self-attention needs: its sizes, [W_Q; W_K; W_V] as one matrix, QK-norm,
+    rotary, scale, W_O, its softcap and sliding window, and how its scores become weights."""
+    w, bias = _joined(a.q_proj, a.k_proj, a.v_proj)  # ((H + 2 n_kv) D, C)
+    qk_norm = a.q_norm and (_norm(a.q_norm), _norm(a.k_norm))
+    return ((a.n_heads, a.n_kv_heads, a.d_k), w, bias, qk_norm, a.rotary, a.scale,
+            a.out_proj.weight, a.out_proj.bias, a.softcap, a.window, a.weighting)  # fmt: skip
+
+
+def _feed_forward(f: nn.Module) -> tuple:
+    """What a step of the feed-forward network needs: gated (down(act(gate x) * up x), gate and
+    up as one matrix [W_gate; W_up]) or not (fc2(act(fc1 x)))."""
+    if isinstance(f, GatedFeedForward):
+        return (True, *_joined(f.gate, f.up), f.act, f.down.weight, f.down.bias)
+    return (False, f.fc1.weight, f.fc1.bias, f.act, f.fc2.weight, f.fc2.bias)
+
+
 class FastForward:
     """``GPT.forward`` for decoding: the same math in eval mode, without the overhead that
     outweighs the arithmetic when a step feeds one token (module calls, hook checks, module
     attribute look-ups, three projections where one will do).
 
     ``run(ids (B, T), cache)`` -> logits of the last position (B, V); ``cache`` as in
-    ``forward`` (None: no cache). Each layer runs, as a Block does:
-        pre-norm   x = x + Attn(N1(x));  x = x + FFN(N2(x))
-        post-norm  x = N1(x + Attn(x));  x = N2(x + FFN(x))
-    (an attention-only block, ``GPTConfig.mlp=False``, stops after the attention sublayer)
-    with Attn's query, key and value projections as one matrix [W_Q; W_K; W_V], made once when
-    decoding starts, and a gated FFN's gate and up projections as one [W_gate; W_up]. The norms
-    N are LayerNorms or RMSNorms (``attnlab.norms.rms_norm``, the module's own function); the
-    attention has H query heads reading n_kv <= H K/V heads (GQA, MQA: the kernel's
-    ``enable_gqa``), each head's q and k optionally normed (QK-norm) before the rotation
-    (adjacent pairs or rotate-half, the model's own rotary module), and the model's scale.
-    Only the last position's logits are kept, so the last layer computes keys and values for
-    every position but its query, attention output and feed-forward network for the last one
-    alone (about a fifth of the arithmetic of a whole-window pass of the baby model).
+    ``forward`` (None: no cache). It is derived from the same declaration ``Block.forward``
+    runs: each layer's residual steps (``attnlab.blocks.Residual``), each as
+
+        h = x (or the block's input x0: parallel);  h = N(h);  u = F(h);  u = P(u);
+        x = x + s u;  x = A(x)
+
+    so every layout (pre-norm, post-norm, parallel, four norms, any registered one) decodes
+    here. F is self-attention with its query, key and value projections as one matrix
+    [W_Q; W_K; W_V], made once when decoding starts: H query heads reading n_kv <= H K/V heads
+    (GQA, MQA: the kernel's ``enable_gqa``), each head's q and k optionally normed (QK-norm)
+    before the rotation (adjacent pairs or rotate-half, the model's own rotary module), the
+    model's scale, and where the layer has them a softcap on the scores (Gemma 2: the
+    step-by-step ``reference_attention``) and a sliding window (its mask); or the feed-forward
+    network, a gated one's gate and up projections as one [W_gate; W_up]. The norms are
+    LayerNorms or RMSNorms (``attnlab.norms.rms_norm``, the module's own function). Around the
+    layers: the embedding (times sqrt(C) where the model scales it, Gemma), positions, the
+    final norm, the head and its softcap (Gemma 2). Only the last position's logits are kept,
+    so the last layer computes keys and values for every position but its query, attention
+    output and feed-forward network for the last one alone (about a fifth of the arithmetic of
+    a whole-window pass of the baby model).
 
     Why a second statement of the forward pass: ``forward`` is the one to read, record and
     edit (about 60 module calls and 50 hook points per step of the baby model); decoding runs
@@ -255,63 +282,57 @@ class FastForward:
     one-token step of the baby model took 2.0-2.7x less CPU time here than through ``forward``
     (1 thread, on a shared machine; the less with rotary positions), and sampling past the
     block leans on it (benchmarks/sample_speed.py). What keeps the two from drifting apart:
-    - it shares what it can: the positional modules, rotary, the norms' arithmetic, the KV
-      caches, the attention kernel and the activation functions are the model's own;
+    - both read one declaration of each block (its residual steps), and it shares what it
+      can: the positional modules, rotary, the norms' arithmetic, the KV caches, the attention
+      kernels and the activation functions are the model's own;
     - ``applies`` hands anything it does not restate back to ``forward``: a module of a kind
       not listed in ``MIRRORS`` (a subclass, cross-attention), a GPT whose ``forward`` is
-      overridden, training mode, hooks, reference attention, and the pieces it does not
-      restate (Gemma's embedding scale, softcaps and post-sublayer norms, sliding windows,
-      NeoX's parallel blocks);
+      overridden, training mode, hooks, reference attention;
     - tests check it against ``forward`` to 1e-5 on random models drawn over every
-      ``GPTConfig`` field (and fail when a field is added that they do not draw);
+      ``GPTConfig`` field, on every example of every registered kind that decodes, and on a
+      block layout defined in a test (and fail when a field is added that they do not draw);
     - ``attnlab check`` runs a model's decoding through it against the full pass.
     """
 
     def __init__(self, model: GPT):
         c = model.config
-        self.pre = c.norm_first
-        self.layers = []
+        self.layers = []  # per block, per residual step: (attention | None, feed-forward |
+        #                   None, norm, post, after, reads the block's input, scale)
         for b in model.blocks:
-            a, f = b.attn, b.mlp  # f: None in an attention-only block
-            w, bias = _joined(a.q_proj, a.k_proj, a.v_proj)  # ((H + 2 n_kv) D, C)
-            heads = (a.n_heads, a.n_kv_heads, a.d_k)
-            qk_norm = a.q_norm and (_norm(a.q_norm), _norm(a.k_norm))
-            attn = (heads, w, bias, qk_norm, a.rotary, a.scale, a.out_proj.weight, a.out_proj.bias)
-            ffn = None
-            if isinstance(f, GatedFeedForward):  # down(act(gate x) * up x)
-                ffn = (_norm(b.ln2), True, *_joined(f.gate, f.up), f.act, f.down.weight,
-                       f.down.bias)  # fmt: skip
-            elif f is not None:
-                ffn = (_norm(b.ln2), False, f.fc1.weight, f.fc1.bias, f.act, f.fc2.weight,
-                       f.fc2.bias)  # fmt: skip
-            self.layers.append((_norm(b.ln1), attn, ffn))
+            steps = []
+            for s in b.residual:
+                f = getattr(b, s.sublayer)
+                attn, ffn = (
+                    (_attention(f), None) if s.sublayer == "attn" else (None, _feed_forward(f))
+                )
+                steps.append((attn, ffn, _norm(s.norm and getattr(b, s.norm)),
+                              _norm(s.post and getattr(b, s.post)),
+                              _norm(s.after and getattr(b, s.after)), s.reads == "block",
+                              s.scale))  # fmt: skip
+            self.layers.append(tuple(steps))
         self.embed, self.pos = model.tok_embed.weight, model.pos_embed
-        self.ln_f = _norm(model.ln_f) if c.norm_first else None
-        self.head = model.lm_head.weight
+        self.embed_scale = c.d_model**0.5 if c.embed_scale else None
+        self.ln_f = _norm(model.ln_f)
+        self.head, self.final_softcap = model.lm_head.weight, c.final_softcap
         self.block_size = c.block_size
 
     @staticmethod
     def applies(model: GPT) -> bool:
         """Only where it restates the model exactly and nothing would see the difference:
         ``GPT.forward`` itself, every module of a kind in ``MIRRORS`` with its class's forward
-        (self-attention only), eval mode throughout, fused attention, no Hook recording or editing, no torch hooks."""
+        (self-attention only, keys and values of one width), eval mode throughout, fused
+        attention, no Hook recording or editing, no torch hooks."""
         if type(model).forward is not GPT.forward:
             return False
-        c = model.config
-        pre = c.norm_first
-        if c.embed_scale or c.final_softcap is not None:
-            return False  # steps of GPT.forward it does not restate (Gemma)
         for m in model.modules():
             if m is not model and (type(m) not in MIRRORS or "forward" in vars(m)):
                 return False  # a kind it does not restate, or a forward replaced on one module
             if m.training or (isinstance(m, Hook) and m.active):
                 return False
-            if isinstance(m, Block) and (m.cross, m.causal, m.norm_first) != (None, True, pre):
+            if isinstance(m, Block) and (m.cross is not None or not m.causal):
                 return False
-            if isinstance(m, MultiHeadAttention) and not _restated_attention(m):
-                return False
-            if isinstance(m, Block) and (m.parallel or m.post_norms):
-                return False  # a residual layout it does not restate
+            if isinstance(m, MultiHeadAttention) and m.d_k != m.d_v:
+                return False  # [W_Q; W_K; W_V] is read as H + 2 n_kv heads of one width
             if getattr(m, "use_fused", True) is False or m._forward_hooks or m._forward_pre_hooks:
                 return False
         return not (nn.modules.module._global_forward_hooks
@@ -337,43 +358,80 @@ class FastForward:
             raise ValueError(
                 f"sequence of {offset + T} tokens exceeds block_size {self.block_size}"
             )
-        pre, last = self.pre, len(self.layers) - 1
+        last = len(self.layers) - 1
         x = F.embedding(ids, self.embed)  # (B, T, C)
+        if self.embed_scale is not None:  # Gemma: times sqrt(C), rounded to x's dtype
+            x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         if self.pos is not None:
             x = x + self.pos(T, offset)
-        for i, (ln1, attn, ffn) in enumerate(self.layers):
-            (H, G, D), w, bias, qk_norm, rotary, scale, wo, bo = attn  # G K/V heads
-            h = ln1(x) if pre else x
-            qkv = F.linear(h, w, bias).view(B, T, H + 2 * G, D).transpose(1, 2)  # (B, H+2G, T, D)
-            if qk_norm:  # each head's q and k normed, then rotated
-                q, k, v = qkv.split((H, G, G), 1)
-                q, k = qk_norm[0](q), qk_norm[1](k)
-                if rotary is not None:
-                    q, k = rotary.forward(q, offset), rotary.forward(k, offset)
-            elif rotary is not None:  # queries and keys rotated together
-                q, k = rotary.forward(qkv[:, : H + G], offset).split((H, G), 1)
-                v = qkv[:, H + G :]
-            else:
-                q, k, v = qkv.split((H, G, G), 1)  # (B, H, T, D), (B, G, T, D) twice
-            if cache:
-                k, v = cache[i].append(k, v)  # (B, G, S, D) every position held
-            if i == last and T > 1:  # only the last position's output is read from here on
-                q, x, T = q[:, :, -1:], x[:, -1:], 1
-            z = scaled_dot_product_attention(q, k, v, causal=True, scale=scale,
-                                             enable_gqa=G != H)  # (B, H, T, D)  # fmt: skip
-            a = F.linear(z.transpose(1, 2).reshape(B, T, H * D), wo, bo)  # (B, T, C)
-            x = x + a if pre else ln1(x + a)
-            if ffn is not None:
-                ln2, gated, w1, b1, act, w2, b2 = ffn
-                h = F.linear(ln2(x) if pre else x, w1, b1)  # (B, T, d_ff), gated: (B, T, 2 d_ff)
-                if gated:
-                    g, u = h.chunk(2, -1)
-                    h = act(g) * u
+        for i, layer in enumerate(self.layers):
+            x0, trim = x, i == last and T > 1  # the block's input; trim: keep the last position
+            for attn, ffn, norm, post, after, from_input, scale in layer:
+                h = x0 if from_input else x
+                if norm is not None:
+                    h = norm(h)
+                if attn is not None:
+                    u = self._attend(attn, h, cache[i] if cache else None, offset, trim)
+                    if trim:  # only the last position is read from here on
+                        x, x0, T, trim = x[:, -1:], x0[:, -1:], 1, False
                 else:
-                    h = act(h)
-                m = F.linear(h, w2, b2)  # (B, T, C)
-                x = x + m if pre else ln2(x + m)
+                    u = self._feed(ffn, h)
+                if post is not None:
+                    u = post(u)
+                x = x + u if scale == 1 else x + scale * u
+                if after is not None:
+                    x = after(x)
         x = x[:, -1]  # (B, C)
         if self.ln_f is not None:
             x = self.ln_f(x)
-        return F.linear(x, self.head)  # (B, V)
+        logits = F.linear(x, self.head)  # (B, V)
+        return logits if self.final_softcap is None else softcap(logits, self.final_softcap)
+
+    @staticmethod
+    def _attend(attn: tuple, h: Tensor, cache: KVCache | None, offset: int, trim: bool) -> Tensor:
+        """Causal self-attention of h (B, T, C) -> (B, T, C) (T = 1 with ``trim``: the last
+        query only), its keys and values appended to ``cache``."""
+        (H, G, D), w, bias, qk_norm, rotary, scale, wo, bo, cap, window, weighting = attn
+        B, T, _ = h.shape
+        qkv = F.linear(h, w, bias).view(B, T, H + 2 * G, D).transpose(1, 2)  # (B, H+2G, T, D)
+        if qk_norm:  # each head's q and k normed, then rotated
+            q, k, v = qkv.split((H, G, G), 1)
+            q, k = qk_norm[0](q), qk_norm[1](k)
+            if rotary is not None:
+                q, k = rotary.forward(q, offset), rotary.forward(k, offset)
+        elif rotary is not None:  # queries and keys rotated together
+            q, k = rotary.forward(qkv[:, : H + G], offset).split((H, G), 1)
+            v = qkv[:, H + G :]
+        else:
+            q, k, v = qkv.split((H, G, G), 1)  # (B, H, T, D), (B, G, T, D) twice
+        if cache is not None:
+            if isinstance(cache, RingKVCache) and (window or cache.max_len) < cache.max_len:
+                raise ValueError(f"a ring KV cache of {cache.max_len} positions cannot hold a "
+                                 f"sliding window of {window}: use a window policy other than "
+                                 "ring")  # fmt: skip
+            k, v = cache.append(k, v)  # (B, G, S, D) every position held
+        if trim:
+            q, T = q[:, :, -1:], 1
+        S = k.size(2)
+        wm = sliding_window_mask(T, S, window, h.device) if window else None
+        if cap is None and weighting == "softmax":
+            z = scaled_dot_product_attention(q, k, v, mask=wm, causal=True, scale=scale,
+                                             enable_gqa=G != H)  # (B, H, T, D)  # fmt: skip
+        else:  # Gemma 2's capped scores, or weights other than softmax's: step by step (as the
+            g = H // G  # model's reference path)
+            k, v = (k, v) if g == 1 else (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
+            mask = combine_masks(causal_mask(T, S, device=h.device), wm)
+            z = reference_attention(q, k, v, mask, scale, 0.0, None, cap, weighting)[0]
+        return F.linear(z.transpose(1, 2).reshape(B, T, H * D), wo, bo)  # (B, T, C)
+
+    @staticmethod
+    def _feed(ffn: tuple, h: Tensor) -> Tensor:
+        """The feed-forward network of h (B, T, C) -> (B, T, C)."""
+        gated, w1, b1, act, w2, b2 = ffn
+        h = F.linear(h, w1, b1)  # (B, T, d_ff), gated: (B, T, 2 d_ff)
+        if gated:
+            g, u = h.chunk(2, -1)
+            h = act(g) * u
+        else:
+            h = act(h)
+        return F.linear(h, w2, b2)  # (B, T, C)

@@ -150,6 +150,14 @@ def hints(run: Path) -> list[str]:
     ]
 
 
+def serve_hint(run: Path) -> str:
+    """The demo's last line: the live workbench on its run (``attnlab serve``; it serves until
+    Ctrl-C, so it is printed, not run)."""
+    import shlex
+
+    return f"[demo] live workbench: {attnlab_command()} serve {shlex.quote(str(run))}"
+
+
 def main() -> None:
     from attnlab import load_run
     from attnlab.generation import SamplingConfig, generate
@@ -167,6 +175,7 @@ def main() -> None:
         print(line)
     look_inside(model, tokenizer)
     real_model()
+    print(f"\n{serve_hint(RUN)}  (type a sentence, watch every head answer; Ctrl-C stops it)")
 
 
 if __name__ == "__main__":

@@ -200,6 +200,38 @@ class Run:
             rec.extra["classes"] = list(self.config["labels"])
         return rec
 
+    def what_if(self, text: str, layer: int | None = None, head: int = 0, *,
+                map: str | None = None, temperature: float | None = None,
+                pad: int | None = None, pad_text: str | None = None):  # fmt: skip
+        """As ``attnlab what-if RUN TEXT``: one head's attention as the model computes it and
+        with one piece changed at a time (no 1/sqrt(d_k), no causal mask, temperature T and
+        1/T, ``pad`` pads without a padding mask; ``pad_text``: as many pads as ``text`` is
+        shorter than it; None: the defaults of ``attnlab.inspect.what_if``, T = 2, 2 pads).
+        An ``attnlab.inspect.what_if.WhatIf``."""
+        from attnlab.inspect.recording import InspectError
+        from attnlab.inspect.what_if import what_if
+
+        rec = self.record(text)
+        if pad_text is not None:
+            info = rec.select(layer=layer, name=map)
+            mine, theirs = len(rec.tokens[info.query_stack]), len(
+                self.record(pad_text).tokens[info.query_stack])  # fmt: skip
+            if theirs <= mine:
+                raise InspectError(f"the pad text must be longer than the text, which it pads: "
+                                   f"it has {theirs} tokens, the text {mine}")  # fmt: skip
+            pad = theirs - mine
+        given = {k: v for k, v in (("temperature", temperature), ("pad", pad)) if v is not None}
+        return what_if(rec, self.model, layer, head, map, text=text, **given)
+
+    def source_attention(self, text: str, layer: int | None = None, head: int | None = None,
+                         words: bool = False):  # fmt: skip
+        """As one run of ``attnlab align``: an encoder-decoder's output for ``text`` and each
+        decoder step's weights over the source (``words``: each word's tokens added up), an
+        ``attnlab.inspect.source_attention.SourceAttention``."""
+        from attnlab.inspect.source_attention import source_attention
+
+        return source_attention(self.record(text), self.tokenizer, layer, head, words, text)
+
     # -- interventions: what `attnlab ablate | patch | lens | attribute | heads` print -----------
     # Each returns the result the verb prints, its JSON (``result.to_json()``) the verb's
     # ``--json``, starting with ``about``; a notebook draws it (``_repr_html_``). The defaults

@@ -318,7 +318,11 @@ class SharedPairTokenizer:
         return json.dumps({"attnlab": body}, ensure_ascii=False)
 
 
-def tokenizer_from_json(text: str) -> Tokenizer:
+def tokenizer_from_json(text: str, readers: dict | None = None) -> Tokenizer:
+    """The tokenizer a tokenizer.json holds: attnlab's own kinds (char, word, shared-pair) or a
+    Hugging Face tokenizer; ``readers`` maps the other kinds attnlab writes to what reads them
+    (``{"image": ImageTokenizer.from_dict}``: a ViT run's, which ``attnlab.data.images``
+    defines, above this module). A TokenizerError (one line) for anything else."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -330,7 +334,7 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         if body.get("type") == "word":
             return WordTokenizer(body["vocab"])
         if body.get("type") == "shared-pair":  # a T5 run's: one vocabulary, the model's ids
-            inner = tokenizer_from_json(json.dumps(body.get("tokenizer")))
+            inner = tokenizer_from_json(json.dumps(body.get("tokenizer")), readers)
             if not isinstance(inner, HFTokenizer):
                 raise TokenizerError("tokenizer.json: a shared-pair tokenizer wraps a Hugging "
                                      "Face tokenizer")  # fmt: skip
@@ -339,14 +343,13 @@ def tokenizer_from_json(text: str) -> Tokenizer:
                 raise TokenizerError("tokenizer.json: a shared-pair tokenizer needs pad, start "
                                      "and end ids")  # fmt: skip
             return SharedPairTokenizer(inner, **ids)
-        if body.get("type") == "image":  # a ViT run's: reads images, see attnlab.data.images
-            from attnlab.data.images import ImageTokenizer
-
+        kind = body.get("type")
+        if kind in (readers or {}):  # a kind read above this module (a ViT run's "image")
             try:
-                return ImageTokenizer.from_dict(body)
+                return readers[kind](body)
             except TypeError as e:
-                raise TokenizerError(f"tokenizer.json: not an image tokenizer ({e})") from None
-        raise TokenizerError(f"unknown tokenizer type {body.get('type')!r}")
+                raise TokenizerError(f"tokenizer.json: not an {kind} tokenizer ({e})") from None
+        raise TokenizerError(f"unknown tokenizer type {kind!r}")
     from tokenizers import Tokenizer as HFTok
 
     try:
@@ -355,16 +358,16 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         raise TokenizerError(f"tokenizer.json could not be read ({e})") from None
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """The tokenizer saved at ``path``; a missing or unreadable file is a TokenizerError
-    that names it."""
+def load_tokenizer(path: str | Path, readers: dict | None = None) -> Tokenizer:
+    """The tokenizer saved at ``path`` (``readers``: as ``tokenizer_from_json``'s); a missing
+    or unreadable file is a TokenizerError that names it."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TokenizerError(f"{path}: cannot read ({getattr(e, 'strerror', None) or e})") from None
     try:
-        return tokenizer_from_json(text)
+        return tokenizer_from_json(text, readers)
     except TokenizerError as e:
         message = str(e).removeprefix("tokenizer.json ").removeprefix("tokenizer.json: ")
         raise TokenizerError(f"{path}: {message}") from None

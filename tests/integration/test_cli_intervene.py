@@ -69,9 +69,15 @@ def test_attribute_dla_json_sums_to_the_logit(capsys, run_dir):
     assert "frozen: the final LayerNorm's scale" in out
 
 
-def test_attribute_ig_prints_its_completeness_error(capsys, run_dir, tmp_path):
+@pytest.mark.parametrize("columns", ["40", "80", "123"])
+def test_attribute_ig_prints_its_completeness_error(capsys, run_dir, tmp_path, monkeypatch,
+                                                    columns):  # fmt: skip
+    """At any terminal width: the phrase is found wherever its line wraps (tests/printed.py),
+    as it once was not when the break fell between "completeness" and "error"."""
+    monkeypatch.setenv("COLUMNS", columns)
     out = ok(capsys, "attribute", run_dir, CLEAN, "--target", "s", "--method", "ig",
              "--png", tmp_path / "ig.png")  # fmt: skip
+    assert max(map(len, out.splitlines())) <= int(columns)
     assert "completeness error" in out and (tmp_path / "ig.png").is_file()
 
 

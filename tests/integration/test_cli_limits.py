@@ -47,6 +47,10 @@ BASE = {
     "heads": ["heads", "run"],
     "timeline": ["timeline", "run"],
     "experiment": ["experiment", "pruning", "--out", "out"],
+    "walk": ["walk"],
+    "what-if": ["what-if", "run", "All"],
+    "align": ["align", "run", "All"],
+    "serve": ["serve", "run"],
 }
 
 

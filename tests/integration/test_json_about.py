@@ -35,6 +35,10 @@ ARGS = {
     "attribute": ("lm", ["First", "--method", "rollout"]),
     "heads": ("lm", ["--sequences", "2"]),
     "timeline": ("lm", []),
+    "what-if": ("lm", ["First"]),
+    "align": ("s2s", ["abc"]),  # one run: its about first (each of several: in "models")
+    # runs no model: its JSON is the matrices' own (tests/integration/test_cli_notes.py)
+    "walk": None,
 }
 # more forms of a verb whose JSON is built elsewhere in its code
 MORE = [

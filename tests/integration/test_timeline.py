@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from attnlab.cli import main
-from attnlab.inspect.snapshots import PATTERN_BUDGET, Snapshots
 from attnlab.inspect.timeline import fastest_change, timeline
 from attnlab.train_config import default_snapshot_interval
 from attnlab.training.rundir import RunDir
+from attnlab.training.snapshots import PATTERN_BUDGET, Snapshots
 from fault_cli import inject
 from lm_helpers import metrics
 from task_helpers import train_args, write_task_data

@@ -236,8 +236,8 @@ FIELDS = {
     "ln_eps": st.sampled_from([1e-5, 1e-3]),
     "tie_weights": st.booleans(),
     "mlp": st.booleans(),  # False: attention-only blocks
-    # the modern-decoder pieces FastForward restates (Llama, Mistral, Qwen): _valid makes the
-    # drawn combination one GPTConfig accepts
+    # the modern-decoder pieces (Llama, Mistral, Qwen, Gemma, NeoX): _valid makes the drawn
+    # combination one GPTConfig accepts
     "norm": st.sampled_from(["layer", "rms", "rms-gemma"]),
     "ffn": st.sampled_from(["mlp", "gated"]),
     "n_kv_heads": st.sampled_from([None, 1, 2]),  # 2: GQA where n_head is 4, else MHA
@@ -246,36 +246,44 @@ FIELDS = {
     "rot_dim": st.sampled_from([None, 2]),
     "rope_base": st.sampled_from([10000.0, 500.0]),
     "rope_scaling": st.sampled_from([None, {"kind": "linear", "factor": 2.0}]),
+    "local_rope_base": st.sampled_from([None, 100.0]),
+    "sliding_window": st.sampled_from([None, 1, 3]),
+    "layer_types": st.sampled_from([None, ["sliding", "full"], ["full", "sliding", "full"]]),
     "qk_norm": st.booleans(),
     "qkv_bias": st.sampled_from([None, True, False]),
     "out_bias": st.sampled_from([None, True, False]),
     "attn_scale": st.sampled_from([None, 0.5]),
+    "attn_softcap": st.sampled_from([None, 2.0]),
+    "final_softcap": st.sampled_from([None, 3.0]),
+    "parallel": st.booleans(),
+    "post_norms": st.booleans(),
+    "embed_scale": st.booleans(),
+    "layout": st.sampled_from([None, "pre", "post", "parallel", "four-norm"]),
 }  # fmt: skip
-# The pieces FastForward steps aside for (see test_fast_forward_steps_aside_for_modern_decoders):
-# Gemma's and NeoX's, drawn at their defaults here.
-MODERN = {
-    "local_rope_base": 100.0, "sliding_window": 2, "layer_types": ["sliding"],
-    "attn_softcap": 5.0, "final_softcap": 3.0, "parallel": True, "post_norms": True,
-    "embed_scale": True,
-}  # fmt: skip
-FIELDS.update(
-    {f.name: st.just(f.default) for f in dataclasses.fields(GPTConfig) if f.name in MODERN}
-)
 
 
 def _valid(fields: dict) -> dict:
     """A drawn combination made one GPTConfig accepts: RMS norms and QK-norm are pre-norm,
-    QK-norm needs an RMS norm, the rotary options need rotary positions (rot_dim and scaling
-    the rotate-half layout), K/V heads divide the query heads."""
+    QK-norm needs an RMS norm, the rotary options need rotary positions (rot_dim, scaling and
+    a local base the rotate-half layout), K/V heads divide the query heads, sliding layers need
+    a window, parallel and four-norm blocks are pre-norm with a feed-forward and not both, and
+    a layout named stands for all of those flags."""
     if fields["norm"] != "layer":
         fields["norm_first"] = True
     fields["qk_norm"] = fields["qk_norm"] and fields["norm"] != "layer"
     if fields["pos"] != "rotary":
         fields["rotary"] = "pairs"
     if fields["rotary"] != "half":
-        fields["rot_dim"] = fields["rope_scaling"] = None
+        fields["rot_dim"] = fields["rope_scaling"] = fields["local_rope_base"] = None
     if fields["n_head"] % (fields["n_kv_heads"] or 1):
         fields["n_kv_heads"] = None
+    if fields["sliding_window"] is None:
+        fields["layer_types"] = None
+    fields["post_norms"] = fields["post_norms"] and not fields["parallel"]
+    if not fields["norm_first"] or not fields["mlp"] or fields["layout"] is not None:
+        fields["parallel"] = fields["post_norms"] = False
+    if fields["layout"] in ("parallel", "four-norm") and not fields["mlp"]:
+        fields["layout"] = "pre"
     return fields
 
 
@@ -332,15 +340,21 @@ def test_a_llama_decodes_on_the_fast_path_with_the_forward_pass_tokens(extra):
 
 
 # each modern option with what it needs beside it
+MODERN = {
+    "local_rope_base": 100.0, "sliding_window": 2, "layer_types": ["sliding"],
+    "attn_softcap": 5.0, "final_softcap": 3.0, "parallel": True, "post_norms": True,
+    "embed_scale": True,
+}  # fmt: skip
 NEEDS = {"local_rope_base": {"pos": "rotary", "rotary": "half", "sliding_window": 2,
                              "layer_types": ["sliding"]},
          "layer_types": {"sliding_window": 2}}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(MODERN))
-def test_fast_forward_steps_aside_for_modern_decoders(name):
-    """Each modern-decoder option either makes FastForward step aside or changes nothing it
-    restates; decoding then runs GPT.forward, and cached equals uncached decoding."""
+def test_fast_forward_restates_the_modern_decoders(name):
+    """Each of Gemma's and NeoX's options (four norms, softcaps, windows by layer, a local
+    rope base, scaled embeddings, parallel blocks) decodes on the fast path, and its cached
+    decoding equals the full pass."""
     fields = dict(vocab_size=11, block_size=8, n_layer=1, n_head=2, d_model=8)
     fields.update(NEEDS.get(name, {}), **{name: MODERN[name]})
     torch.manual_seed(0)
@@ -348,14 +362,25 @@ def test_fast_forward_steps_aside_for_modern_decoders(name):
     for p in model.parameters():
         p.data.add_(torch.randn_like(p) * 0.3)
     ids = torch.randint(0, 11, (2, 8))
+    assert FastForward.applies(model)
+    fast = FastForward(model)
     with torch.no_grad():
         full = model(ids)
-        if FastForward.applies(model):  # qkv_bias / out_bias equal to bias, rope_base alone...
-            torch.testing.assert_close(FastForward(model)(ids, None), full[:, -1])
+        torch.testing.assert_close(fast(ids, None), full[:, -1], atol=1e-5, rtol=1e-5)
         cache = model.new_cache(2)
-        steps = [model(ids[:, :3], cache=cache)[:, -1]]
-        steps += [model(ids[:, t : t + 1], cache=cache)[:, -1] for t in range(3, 8)]
+        steps = [fast(ids[:, :3], cache)] + [fast(ids[:, t : t + 1], cache) for t in range(3, 8)]
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 2:], atol=1e-5, rtol=1e-5)
+
+
+def test_a_sliding_window_refuses_the_ring_cache_on_the_fast_path_as_in_forward():
+    """A sliding window smaller than a ring cache could not be masked once the ring wraps (its
+    slots are no longer in position order): both paths refuse it in one line."""
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, d_model=8,
+                          pos="rotary", sliding_window=3)).eval()  # fmt: skip
+    ids = torch.randint(0, 11, (1, 4))
+    for run in (lambda c: model(ids, cache=c), lambda c: FastForward(model)(ids, c)):
+        with pytest.raises(ValueError, match="cannot hold a sliding window of 3"):
+            run(model.new_cache(1, 8, ring=True))
 
 
 class _ScaledFeedForward(FeedForward):
@@ -388,20 +413,8 @@ def _own_forward(model):
     model.__class__ = _OwnForward
 
 
-def _window(model):
-    model.blocks[0].attn.window = 3  # a sliding window (Mistral, Gemma 2)
-
-
-def _softcap(model):
-    model.blocks[1].attn.softcap = 2.0  # Gemma 2's attention softcap
-
-
-def _parallel(model):
-    model.blocks[1].parallel = True  # NeoX: attention and MLP read the same input
-
-
 @pytest.mark.parametrize("change", [_swap_mlp, _train_a_block, _reference_attention, _torch_hook,
-                                    _own_forward, _window, _softcap, _parallel])  # fmt: skip
+                                    _own_forward])  # fmt: skip
 def test_decoding_steps_aside_for_what_fast_forward_does_not_restate(change):
     """A module kind it does not mirror (here a FeedForward subclass), a block in training
     mode, reference attention, a torch hook, an overridden forward: decoding runs forward

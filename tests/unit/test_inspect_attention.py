@@ -13,6 +13,7 @@ from attnlab.inspect import InspectError, attention, attention_grid
 from attnlab.inspect.recording import record
 from attnlab.render.display import show_token
 from look_helpers import SENTENCE, char_tokenizer, run_main, tiny_gpt
+from printed import Printed
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -52,7 +53,7 @@ def test_zero_query_weights_give_uniform_causal_attention_by_hand():
 def test_attention_renders_for_terminal_json_and_notebook(run):
     _, model, tok = run
     m = attention(record(model, tok, SENTENCE), layer=1, head=1)
-    text = str(m)
+    text = Printed(str(m))
     assert "layer 1 self-attention, head 1" in text
     assert "apples"[0] in text and "␣" in text  # spaces made visible
     d = json.loads(m.to_json())
@@ -87,7 +88,7 @@ def test_heatmap_and_grid_pngs(run, tmp_path):
     grid.save_png(tmp_path / "grid.png")
     for p in (one, tmp_path / "grid.png"):
         assert p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 2000
-    assert "head 1" in str(grid)
+    assert "head 1" in Printed(str(grid))
     with pytest.raises(AttnlabError, match="PNG"):  # the rendering layer says it
         attention(rec).save_png(tmp_path / "map.jpg")
     assert not (tmp_path / "map.jpg").exists()

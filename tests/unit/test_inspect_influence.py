@@ -14,6 +14,7 @@ from attnlab import hooks
 from attnlab.inspect import influence, similarity
 from attnlab.inspect.recording import record
 from look_helpers import SENTENCE, char_tokenizer, make_run, run_main, tiny_gpt
+from printed import Printed
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,9 @@ def test_similarity_is_the_cosine_of_the_residual_stream(deep_run):
     i, j = 3, 11
     ref = torch.nn.functional.cosine_similarity(h[i], h[j], dim=0)
     assert sim.layers[1].after[i, j] == pytest.approx(float(ref), abs=1e-9)
-    assert "mean cosine similarity" in str(sim) and "before layer 0" in str(sim)
-    assert "after layer 1" in str(similarity(rec, layer=1))
+    shown = Printed(str(sim))
+    assert "mean cosine similarity" in shown and "before layer 0" in shown
+    assert "after layer 1" in Printed(str(similarity(rec, layer=1)))
     d = json.loads(sim.to_json())
     assert len(d["layers"]) == 3 and len(d["layers"][0]["after"]) == N
 

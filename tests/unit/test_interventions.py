@@ -36,6 +36,7 @@ from attnlab.models.gpt import PRESETS
 from attnlab.run import load_run
 from intervene_helpers import bert_mlm_run, perturb, rnn_run, seq2seq_run, vit_run
 from look_helpers import CORPUS, SENTENCE, char_tokenizer, make_run, tiny_gpt, train_briefly
+from printed import Printed
 
 CLEAN, CORRUPT = "I like to eat apples", "I like to eat pears."  # same length, differ at the end
 
@@ -503,7 +504,7 @@ def test_integrated_gradients_converges_to_completeness_on_the_baby_model(baby):
     coarse = input_attribution(baby, SENTENCE, "s", method="ig", steps=16)
     r = input_attribution(baby, SENTENCE, "s", method="ig", steps=512)
     assert r.completeness_error < 0.01 and r.completeness_error < coarse.completeness_error
-    assert "completeness error" in str(r)
+    assert "completeness error" in Printed(str(r))  # wherever its line wraps
     assert r.to_dict()["completeness_error"] == r.completeness_error
 
 
@@ -516,7 +517,7 @@ def test_input_x_gradient_is_exact_for_a_linear_path(gpt):
 
 def test_ig_says_when_it_misses(gpt):
     r = input_attribution(gpt, SENTENCE, "s", method="ig", steps=1, rule="riemann")
-    text = str(r)
+    text = Printed(str(r))
     assert ("misses by" in text) == (r.completeness_error >= 0.01)
 
 

@@ -38,12 +38,12 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.demo",
             "attnlab.experiments",
             "attnlab.experiments.*",
+            "attnlab.serve",
+            "attnlab.serve.*",
         ],
     ),
-    # The doors to a run: Run (open, predict, score, generate), the train verb (it plans a run
-    # and wires the Trainer with its callbacks, snapshots included, so it sits above inspect/
-    # although it lives in training/), and Hugging Face in and out.
-    ("verbs", ["attnlab.run", "attnlab.training.run", "attnlab.interop", "attnlab.interop.*"]),
+    # The doors to a run: Run (open, predict, score, generate), and Hugging Face in and out.
+    ("verbs", ["attnlab.run", "attnlab.interop", "attnlab.interop.*"]),
     # Reading models: recording, pictures of attention, head scores and snapshots, and the
     # interventions (ablate, patch, lens, DLA, ...). embeddings.py (the embed verb's vectors)
     # reads an encoder's hidden states as inspect/ does.
@@ -57,7 +57,9 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.embeddings",
         ],
     ),  # fmt: skip
-    # The one training loop and what it is made of (its run directory object included).
+    # The one training loop and what it is made of (its run directory object included), the
+    # train verb that plans a run and wires the loop's callbacks (snapshots, with the head
+    # scores they take: training/probes.py).
     ("training", ["attnlab.training", "attnlab.training.*"]),
     # Data, loss, figures, predict and score per task; evaluation.py is the scored figures
     # (Evaluation, Figure) every task's score returns.
@@ -84,7 +86,10 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.checks",
         ],
     ),  # fmt: skip
-    # Leaves anything may use: files and the safetensors header, tokenizers, data, metrics,
+    # Data: corpora, token files and shards, generated tasks, images (it encodes with the
+    # tokenizers below; a ViT run's image "tokenizer" is read by the run directory's reader).
+    ("data", ["attnlab.data", "attnlab.data.*"]),
+    # Leaves anything may use: files and the safetensors header, tokenizers, metrics,
     # rendering (tables, heatmaps, PNG), the runtime (threads, device), progress heartbeats.
     (
         "base",
@@ -92,8 +97,6 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.files",
             "attnlab.safetensors_io",
             "attnlab.tokenizers",
-            "attnlab.data",
-            "attnlab.data.*",
             "attnlab.metrics",
             "attnlab.render",
             "attnlab.render.*",

@@ -212,7 +212,19 @@ BOUNDS: dict = {
     "steps": _count(4096, why="a forward and backward pass each; Gauss-Legendre: at most 256"),
     "residual": _rate(1.0),
     "windows": _count(1024, why="every window is scored again for every head"),
+    # attention by hand (walk) and its what-ifs (what-if): hand-sized
+    ("walk", "n"): _count(256, why="tokens by hand; a real run: attnlab trace"),
+    "m": _count(1024, why="columns of X by hand"),
+    "d_k": _count(1024, why="columns of W_Q and W_K by hand"),
+    "d_v": _count(1024, why="columns of W_V by hand"),
+    ("walk", "temperature"): _rate(100.0, low_open=True, why="past 100 the weights are uniform"),
+    ("what-if", "temperature"): _rate(100.0, low_open=True, why="past 100 the weights are uniform"),
+    "pad": _count(256, low=0, why="pad positions"),
     "sequences": _count(1024, why="every head is scored on every sequence"),
+    # serve
+    "port": Bound(int, 0, 65535, why="a TCP port; 0 picks a free one"),
+    "memory_gb": Bound(float, 0.0, 4096.0, low_open=True, why="GiB of weights held at once"),
+    "max_text": _count(100_000, why="characters of one input; every panel runs on it"),
 }
 
 

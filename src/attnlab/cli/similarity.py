@@ -1,5 +1,5 @@
-"""`attnlab similarity RUN TEXT`: token x token cosine similarity before and after each block
-(``attnlab.inspect.similarity``)."""
+"""`attnlab similarity RUN TEXT`: token x token cosine similarity (or raw dot products) before
+and after each block (``attnlab.inspect.similarity``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def cmd_similarity(args) -> int:
     from attnlab.inspect.similarity import similarity
 
     _, _, rec = record(args)
-    result = similarity(rec, layer=args.layer)
+    result = similarity(rec, layer=args.layer, measure=args.measure)
     result.start = first_key(args.start, max(len(ly.tokens) for ly in result.layers))
     print_result(result, args.json)
     return 0
@@ -32,6 +32,9 @@ def add(sub) -> None:
     )
     p.add_argument("--start", type=nonneg, default=0,
                    help="first token (column) shown in the terminal's matrices")  # fmt: skip
+    p.add_argument("--measure", choices=("cosine", "dot"), default="cosine",
+                   help="the matrices shown: cosine similarity, or the raw dot products h_i . "
+                   "h_j (--json has both)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print every layer's matrices as JSON")
     p.set_defaults(func=cmd_similarity)
 

@@ -52,6 +52,7 @@ RULES = {
     "token_cache": "a corpus of 32 MiB or more streams, into $ATTNLAB_CACHE or ~/.cache/attnlab",
     "src_tokenizer": "--tokenizer",
     "tgt_tokenizer": "--tokenizer",
+    "attend_eos": "--attend-eos",
 }
 SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm", "ffn", "kv_heads"}
 # Variants of a task whose defaults are listed after its own: (label, given options) by task.
@@ -211,8 +212,12 @@ def add(sub) -> None:
       "on images; or lstm-attention for --task classify on text (a BiLSTM pooled by additive "
       "attention, Jain & Wallace 2019)")  # fmt: skip
     a("--patch-size", type=int, help="--arch vit: side of a square patch in pixels")
-    a("--score", choices=["dot", "general", "additive", "uniform"],
-      help="LSTM attention score (uniform: --task classify, every token weighs the same)")  # fmt: skip
+    a("--score", choices=["dot", "scaled-dot", "general", "additive", "uniform"],
+      help="LSTM attention score (scaled-dot: h . s / sqrt(C); uniform: --task classify, every "
+      "token weighs the same)")  # fmt: skip
+    a("--attend-eos", action=argparse.BooleanOptionalAction,
+      help="--arch lstm-attention: whether the attention may read the source's <eos> state "
+      "(--no-attend-eos: the words only, as the notes' \"let's go\" picture)")  # fmt: skip
     a("--label-smoothing", type=float, help="seq2seq: label smoothing")
     a("--src-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: source tokenizer")
     a("--tgt-tokenizer", choices=["char", "word", "bpe"], help="seq2seq TSV: target tokenizer")

@@ -1,7 +1,8 @@
 """Data: text corpora and token datasets.
 
-- ``corpus``: a file, a directory of ``.txt`` files or a built-in corpus (``shakespeare``),
-  checked and read in chunks; ``DataError`` for anything unusable.
+- ``corpus``: a file, a directory of ``.txt`` files or a built-in corpus (``shakespeare``;
+  ``sentences``, the word-level toy corpus of ``sentences``), checked and read in chunks;
+  ``DataError`` for anything unusable.
 - ``tokens``: the corpus encoded once into a memory-mapped token file; random windows for
   language modelling, fixed batches for evaluation.
 - ``batches``: padding, and random / epoch batch sources that resume exactly.

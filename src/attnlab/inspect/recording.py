@@ -58,7 +58,13 @@ from attnlab.errors import AttnlabError
 from attnlab.generation import greedy
 from attnlab.hooks import ActivationCache
 from attnlab.models import declare
-from attnlab.models.declare import InputError, ModelKind, max_positions, token_strings
+from attnlab.models.declare import (
+    InputError,
+    ModelKind,
+    max_positions,
+    output_tensor,
+    token_strings,
+)
 
 MAP_SUFFIXES = ("attn.weights", "cross.weights")
 LAYER_RE = re.compile(r"(?:^|\.)(?:blocks|layers)\.(\d+)\.")  # blocks.3.attn.weights -> 3
@@ -263,15 +269,6 @@ def _ranges(xs: list[int]) -> str:
     if not xs:
         return "none"
     return f"{xs[0]}..{xs[-1]}" if xs == list(range(xs[0], xs[-1] + 1)) else ", ".join(map(str, xs))
-
-
-def output_tensor(out) -> Tensor:
-    """The main output of a model call: the tensor itself, or a tuple's first element."""
-    if isinstance(out, (tuple, list)):
-        out = out[0]
-    if isinstance(out, dict):
-        out = out.get("logits", next(iter(out.values())))
-    return out
 
 
 def encode_text(model: nn.Module, tokenizer, text: str) -> list[int]:

@@ -11,7 +11,7 @@ training with the slider's step marked. Press play to watch the head form.
 Size: each pattern is stored in the page as one byte per weight (round(255 w), base64), so a
 snapshot costs H x T^2 bytes per map and probe (T <= 48): 4 heads x 41 snapshots x 2 probes of
 48 x 48 take ~1 MiB. Snapshots whose patterns the run did not keep (the 4 MiB budget of
-``attnlab.inspect.snapshots``) still show their scores.
+``attnlab.training.snapshots``) still show their scores.
 """
 
 from __future__ import annotations

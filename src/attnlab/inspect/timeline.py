@@ -1,5 +1,5 @@
 """Attention over training time: the loss curve beside every head's scores, read from a run's
-snapshots (``attnlab.inspect.snapshots``) and metrics.jsonl.
+snapshots (``attnlab.training.snapshots``) and metrics.jsonl.
 
     tl = timeline("runs/induction")
     tl.fastest["induction"]          # {"head": "1.0", "step": 275, "from": 0.46, "to": 0.78, ...}

@@ -312,9 +312,10 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
         add(Step(prefix_name + "block_input", title, x_in.shape,
                  f"the residual stream entering this layer: {what}, one M-vector per token.",
                  x_in, extra=extra))  # fmt: skip
-    if prefix + "ln1" in c:
-        x = _np(c[prefix + "ln1"][0])
-        rms = _norm_words(model.get_submodule(prefix + "ln1"))
+    norm = _attention_norm(model, prefix)
+    if norm and prefix + norm in c:
+        x = _np(c[prefix + norm][0])
+        rms = _norm_words(model.get_submodule(prefix + norm))
         add(Step(prefix_name + "ln1", f"{rms[0] if rms else 'layer norm'} before attention",
                  x.shape, (rms[1] if rms else "each row is normalised to mean 0 and variance "
                  "1, then scaled and shifted by learned weights") + ": X, the input to "
@@ -323,6 +324,13 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
 
 NO_NORM = ("no norm", "this model has no norm here (an identity): the row is the residual "
            "stream as it is")  # fmt: skip
+
+
+def _attention_norm(model, prefix: str) -> str | None:
+    """The name of the norm in front of self-attention in the block at ``prefix`` ("blocks.0."),
+    as the block declares it (None: post-norm, attention reads the stream itself)."""
+    step = model.get_submodule(prefix.rstrip(".")).step("attn")
+    return step.norm if step is not None else None
 
 
 def _norm_words(norm) -> tuple[str, str] | None:
@@ -479,63 +487,126 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
 def _block_steps(
     steps, model, rec, info, prefix_name="", cross_info=None, head=0, input_name=None
 ) -> None:
-    """The residual connections, (cross-attention,) the feed-forward network, the block output
-    and a note on the layers after it. Every step that is a sum says which steps it adds
-    (``sum_of``); where a post-norm block normalises a sum, the sum and the norm are two steps.
-    ``input_name`` is the step holding the block's input (default: ``block_input``)."""
+    """The block's residual steps as it declares them (``Block.residual``): each sublayer's
+    update ((cross-attention,) the feed-forward network; the attention's own steps come
+    before), the norm on its output and its scale where the step has them, and the residual
+    connection; then the block output and a note on the layers after it. Every step that is a
+    sum says which steps it adds (``sum_of``); where a post-norm block normalises a sum, the
+    sum and the norm are two steps. ``input_name`` is the step holding the block's input
+    (default: ``block_input``)."""
     c, add = rec.cache, steps.append
     prefix = info.module_path[: -len("attn")]
     block = model.get_submodule(prefix.rstrip(".")) if prefix else model
     n = prefix_name
-    x_in = input_name or n + "block_input"
+    cur = input_name or n + "block_input"
+    parallel = any(s.reads == "block" for s in block.residual)
+    for s in block.residual:
+        if s.sublayer == "attn":
+            update = _update_steps(steps, rec, prefix, n, s, n + "attn_out")
+            how = _equation(s, "x", "attention", "LN1" if parallel else "LN")
+            if s.post:
+                how += ": the update is normed again before it is added"
+            elif parallel:
+                how += "; the MLP reads x too, in parallel, and adds its update"
+            cur = _residual(steps, rec, prefix, n, n + "resid_mid", s, cur, update, how,
+                            "residual connection: x + attention update",
+                            "layer norm after attention",
+                            "the update is added to the token's own vector: attention refines, "
+                            "it does not replace")  # fmt: skip
+        elif s.sublayer == "cross" and cross_info is not None:
+            _attention_steps(steps, model, rec, cross_info, head, prefix_name="cross.")
+            update = _update_steps(steps, rec, prefix, "cross.", s, "cross.attn_out")
+            cur = _residual(steps, rec, prefix, n, "cross.resid", s, cur, update,
+                            _equation(s, "h", "cross"),
+                            "residual connection: h + cross-attention update",
+                            "layer norm after cross-attention",
+                            "what the output tokens read from the source is added")  # fmt: skip
+        elif s.sublayer == "mlp" and prefix + "mlp_out" in c:
+            _ffn_steps(steps, model, rec, prefix, n, s, block)
+            update = _update_steps(steps, rec, prefix, n, s, n + "ffn_out")
+            normed = s.after is not None
+            title = ("residual connection: h + FFN update" if normed  # the norm makes the output
+                     else f"output of layer {info.layer} = residual + FFN update")  # fmt: skip
+            _residual(steps, rec, prefix, n, n + "block_output", s, cur, update,
+                      _equation(s, "h", "FFN"), title,
+                      f"output of layer {info.layer}: layer norm of the sum above",
+                      "the FFN's update added to the residual stream"
+                      + ("" if normed else ": the token vectors handed to the next layer"))  # fmt: skip
+    if block.step("mlp") is None and prefix + "resid_post" in c:  # attention only
+        r = _np(c[prefix + "resid_post"][0])
+        add(Step(n + "block_output", f"output of layer {info.layer}", r.shape,
+                 "this block has no feed-forward network: its output is the residual after "
+                 "attention, handed to the next layer.", r))  # fmt: skip
+    n_blocks = len(rec.blocks(info.stack))
+    if info.layer is not None and info.layer + 1 < n_blocks:
+        N = len(rec.tokens[info.stack])
+        width = c[prefix + "resid_pre"].shape[-1] if prefix + "resid_pre" in c else 0
+        add(Step(n + "more_layers", f"layers {info.layer + 1}..{n_blocks - 1}", (N, width),
+                 "the remaining layers repeat the same steps with their own weights."))  # fmt: skip
 
-    def residual(name, title, sum_key, out_key, prev, update, how, normed_title, meaning):
-        """prev + update, then (post-norm) its LayerNorm; returns the step holding the result."""
-        if prefix + sum_key in c:  # post-norm: the sum, then the norm
-            h = _np(c[prefix + sum_key][0])
-            add(Step(n + sum_key, title, h.shape, f"{meaning} ({how}, before its norm).", h,
-                     extra={"sum_of": [prev, update]}))  # fmt: skip
-            if prefix + out_key in c:
-                h = _np(c[prefix + out_key][0])
-                add(Step(name, normed_title, h.shape,
-                         f"LN({how}): the sum normalised per row, then scaled and shifted by "
-                         "learned weights.", h))  # fmt: skip
-            return name
+
+def _equation(s, x: str, what: str, norm: str = "LN") -> str:
+    """A residual step in symbols: ``x + attention(LN(x))``, ``x + attention(x)`` (post-norm:
+    the norm comes after the sum), ``x + 0.5 LN_post(attention(LN(x)))``."""
+    u = f"{what}({norm}({x}))" if s.norm else f"{what}({x})"
+    u = f"LN_post({u})" if s.post else u
+    return f"{x} + {s.scale:g} {u}" if s.scale != 1 else f"{x} + {u}"
+
+
+UPDATES = {"attn": ("attention", "attention's"), "cross": ("cross-attention", "cross-attention's"),
+           "mlp": ("feed-forward", "the FFN's")}  # fmt: skip
+
+
+def _update_steps(steps, rec, prefix, n, s, update: str) -> str:
+    """The norm on a sublayer's output and the residual scale, where the step has them (each a
+    step of its own); returns the name of the step holding what is added to the stream."""
+    c, add = rec.cache, steps.append
+    what, whose = UPDATES[s.sublayer]
+    name = "ffn" if s.sublayer == "mlp" else s.sublayer
+    if s.post and prefix + f"{s.sublayer}_post" in c:  # a second norm before it is added
+        u = _np(c[prefix + f"{s.sublayer}_post"][0])
+        add(Step(n + f"{s.sublayer}_post", f"norm of the {what} update", u.shape,
+                 f"this model normalises {whose} output again before adding it.", u))  # fmt: skip
+        update = n + f"{s.sublayer}_post"
+    if s.scale != 1:
+        by_name = {x.name: x for x in steps}
+        u = s.scale * by_name[update].value
+        add(Step(n + f"{name}_scaled", f"the {what} update times {s.scale:g}", u.shape,
+                 f"this block scales each update by {s.scale:g} before adding it to the "
+                 "residual stream.", u))  # fmt: skip
+        update = n + f"{name}_scaled"
+    return update
+
+
+def _residual(steps, rec, prefix, n, name, s, prev, update, how, title, normed_title, meaning):
+    """prev + update, then (post-norm) its norm; returns the step holding the result."""
+    c, add = rec.cache, steps.append
+    sum_key = f"{s.sublayer}_sum"
+    out_key = s.point or "resid_post"
+    if s.after and prefix + sum_key in c:  # post-norm: the sum, then the norm
+        h = _np(c[prefix + sum_key][0])
+        add(Step(n + sum_key, title, h.shape, f"{meaning} ({how}, before its norm).", h,
+                 extra={"sum_of": [prev, update]}))  # fmt: skip
         if prefix + out_key in c:
             h = _np(c[prefix + out_key][0])
-            add(Step(name, title, h.shape, f"{meaning} ({how}).", h,
-                     extra={"sum_of": [prev, update]}))  # fmt: skip
-            return name
-        return prev
+            add(Step(name, normed_title, h.shape,
+                     f"LN({how}): the sum normalised per row, then scaled and shifted by "
+                     "learned weights.", h))  # fmt: skip
+        return name
+    if prefix + out_key in c:
+        h = _np(c[prefix + out_key][0])
+        add(Step(name, title, h.shape, f"{meaning} ({how}).", h,
+                 extra={"sum_of": [prev, update]}))  # fmt: skip
+        return name
+    return prev
 
-    attn_update = n + "attn_out"
-    if prefix + "attn_post" in c:  # a second norm on attention's output before it is added
-        a = _np(c[prefix + "attn_post"][0])
-        add(Step(n + "attn_post", "norm of the attention update", a.shape,
-                 "this model normalises attention's output again before adding it.", a))  # fmt: skip
-        attn_update = n + "attn_post"
-    normed = prefix + "attn_sum" in c
-    how = "LN(x + attention(x))" if normed else "x + attention(LN(x))"
-    if getattr(block, "post_norms", False):
-        how = "x + LN_post(attention(LN(x))): the update is normed again before it is added"
-    elif getattr(block, "parallel", False):
-        how = "x + attention(LN1(x)); the MLP reads x too, in parallel, and adds its update"
-    cur = residual(n + "resid_mid", "residual connection: x + attention update", "attn_sum", "resid_mid",
-                   x_in, attn_update, "x + attention(x)" if normed else how,
-                   "layer norm after attention",
-                   "the update is added to the token's own vector: attention refines, it does "
-                   "not replace")  # fmt: skip
-    if cross_info is not None:
-        _attention_steps(steps, model, rec, cross_info, head, prefix_name="cross.")
-        normed = prefix + "cross_sum" in c
-        cur = residual("cross.resid", "residual connection: h + cross-attention update", "cross_sum",
-                       "resid_cross", cur, "cross.attn_out",
-                       "h + cross(h)" if normed else "h + cross(LN(h))",
-                       "layer norm after cross-attention",
-                       "what the output tokens read from the source is added")  # fmt: skip
-    if prefix + "ln2" in c:
-        h = _np(c[prefix + "ln2"][0])
-        rms = _norm_words(block.ln2) if block.ln2 is not None else None
+
+def _ffn_steps(steps, model, rec, prefix, n, s, block) -> None:
+    """The norm before the feed-forward network, its hidden layer and its output."""
+    c, add = rec.cache, steps.append
+    if s.norm and prefix + s.norm in c:
+        h = _np(c[prefix + s.norm][0])
+        rms = _norm_words(block.get_submodule(s.norm))
         add(Step(n + "ln2", f"{rms[0] if rms else 'layer norm'} before the feed-forward network",
                  h.shape, NO_NORM[1] + ": the MLP reads it." if rms == NO_NORM
                  else "normalised again before the position-wise MLP.", h))  # fmt: skip
@@ -550,35 +621,9 @@ def _block_steps(
             add(Step(n + "ffn_hidden", "feed-forward: widen, then the activation", hid.shape,
                      f"each token on its own goes through W_1 (M -> {hid.shape[1]}) and a "
                      "non-linearity.", hid))  # fmt: skip
-    if prefix + "mlp_out" in c:
-        f = _np(c[prefix + "mlp_out"][0])
-        add(Step(n + "ffn_out", "feed-forward: back to M", f.shape,
-                 "W_2 maps back to the model width: the FFN's update to each token.", f))  # fmt: skip
-        ffn_update = n + "ffn_out"
-        if prefix + "mlp_post" in c:
-            m = _np(c[prefix + "mlp_post"][0])
-            add(Step(n + "mlp_post", "norm of the feed-forward update", m.shape,
-                     "this model normalises the FFN's output again before adding it.", m))  # fmt: skip
-            ffn_update = n + "mlp_post"
-        normed = prefix + "mlp_sum" in c
-        title = ("residual connection: h + FFN update" if normed  # the norm makes the output
-                 else f"output of layer {info.layer} = residual + FFN update")  # fmt: skip
-        residual(n + "block_output", title, "mlp_sum", "resid_post", cur, ffn_update,
-                 "h + FFN(h)" if normed else "h + FFN(LN(h))",
-                 f"output of layer {info.layer}: layer norm of the sum above",
-                 "the FFN's update added to the residual stream"
-                 + ("" if normed else ": the token vectors handed to the next layer"))  # fmt: skip
-    elif prefix + "resid_post" in c:  # attention only: the block's output is resid_mid
-        r = _np(c[prefix + "resid_post"][0])
-        add(Step(n + "block_output", f"output of layer {info.layer}", r.shape,
-                 "this block has no feed-forward network: its output is the residual after "
-                 "attention, handed to the next layer.", r))  # fmt: skip
-    n_blocks = len(rec.blocks(info.stack))
-    if info.layer is not None and info.layer + 1 < n_blocks:
-        N = len(rec.tokens[info.stack])
-        width = c[prefix + "resid_pre"].shape[-1] if prefix + "resid_pre" in c else 0
-        add(Step(n + "more_layers", f"layers {info.layer + 1}..{n_blocks - 1}", (N, width),
-                 "the remaining layers repeat the same steps with their own weights."))  # fmt: skip
+    f = _np(c[prefix + "mlp_out"][0])
+    add(Step(n + "ffn_out", "feed-forward: back to M", f.shape,
+             "W_2 maps back to the model width: the FFN's update to each token.", f))  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -705,14 +750,14 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
     cross_maps = [m for m in rec.maps() if m.kind == "cross"]
     if any(m.module_path.endswith(".attn") and ".blocks." in m.module_path for m in self_maps):
         enc = rec.select(layer=layer, name="encoder.blocks")
-        enc_in = _stack_input(steps, rec, "encoder", enc)
+        enc_in = _stack_input(steps, model, rec, "encoder", enc)
         _attention_steps(steps, model, rec, enc, head, prefix_name="encoder.")
         _block_steps(steps, model, rec, enc, prefix_name="encoder.", input_name=enc_in)
         dec = rec.select(layer=layer, name="decoder.blocks")
         dec = next(m for m in self_maps if m.module_path == dec.module_path.rsplit(".", 1)[0]
                    + ".attn")  # fmt: skip
         cross = next(m for m in cross_maps if m.layer == dec.layer)
-        dec_in = _stack_input(steps, rec, "decoder", dec)
+        dec_in = _stack_input(steps, model, rec, "decoder", dec)
         _attention_steps(steps, model, rec, dec, head, prefix_name="decoder.")
         _block_steps(
             steps,
@@ -736,7 +781,7 @@ def _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec) -> T
                  rec.about)  # fmt: skip
 
 
-def _stack_input(steps, rec, stack, info) -> str:
+def _stack_input(steps, model, rec, stack, info) -> str:
     """An encoder-decoder stack's input (token embedding x sqrt(M), sinusoidal position, their
     sum) and the residual stream entering the chosen layer; returns the name of the step that
     holds the block's input."""
@@ -786,8 +831,9 @@ def _stack_input(steps, rec, stack, info) -> str:
         add(Step(f"{stack}.block_input", f"input to {stack} layer {info.layer}", x.shape,
                  f"the output of {stack} layer {info.layer - 1}.", x))  # fmt: skip
         name = f"{stack}.block_input"
-    if prefix + "ln1" in c:
-        x = _np(c[prefix + "ln1"][0])
+    norm = _attention_norm(model, prefix)
+    if norm and prefix + norm in c:
+        x = _np(c[prefix + norm][0])
         add(Step(f"{stack}.ln1", "layer norm before attention", x.shape,
                  "each row normalised: X, the input to attention.", x))  # fmt: skip
     return name

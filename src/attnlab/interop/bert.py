@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab.blocks import layout_words
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, activation, register
@@ -153,8 +154,8 @@ def bert_hf_config(config: EncoderConfig, labels: list[str] | None = None) -> di
     problems = []
     if config.pos != "learned":
         problems.append(f"pos={config.pos!r} (BERT has learned positions)")
-    if config.norm_first:
-        problems.append("pre-norm blocks (BERT is post-norm)")
+    if config.block_layout != "post":
+        problems.append(f"{layout_words(config.block_layout)} blocks (BERT is post-norm)")
     if not config.embed_norm:
         problems.append("no LayerNorm after the embeddings")
     if not config.bias:

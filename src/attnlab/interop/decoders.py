@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab.blocks import layout_words
 from attnlab.checkpoint import RunError, build_model, weights_dtype
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, register
@@ -230,7 +231,7 @@ def llama_key_map(c: GPTConfig, kind: str) -> KeyMap:
     q/k/v/o_proj, gate/up/down_proj, and two norms a block (four in Gemma 2/3)."""
     rows: KeyMap = [("tok_embed.weight", "model.embed_tokens.weight", "copy")]
     norms = {"ln1": "input_layernorm", "ln2": "post_attention_layernorm"}
-    if c.post_norms:  # Gemma 2/3: post_attention_layernorm closes the attention sublayer
+    if c.block_layout == "four-norm":  # Gemma 2/3: post_attention_layernorm closes attention
         norms = {"ln1": "input_layernorm", "ln1_post": "post_attention_layernorm",
                  "ln2": "pre_feedforward_layernorm", "ln2_post": "post_feedforward_layernorm"}  # fmt: skip
     for i in range(c.n_layer):
@@ -337,14 +338,19 @@ def llama_hf_config(c: GPTConfig, tokenizer=None) -> dict:
     problems = [
         what
         for what, bad in (
-            ("a gated feed-forward (ffn=gated)", c.ffn != "gated" or not c.mlp),
-            ("pre-norm blocks", not c.norm_first),
+            (
+                "a gated feed-forward (ffn=gated)",
+                c.ffn != "gated" or [s.sublayer for s in c.residual_steps()] != ["attn", "mlp"],
+            ),
+            (
+                f"pre-norm blocks (this model's are {layout_words(c.block_layout)})",
+                c.block_layout != "pre",
+            ),
             (f"activation {c.activation!r}", c.activation not in HF_NAMES),
             ("partial rotary (rot_dim)", c.rot_dim is not None),
             ("sliding windows", c.sliding_window is not None),
             ("softcaps", c.attn_softcap is not None or c.final_softcap is not None),
             ("a scale other than 1/sqrt(head width)", c.attn_scale is not None),
-            ("parallel or four-norm blocks", c.parallel or c.post_norms),
             ("scaled embeddings", c.embed_scale),
             ("a local rope base", c.local_rope_base is not None),
         )

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from attnlab.blocks import layout_words
 from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, activation, export_hf, register
@@ -147,17 +148,18 @@ def gpt2_hf_config(config: GPTConfig, tokenizer: Tokenizer | None) -> dict:
     problems = []
     defaults = GPTConfig(vocab_size=config.vocab_size)
     for name in ("norm", "ffn", "n_kv_heads", "head_dim", "qk_norm", "qkv_bias", "out_bias",
-                 "attn_scale", "attn_softcap", "final_softcap", "sliding_window", "parallel",
-                 "post_norms", "embed_scale"):  # fmt: skip
+                 "attn_scale", "attn_softcap", "final_softcap", "sliding_window",
+                 "embed_scale"):  # fmt: skip
         if getattr(config, name) != getattr(defaults, name):
             problems.append(f"{name}={getattr(config, name)!r} (GPT-2 has no such piece)")
     if config.pos != "learned":
         problems.append(f"pos={config.pos!r} (GPT-2 has learned positions)")
-    if not config.norm_first:
-        problems.append("post-norm blocks (GPT-2 is pre-norm)")
+    steps = config.residual_steps()  # the blocks' declaration: pre-norm attention, then MLP
+    if config.block_layout != "pre":
+        problems.append(f"{layout_words(config.block_layout)} blocks (GPT-2 is pre-norm)")
     if not config.bias:
         problems.append("bias=False (GPT-2 has biases)")
-    if not config.mlp:
+    if [s.sublayer for s in steps] != ["attn", "mlp"]:
         problems.append("attention-only blocks (every GPT-2 block has an MLP)")
     if config.activation not in GPT2_ACTIVATIONS:
         problems.append(f"activation={config.activation!r}")

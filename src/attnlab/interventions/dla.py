@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from attnlab import hooks
 from attnlab.interventions.figures import figure_html, heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Subject
 from attnlab.models.declare import Gate, Linear, Norm
+from attnlab.models.graph import Parts, walk
 from attnlab.norms import RMSNorm
 from attnlab.render.display import Result, show_token
 
@@ -113,47 +114,29 @@ class DLAResult(Result):
         return f"<pre>{html.escape(str(self))}</pre>" + figure_html(self.figure())
 
 
-class _Parts:
-    """Named vectors (C,) whose sum is the residual stream at one position."""
-
-    def __init__(self):
-        self.v: dict[str, Tensor] = {}
-
-    def add(self, name: str, x: Tensor) -> None:
-        self.v[name] = x.double()
-
-    def total(self) -> Tensor:
-        return sum(self.v.values())
-
-    def map(self, fn) -> None:
-        self.v = {k: fn(x) for k, x in self.v.items()}
-
-    def check(self, where: str, recorded: Tensor) -> None:
-        err = float((self.total() - recorded.double()).abs().max())
-        scale = float(recorded.abs().max()) + 1.0
-        if err > TOL * scale:
-            raise RuntimeError(f"DLA lost track of the residual stream at {where}: the parts "
-                               f"differ from the recorded value by {err:.2e}")  # fmt: skip
-
-    def layer_norm(self, ln: nn.Module, u: Tensor, bias_name: str) -> bool:
-        """Apply ``ln`` to the parts with its scale frozen at ``u``'s (the pre-norm sum)."""
-        if isinstance(ln, RMSNorm):
-            self.map(lambda x: x * _rms_gain(ln, u))
-            return True
-        if not isinstance(ln, nn.LayerNorm):
-            return False
-        sigma = torch.sqrt(u.double().var(unbiased=False) + ln.eps)
-        gamma = ln.weight.double() if ln.weight is not None else 1.0
-        self.map(lambda x: gamma * (x - x.mean()) / sigma)
-        if ln.bias is not None:
-            self.add(bias_name, ln.bias)
-        return True
+def _root(stack: str) -> str:
+    return f"{stack}.blocks." if stack else "blocks."
 
 
-def _rms_gain(ln: RMSNorm, u: Tensor) -> Tensor:
-    """(C,) what an RMSNorm multiplies its input by, frozen at input ``u``: (offset + w) / rms."""
-    u = u.double()
-    return (ln.offset + ln.weight.double()) / torch.sqrt(u.pow(2).mean() + ln.eps)
+WHOSE = {"attn": "attention's", "cross": "cross-attention's", "mlp": "MLP's"}
+
+
+def _frozen_words(froze: dict) -> list[str]:
+    """What the walk froze, in words: the norms on sublayers' outputs (Gemma 2/3's), and the
+    post-norm blocks' norms on the residual stream."""
+    out = []
+    if froze.get("post"):
+        post = froze["post"]
+        whose = " and ".join(WHOSE[s] for s in post)
+        heads = ", the heads sharing the attention's" if "attn" in post else ""
+        out.append(f"each block's norms on the {whose} outputs ({', '.join(post.values())}) "
+                   f"at their scales{heads}")  # fmt: skip
+    if froze.get("after"):
+        kinds = set(froze["after"].values())
+        kind = "LayerNorm" if kinds == {"LayerNorm"} else "norm"
+        out.append(f"every post-norm {kind}'s scale on the residual stream (each block's "
+                   f"{', '.join(sorted(froze['after']))})")  # fmt: skip
+    return out
 
 
 def _gate(act, z: Tensor) -> Tensor:
@@ -186,72 +169,43 @@ def direct_logit_attribution(
     args = tuple(a.double() if a.is_floating_point() else a for a in p.args)
     with hooks.record(model) as c:
         logits = model.forward_logits(*args)[0, pos]  # (V,)
-    parts, frozen = _Parts(), []
+    parts, frozen = Parts(), []
     for name, x in model.dla_embeddings(c, pos):
         parts.add(name, x)
     embed_ln, embed_bias, embed_note = model.embed_norm()
-    embed_frozen = embed_ln is not None and parts.layer_norm(embed_ln, parts.total(), embed_bias)
+    embed_frozen = embed_ln is not None and parts.freeze_norm(embed_ln, parts.total(), embed_bias)
     stack = model.output_stack
-    root = f"{stack}.blocks." if stack else "blocks."
-    blocks = model.stack_blocks(stack)
-    post_norm, cross, post_norms = False, False, False
-    heads: dict[str, list] = {}
-    at = lambda name: c[name][0, pos]  # noqa: E731
-    for i, block in enumerate(blocks):
-        P = f"{root}{i}."
-        parts.check(P + "resid_pre", at(P + "resid_pre"))
-        u = at(P + "resid_pre")
-        for sub, module, ln_name, point in block.sublayers():
-            # four-norm blocks (Gemma 2/3) norm each sublayer's output before adding it
-            post_norms = post_norms or block.post_norms
-            if sub == "mlp":
-                out = at(P + "mlp_out")
-                parts.add(P + "mlp_out", at(P + "mlp_post") if block.post_norms else out)
-            else:
-                cross = cross or sub == "cross"
-                z = c[f"{P}{sub}.z"][0, :, pos]  # (H, d_v)
-                H, dv = z.shape
-                W = module.out_proj.weight.double().view(-1, H, dv)  # (C, H, d_v): W_O^h
-                # ln1_post's gain, frozen at the attention's whole output, scales each head
-                gain = _rms_gain(block.ln1_post, at(f"{P}{sub}.out")) if block.post_norms else 1.0
-                for h in range(H):
-                    parts.add(f"{P}{sub}.head{h}", gain * (W[:, h] @ z[h]))
-                if module.out_proj.bias is not None:
-                    parts.add(f"{P}{sub}.bias", gain * module.out_proj.bias.double())
-                group = sub if not stack else (f"{stack} self" if sub == "attn" else sub)
-                heads.setdefault(group, []).append((i, sub, H))
-                out = at(f"{P}{sub}.out")
-            if not block.norm_first:
-                post_norm = True
-                parts.layer_norm(getattr(block, ln_name), u + out, f"{P}{ln_name}.bias")
-            parts.check(P + point, at(P + point))
-            u = at(P + point)
-        parts.check(P + "resid_post", at(P + "resid_post"))
-    last = at(f"{root}{len(blocks) - 1}.resid_post")
+    froze: dict = {}  # the norms on the stream frozen by the walk through the blocks
+    walk(model, stack, parts, c, lambda x: x[0, pos], tol=TOL, frozen=froze)
+    last = c[f"{_root(stack)}{len(model.stack_blocks(stack)) - 1}.resid_post"][0, pos]
     prefix = f"{stack}." if stack else ""
-    if parts.layer_norm(model.final_norm(), last, prefix + "ln_f.bias"):
+    if parts.freeze_norm(model.final_norm(), last, prefix + "ln_f.bias"):
         kind = "RMSNorm" if isinstance(model.final_norm(), RMSNorm) else "LayerNorm"
         frozen.append(f"the final {kind}'s scale ({prefix}ln_f)")
-    if post_norms:
-        frozen.append("each block's norms on the attention's and MLP's outputs (ln1_post, "
-                      "ln2_post) at their scales, the heads sharing the attention's")  # fmt: skip
-    if post_norm:
-        frozen.append("every post-norm LayerNorm's scale on the residual stream (each block's "
-                      "ln1, ln2" + (", ln_cross" if cross else "") + ")")  # fmt: skip
+    frozen += _frozen_words(froze)
     if embed_frozen:
         frozen.append(embed_note)
     w, extra = _readout(parts, model.dla_readout(), t, f, frozen)
     comps = [(n, float(x @ w)) for n, x in parts.v.items()] + extra
     value = float(logits[t] - (logits[f] if f is not None else 0.0))
     value32 = float(logit32[t] - (logit32[f] if f is not None else 0.0))
-    lookup = dict(comps)
-    grids = {g: np.array([[lookup[f"{root}{i}.{kind}.head{h}"] for h in range(H)]
-                          for i, kind, H in rows]) for g, rows in heads.items()}  # fmt: skip
+    lookup, root = dict(comps), _root(stack)
+    grids = {}  # each attention's heads (layers, heads): self-attention, then cross-attention
+    for i, block in enumerate(model.stack_blocks(stack)):
+        for step in block.residual:
+            if step.sublayer != "mlp":
+                sub = step.sublayer
+                group = sub if not stack else (f"{stack} self" if sub == "attn" else sub)
+                H = block.get_submodule(sub).n_heads
+                grids.setdefault(group, []).append(
+                    [lookup[f"{root}{i}.{sub}.head{h}"] for h in range(H)]
+                )
+    grids = {g: np.array(rows) for g, rows in grids.items()}
     return DLAResult(text, subject.decode(t), subject.decode(f) if f is not None else None, pos,
                      p.tokens[pos], value, value32, comps, frozen, grids, list(subject.notes))  # fmt: skip
 
 
-def _readout(parts: _Parts, steps: list, t: int, f: int | None, frozen: list[str]):
+def _readout(parts: Parts, steps: list, t: int, f: int | None, frozen: list[str]):
     """Carry the parts through the head's declared steps to the vector w with
     logit = sum_c part_c . w; returns (w, extra bias parts that do not go through w)."""
 
@@ -274,7 +228,7 @@ def _readout(parts: _Parts, steps: list, t: int, f: int | None, frozen: list[str
             cur = step.act(cur)
             frozen.append(step.frozen)
         elif isinstance(step, Norm):
-            parts.layer_norm(step.module, cur, step.bias_name)
+            parts.freeze_norm(step.module, cur, step.bias_name)
             cur = parts.total()
             if step.frozen:
                 frozen.append(step.frozen)

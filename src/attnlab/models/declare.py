@@ -10,7 +10,8 @@ ask which model they hold:
                     describe(), model_type and config_class (config.json), tokenizer_fields
                     (what the tokenizer must match)
     its structure   stacks, output_stack, input_stack, memory_stack, memory_site; head_groups();
-                    source_attention(); points();
+                    source_attention(); points(); graph() (the residual graph: writers,
+                    readers and edges per stream, from each block's residual steps);
                     hook_points (name pattern -> meaning); residual (has a residual stream)
     its input       reads ("text", "image" or "source"); prepare(tokenizer, text) -> Prepared
     its readout     predicts ("next-token", "masked-token", "class", "decoder-step" or
@@ -34,6 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.errors import AttnlabError
+from attnlab.models.graph import ResidualGraph, residual_graph
 from attnlab.registry import Registry
 
 SPECIAL = {"[CLS]", "[SEP]", "[MASK]", "[PAD]", "<pad>", "<bos>", "<eos>"}
@@ -199,6 +201,15 @@ def token_strings(tokenizer, text: str, ids: list[int]) -> list[str]:
     if labels is not None:
         return list(labels(ids))
     return [tokenizer.decode([i]) for i in ids]
+
+
+def output_tensor(out) -> Tensor:
+    """The main output of a model call: the tensor itself, or a tuple's first element."""
+    if isinstance(out, (tuple, list)):
+        out = out[0]
+    if isinstance(out, dict):
+        out = out.get("logits", next(iter(out.values())))
+    return out
 
 
 def max_positions(model: nn.Module) -> int | None:
@@ -405,9 +416,21 @@ class ModelKind:
         Applied to the last block's output it is the model's own logits."""
         return self.lm_head(self.ln_f(h))
 
-    def final_norm(self) -> nn.Module:
-        """The norm between the last block and the head (an Identity where there is none)."""
-        return self.get_submodule(self.output_stack).ln_f if self.output_stack else self.ln_f
+    def final_norm(self, stack: str | None = None) -> nn.Module:
+        """The norm on a stack's final stream (default: the output stack's, between the last
+        block and the head; an Identity where there is none)."""
+        stack = self.output_stack if stack is None else stack
+        module = self.get_submodule(stack) if stack else self
+        return module.ln_f if "ln_f" in module._modules else nn.Identity()
+
+    def graph(self) -> ResidualGraph:
+        """The residual graph: every writer to and reader of each residual stream and the
+        edges between them (``attnlab.models.graph``), from the stacks' blocks' declared
+        residual steps. A model with no residual stream (``residual`` False) has none: an
+        InputError."""
+        if not self.residual:
+            raise InputError(f"a {self.kind} has no residual stream, so no residual graph")
+        return residual_graph(self)
 
     def dla_embeddings(self, cache, position: int) -> list[tuple[str, Tensor]]:
         """The residual stream before block 0 at ``position``, as named parts."""

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import from_hf_attention_mask
-from attnlab.blocks import ACTIVATIONS, block_parameters, block_stack
+from attnlab.blocks import ACTIVATIONS, block_parameters, block_stack, layout_name
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.models.declare import (
@@ -91,6 +91,11 @@ class EncoderConfig(BaseConfig):
         n += (c * c + self.vocab_size) if self.mlm_head else 0  # dense + decoder bias (tied)
         n += (c * c if self.pooler else 0) + c * self.num_labels
         return n + (0 if self.tie_weights or not self.mlm_head else self.vocab_size * c)
+
+    @property
+    def block_layout(self) -> str:
+        """The blocks' layout (``attnlab.blocks.LAYOUTS``): post (BERT) or pre."""
+        return layout_name(self.norm_first)
 
 
 ENCODER_PRESETS: dict[str, dict] = {

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.attention import WEIGHTINGS, KVCache, from_hf_attention_mask, softcap
-from attnlab.blocks import ACTIVATIONS, FFNS, Block
+from attnlab.blocks import ACTIVATIONS, FFNS, LAYOUTS, Block, Residual, layout_name
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.models.declare import ModelKind, Unembed, register
@@ -71,6 +71,8 @@ class GPTConfig(BaseConfig):
     parallel: bool = False  # x + attn(ln1(x)) + mlp(ln2(x)) (GPT-NeoX, Pythia)
     post_norms: bool = False  # a norm on each sublayer's output too (Gemma 2, 3)
     embed_scale: bool = False  # token embeddings times sqrt(d_model) (Gemma)
+    layout: str | None = None  # a block layout registered by name (attnlab.blocks.layout);
+    #       None: the one norm_first, parallel and post_norms describe
     attention: str = "softmax"  # how scores become weights: softmax, softmax1 or sigmoid, whose
     #       rows need not sum to 1 (attnlab.attention.WEIGHTINGS)
 
@@ -117,6 +119,22 @@ class GPTConfig(BaseConfig):
             raise ConfigError("parallel and post_norms blocks are pre-norm with a feed-forward")
         if self.parallel and self.post_norms:
             raise ConfigError("a block is parallel or has post_norms, not both")
+        if self.layout is not None:
+            self._one_of("layout", LAYOUTS)
+            if self.parallel or self.post_norms:
+                raise ConfigError("layout names the whole block: leave parallel and post_norms "
+                                  "at their defaults")  # fmt: skip
+
+    @property
+    def block_layout(self) -> str:
+        """The name of the blocks' layout (``attnlab.blocks.LAYOUTS``): ``layout``, or pre,
+        post, parallel or four-norm as norm_first, parallel and post_norms say."""
+        return self.layout or layout_name(self.norm_first, self.parallel, self.post_norms)
+
+    def residual_steps(self) -> tuple[Residual, ...]:
+        """Each block's residual steps, the declaration its Blocks are built from (what an
+        exporter reads to see whether another library's blocks can hold them)."""
+        return LAYOUTS[self.block_layout](("attn", "mlp") if self.mlp else ("attn",))
 
     @property
     def head_width(self) -> int:
@@ -159,6 +177,10 @@ PRESETS: dict[str, dict] = {
     # quickest way found to val 1.88 on tiny Shakespeare
     "fast": dict(n_layer=4, n_head=4, d_model=128, block_size=64, pos="rotary", d_ff=256),
     "small": dict(n_layer=6, n_head=6, d_model=384, block_size=256),
+    # a word-level toy (--data sentences --tokenizer word): a sentence is a handful of tokens,
+    # so its attention is the notes' N x N matrix of words; trained in about a minute on a CPU
+    # by the LM task's recipe (attnlab.tasks.lm.PRESET_TRAINING)
+    "toy": dict(n_layer=2, n_head=4, d_model=64, block_size=32),
     "gpt2": dict(n_layer=12, n_head=12, d_model=768, block_size=1024),
     # Elhage et al. (2021)'s two-layer attention-only transformer, with rotary positions (with
     # learned ones the induction task finds a positional shortcut: see attnlab.tasks.induction)
@@ -193,8 +215,7 @@ def _decoder_blocks(c: GPTConfig) -> nn.ModuleList:
         blocks.append(Block(c.d_model, c.n_head, c.d_ff, c.dropout, causal=True,
                             norm_first=c.norm_first, activation=c.activation, ln_eps=c.ln_eps,
                             bias=c.bias, rotary=rot, mlp=c.mlp, norm=c.norm, ffn=c.ffn,
-                            parallel=c.parallel, post_norms=c.post_norms,
-                            attn_options=attn))  # fmt: skip
+                            layout=c.block_layout, attn_options=attn))  # fmt: skip
     return nn.ModuleList(blocks)
 
 
@@ -276,6 +297,18 @@ class GPT(ModelKind, nn.Module):
             sliding_window=3,
             layer_types=["sliding", "full"],
             local_rope_base=100.0,
+        ),
+        # GPT-NeoX's (Pythia): parallel attention and MLP, rotary on part of each head
+        dict(
+            n_layer=2,
+            n_head=4,
+            d_model=16,
+            block_size=32,
+            dropout=0.0,
+            pos="rotary",
+            rotary="half",
+            rot_dim=2,
+            parallel=True,
         ),
     )
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
@@ -427,6 +460,7 @@ class GPT(ModelKind, nn.Module):
                 n for n, v in (("scores", c.attn_softcap), ("logits", c.final_softcap)) if v))  # fmt: skip
         out += [n for n, on in (("parallel attention and MLP", c.parallel),
                                 ("norms after each sublayer", c.post_norms),
+                                (f"{c.layout} blocks", c.layout is not None),
                                 ("embeddings times sqrt(width)", c.embed_scale)) if on]  # fmt: skip
         return out
 

@@ -5,6 +5,7 @@ the decoder knows about the source: one fixed-size context vector, however long 
 
 With attention every decoder step t also looks at every encoder output s:
     e_ts = score(h_t, s)         dot:      h_t . s
+                                 scaled-dot: h_t . s / sqrt(C)               (Vaswani's scale)
                                  general:  h_t . (W_a s)                       (Luong)
                                  additive: v . tanh(W_q h_t + W_k s)           (Bahdanau)
     a_t  = softmax_s(e_t)        weights over the source, 0 on padding, sum to 1
@@ -12,6 +13,11 @@ With attention every decoder step t also looks at every encoder output s:
     h~_t = tanh(W_c [c_t; h_t])  the attentional state that predicts the next token
 The score uses the current decoder state h_t (Luong's order); the decoder is fed only the
 previous target token (teacher forcing in training), so a whole target runs in one LSTM call.
+``attend_eos=False`` keeps the attention off the source's <eos> state (the encoder still reads
+<eos>): the weights fall on the source's words only, as in the notes' picture, whose source
+has no <eos>. With a plain dot score the last state, which has read the whole source, takes
+all the weight (1.00 on <eos> for "let's go" on the phrase book); scaled and off <eos>, the
+weights split over the words (docs/interpretability.md, "The notes, by hand").
 
 Recorded (``attnlab.hooks``): ``decoder.attn.scores`` and ``decoder.attn.weights``, shaped
 (B, 1, T, S) like a one-head attention layer; ``decoder.attn.z`` (B, 1, T, C), the context
@@ -37,9 +43,10 @@ from attnlab.hooks import Hook
 from attnlab.models.declare import EncoderDecoder, HeadGroup, InputError, register
 from attnlab.tokenizers import EOS, PAD
 
-ATTENTION = ("none", "dot", "general", "additive")
+ATTENTION = ("none", "dot", "scaled-dot", "general", "additive")
 SCORE_FORMULAS = {  # e_ts, the score of encoder output s for the decoder state h_t
     "dot": "e_ts = h_t . s",
+    "scaled-dot": "e_ts = h_t . s / sqrt(C)",
     "general": "e_ts = h_t . (W_a s)",
     "additive": "e_ts = v . tanh(W_q h_t + W_k s)",
 }
@@ -52,7 +59,8 @@ class RNNConfig(BaseConfig):
     d_embed: int = 64
     d_hidden: int = 128
     n_layer: int = 1
-    attention: str = "dot"  # none | dot (the notes' similarity) | general | additive
+    attention: str = "dot"  # none | dot (the notes' similarity) | scaled-dot | general | additive
+    attend_eos: bool = True  # False: the attention reads the source's words, not its <eos>
     dropout: float = 0.0
     label_smoothing: float = 0.0
 
@@ -63,6 +71,9 @@ class RNNConfig(BaseConfig):
         self._one_of("attention", ATTENTION)
         self._fraction("dropout")
         self._fraction("label_smoothing")
+        if not self.attend_eos and self.attention == "none":
+            raise ConfigError("attend_eos=False keeps the attention off <eos>: an LSTM without "
+                              "attention has none")  # fmt: skip
 
     def estimate_parameters(self) -> int:
         """About how many parameters this LSTM encoder-decoder has, from its sizes alone:
@@ -92,6 +103,8 @@ class SourceAttention(nn.Module):
         """h (B, T, C), enc (B, S, C), mask (B, 1, 1, S) True = token -> context (B, T, C)."""
         if self.score == "dot":
             scores = h @ enc.transpose(1, 2)  # (B, T, S)
+        elif self.score == "scaled-dot":  # divided by sqrt(C), as a Transformer's scores are
+            scores = h @ enc.transpose(1, 2) / h.size(-1) ** 0.5  # (B, T, S)
         elif self.score == "general":
             scores = h @ self.w_a(enc).transpose(1, 2)  # (B, T, S)
         else:
@@ -166,8 +179,11 @@ class RNNSeq2Seq(DecoderProbes, EncoderDecoder, nn.Module):
             return (f"LSTM encoder-decoder without attention ({size}): the encoder's final "
                     "state (h, c) is the only thing the decoder knows about the source, one "
                     "fixed-size vector however long the input")  # fmt: skip
+        which = (
+            "every encoder output s" if c.attend_eos else "each source word's state s (not <eos>'s)"
+        )
         return (f"LSTM encoder-decoder with {a} attention ({size}): at each output step t the "
-                f"decoder state h_t scores every encoder output s ({SCORE_FORMULAS[a]}), "
+                f"decoder state h_t scores {which} ({SCORE_FORMULAS[a]}), "
                 "a_t = softmax_s(e_t) is its alignment over the source, and the context "
                 "c_t = sum_s a_ts s joins h_t to predict the next output token")  # fmt: skip
 
@@ -179,7 +195,10 @@ class RNNSeq2Seq(DecoderProbes, EncoderDecoder, nn.Module):
         out, (h, c) = self.encoder.lstm(packed)  # h, c: (L, B, C) at each row's last token
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=src.size(1))
         out = self.encoder.hook_out(out)  # (B, S, C), zeros on padding
-        return {"enc": out, "src_mask": padding_mask(ids=src, pad_id=PAD), "h": h, "c": c}
+        mask = padding_mask(ids=src, pad_id=PAD)  # (B, 1, 1, S) True = a token
+        if not self.config.attend_eos:
+            mask = mask & (src != EOS)[:, None, None, :]  # the words only
+        return {"enc": out, "src_mask": mask, "h": h, "c": c}
 
     def decode(self, tgt: Tensor, state: dict) -> Tensor:
         """tgt (B, T) from <bos> -> logits (B, T, V); advances state's (h, c) past ``tgt``."""

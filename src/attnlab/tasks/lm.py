@@ -51,6 +51,9 @@ DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm", "attention")  # the mod
 #   batch 8 for 1350 steps (lr 2e-3): 1.882 at seed 1337, 1.899;
 #   3 layers (full feed-forward), 1100 steps: 1.867 at seed 2, a slower step than d_ff 2x.
 PRESET_TRAINING: dict[str, dict] = {
+    "toy": dict(
+        max_iters=600, batch_size=32, lr=3e-3, min_lr=3e-4, warmup_iters=50, eval_interval=600
+    ),
     "fast": dict(
         max_iters=1100, lr=3e-3, min_lr=3e-4, beta2=0.95, warmup_iters=100, eval_interval=1100
     ),

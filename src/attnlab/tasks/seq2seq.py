@@ -70,7 +70,8 @@ class Seq2SeqOptions(BaseConfig):
     dropout: float | None = None  # transformer: 0.1; LSTM: 0
     norm: str | None = None  # transformer: post (the paper) or pre
     pos: str | None = None  # transformer: sinusoidal only
-    score: str = "dot"  # lstm-attention: dot, general or additive
+    score: str = "dot"  # lstm-attention: dot, scaled-dot, general or additive
+    attend_eos: bool | None = None  # lstm-attention: None = True, the attention may read <eos>
     label_smoothing: float = 0.0
 
     def validate(self) -> None:
@@ -79,7 +80,9 @@ class Seq2SeqOptions(BaseConfig):
             if getattr(self, name) is not None:
                 self._one_of(name, ("char", "word", "bpe"))
         self._positive("vocab_size", "min_freq")
-        self._one_of("score", ("dot", "general", "additive"))
+        self._one_of("score", ("dot", "scaled-dot", "general", "additive"))
+        if self.attend_eos is not None and self.arch != "lstm-attention":
+            raise ConfigError("--attend-eos / --no-attend-eos apply to --arch lstm-attention only")
         self._fraction("label_smoothing")
         if self.arch != "transformer" and (self.n_head or self.norm or self.pos):
             raise ConfigError("--n-head, --norm and --pos apply to --arch transformer only")
@@ -105,7 +108,7 @@ class Seq2SeqOptions(BaseConfig):
             src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, d_embed=max(hidden // 2, 8),
             d_hidden=hidden, n_layer=self.n_layer or 1,
             attention=self.score if self.arch == "lstm-attention" else "none",
-            dropout=self.dropout or 0.0, label_smoothing=self.label_smoothing,
+            attend_eos=self.attend_eos is not False, dropout=self.dropout or 0.0, label_smoothing=self.label_smoothing,
         )  # fmt: skip
 
 

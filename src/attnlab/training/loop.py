@@ -45,7 +45,7 @@ Callbacks (``callbacks=``) see the run without the loop knowing what they do: ea
 A callback may end the run early, cleanly (early stopping): ``trainer.finish_early(why)`` during
 an evaluation (``on_metrics`` of its row) makes that evaluation the run's last, as if
 ``max_iters`` had been reached there: it is saved and the run is finished, not interrupted.
-Training snapshots (``attnlab.inspect.snapshots``), the TensorBoard log
+Training snapshots (``attnlab.training.snapshots``), the TensorBoard log
 (``attnlab.training.tracking``) and the tests' fault injection (``attnlab.training.faults``)
 are three. A callback must not draw from the global RNGs, so that a run with callbacks trains
 exactly as one without.

@@ -336,7 +336,7 @@ def _callbacks(task: Task, config: TrainConfig, log: str | None = None) -> list:
         out.append(TensorBoardLog())
     if not config.snapshot_every:
         return out
-    from attnlab.inspect.snapshots import PATTERN_TOKENS, Snapshots
+    from attnlab.training.snapshots import PATTERN_TOKENS, Snapshots
 
     sample = task.sample_inputs(4, PATTERN_TOKENS)
     inputs, ids = sample if sample is not None else (None, True)

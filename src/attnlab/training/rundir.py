@@ -290,7 +290,7 @@ class RunDir:
             atomic_write_text(self.metrics_file, "".join(json.dumps(row) + "\n" for row in keep))
         return keep
 
-    # -- snapshots (attnlab.inspect.snapshots writes them, attnlab timeline reads them) ------
+    # -- snapshots (attnlab.training.snapshots writes them, attnlab timeline reads them) ------
 
     def snapshot_path(self, step: int) -> Path:
         return self.path / SNAPSHOT_DIR / f"{SNAPSHOT_PREFIX}{step:08d}.safetensors"

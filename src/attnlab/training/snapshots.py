@@ -1,8 +1,9 @@
 """Snapshots during training: how every head's attention forms, step by step.
 
 ``Snapshots(every)`` is a Trainer callback (see ``attnlab.training.loop``): inspection that
-runs during training, so it lives here beside the head scores it records and the timeline
-that reads them; the train verb (``attnlab.training.run``) hands it to the Trainer. Every
+runs during training, so it lives beside the loop, with the head scores it records
+(``attnlab.training.probes``) below it; the timeline (``attnlab.inspect.timeline``) reads what
+it writes, and the train verb (``attnlab.training.run``) hands it to the Trainer. Every
 ``every`` steps, and at the last step, it runs the model (in eval mode, without gradients) on two fixed
 probes and writes ``snapshots/step-NNNNNNNN.safetensors`` into the run directory
 (``RunDir.write_snapshot``, through the Trainer's ``run``):
@@ -45,7 +46,7 @@ import time
 
 import torch
 
-from attnlab.inspect.heads import SCORES, ProbeResult, repeated_tokens, run_probe
+from attnlab.training.probes import SCORES, ProbeResult, repeated_tokens, run_probe
 
 PATTERN_BUDGET = 4 * 2**20  # bytes of attention patterns per run, at most
 PATTERN_TOKENS = 48  # longest probe sequence whose pattern is stored

@@ -1,0 +1,157 @@
+"""`attnlab walk`: attention by hand, on your own X, W_Q, W_K, W_V or random ones.
+
+It parses the matrices and the switches and calls ``attnlab.inspect.by_hand.walk`` (or, with
+--what-if, ``attnlab.inspect.what_if.what_if_by_hand``). It runs no model.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from attnlab.cli import UsageError, Verb, register
+
+MATRIX_HELP = ("a file (JSON rows, CSV or whitespace-separated rows), '-' for stdin, or the "
+               "rows typed inline, ';' between them")  # fmt: skip
+DEFAULT_M, DEFAULT_D_K = 8, 3  # random sizes when nothing says otherwise: fit 80 columns
+
+
+def _read(value: str | None, name: str):
+    from attnlab.inspect.by_hand import parse_matrix, read_matrix
+
+    if value is None:
+        return None, None
+    if value == "-":
+        return parse_matrix(sys.stdin.read(), name)
+    return read_matrix(value, name)
+
+
+def matrices(args):
+    """The HandMatrices the options name: --matrices FILE, or each of --x, --wq, --wk, --wv
+    given or drawn at random (sizes from what is given, else --n/--tokens, --m, --d-k, --d-v),
+    from --seed."""
+    from attnlab.inspect.by_hand import HandMatrices, random_matrices, read_bundle, token_labels
+
+    given = {"--x": args.x, "--wq": args.wq, "--wk": args.wk, "--wv": args.wv}
+    if args.matrices is not None:
+        clash = [k for k, v in given.items() if v is not None]
+        if clash:
+            raise UsageError(f"--matrices holds X, W_Q, W_K and W_V: give {', '.join(clash)} "
+                             "without it, or edit the file")  # fmt: skip
+        m = read_bundle(args.matrices)
+        if args.tokens is not None:
+            m = HandMatrices(token_labels(args.tokens), m.x, m.w_q, m.w_k, m.w_v, m.source)
+        return m
+    x, x_labels = _read(args.x, "X")
+    w_q, w_k, w_v = (_read(v, name)[0] for v, name in ((args.wq, "W_Q"), (args.wk, "W_K"),
+                                                       (args.wv, "W_V")))  # fmt: skip
+    tokens = token_labels(args.tokens) if args.tokens is not None else x_labels
+    if x is not None:
+        n = x.shape[0]
+    elif tokens is not None:
+        n = len(tokens)
+    elif args.n is not None:
+        n = args.n
+    else:
+        raise UsageError("give X (--x), the tokens (--tokens \"I like to eat apples\") or how "
+                         "many there are (--n)")  # fmt: skip
+    if args.n is not None and args.n != n:
+        raise UsageError(
+            f"--n {args.n}, but "
+            + (f"X has {n} rows" if x is not None else f"--tokens gives {n} tokens")
+        )
+    m_size = next((a.shape[0] for a in (w_q, w_k, w_v) if a is not None), None)
+    m_size = x.shape[1] if x is not None else (m_size or args.m or DEFAULT_M)
+    d_k = next((a.shape[1] for a in (w_q, w_k) if a is not None), None) or args.d_k or DEFAULT_D_K
+    d_v = w_v.shape[1] if w_v is not None else (args.d_v or d_k)
+    drawn = random_matrices(n, m_size, d_k, d_v, args.seed, tokens or None, args.init)
+    picked = [a if a is not None else b for a, b in ((x, drawn.x), (w_q, drawn.w_q),
+                                                      (w_k, drawn.w_k), (w_v, drawn.w_v))]  # fmt: skip
+    random_ones = [k[2:].upper().replace("W", "W_") for k, v in given.items() if v is None]
+    source = ("given" if not random_ones else drawn.source if len(random_ones) == 4 else
+              f"{', '.join(random_ones)} {drawn.source}, the rest given")  # fmt: skip
+    return HandMatrices(tokens or drawn.tokens, *picked, source)
+
+
+def cmd_walk(args) -> int:
+    from attnlab.inspect.by_hand import Settings, walk
+    from attnlab.inspect.what_if import DEFAULT_PAD, DEFAULT_TEMPERATURE, what_if_by_hand
+    from attnlab.render.display import console
+
+    m = matrices(args)
+    if args.what_if:
+        if not args.padding_mask:
+            raise UsageError("--what-if shows the attention without a padding mask itself: "
+                             "drop --no-padding-mask")  # fmt: skip
+        t = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
+        if t == 1:
+            raise UsageError("--what-if compares temperatures T and 1/T: give --temperature "
+                             "other than 1")  # fmt: skip
+        result = what_if_by_hand(m, Settings(scale=args.scale, causal=args.causal),
+                                 temperature=t, pad=DEFAULT_PAD if args.pad is None else args.pad)  # fmt: skip
+    else:
+        result = walk(m, Settings(scale=args.scale, causal=args.causal,
+                                  temperature=1.0 if args.temperature is None else args.temperature,
+                                  pad=args.pad or 0, padding_mask=args.padding_mask))  # fmt: skip
+    if args.json:
+        sys.stdout.write(result.to_json() + "\n")
+    else:
+        console().print(result)
+    return 0
+
+
+def add(sub) -> None:
+    p = sub.add_parser(
+        "walk",
+        help="attention by hand: your own X, W_Q, W_K, W_V (or random ones), step by step",
+        description="Walk hand-sized matrices through attention with their real numbers, as "
+        "trace walks a model: X, Q = X W_Q, K = X W_K, V = X W_V, Q K^T, the scale, the mask, "
+        "the softmax and the weighted sum, each with its shape. Give X (N x M), W_Q and W_K "
+        "(M x d_k) and W_V (M x d_v; d_v may differ), or leave any out to draw it at random "
+        "(X from N(0, 1), the weights as an untrained nn.Linear, or --init rand). Example, the "
+        "notes' 6 x 16 embedding with d_q = d_k = 24, d_v = 28: attnlab walk --tokens \"Life "
+        'is short, eat dessert first" --m 16 --d-k 24 --d-v 28 --seed 123',
+    )
+    g = p.add_argument_group("the matrices")
+    g.add_argument("--tokens", metavar="TEXT",
+                   help="the tokens (X's rows), split at spaces: 'I like to eat apples' is 5")  # fmt: skip
+    g.add_argument("--x", metavar="MATRIX", help=f"X, N x M: {MATRIX_HELP}; a row may start "
+                   "with its token")  # fmt: skip
+    g.add_argument("--wq", metavar="MATRIX", help="W_Q, M x d_k (same form)")
+    g.add_argument("--wk", metavar="MATRIX", help="W_K, M x d_k (same form)")
+    g.add_argument("--wv", metavar="MATRIX", help="W_V, M x d_v (same form)")
+    g.add_argument("--matrices", metavar="FILE",
+                   help="a JSON file with X, W_Q, W_K, W_V (and tokens): what --json prints "
+                   "under \"inputs\"")  # fmt: skip
+    g.add_argument("--n", type=int, default=None, help="tokens, for a random X without --tokens")
+    g.add_argument("--m", type=int, default=None,
+                   help=f"M, X's columns, for a random X (default {DEFAULT_M})")  # fmt: skip
+    g.add_argument("--d-k", type=int, default=None,
+                   help=f"d_q = d_k, for random W_Q, W_K (default {DEFAULT_D_K})")  # fmt: skip
+    g.add_argument("--d-v", type=int, default=None, help="d_v, for a random W_V (default d_k)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the random matrices")
+    g.add_argument("--init", choices=("linear", "rand"), default="linear",
+                   help="random weights as an untrained nn.Linear (uniform in +-1/sqrt(M)), or "
+                   "torch.rand's [0, 1) (all positive: large scores)")  # fmt: skip
+    s = p.add_argument_group("the switches")
+    s.add_argument("--no-scale", dest="scale", action="store_false",
+                   help="leave out the 1/sqrt(d_k) scale")  # fmt: skip
+    s.add_argument("--no-causal", dest="causal", action="store_false",
+                   help="no causal mask: every token reads every token")  # fmt: skip
+    s.add_argument("--temperature", type=float, default=None,
+                   help="divide the scores by T before the softmax (default 1; with --what-if "
+                   "the what-if's T and 1/T, default 2)")  # fmt: skip
+    s.add_argument("--pad", type=int, default=None,
+                   help="batch the text with one P tokens longer: P pad positions (zero rows of "
+                   "X; before the text under the causal mask, after it without) (default 0; "
+                   "with --what-if 2)")  # fmt: skip
+    s.add_argument("--no-padding-mask", dest="padding_mask", action="store_false",
+                   help="with --pad: let the tokens read the pads")  # fmt: skip
+    s.add_argument("--what-if", action="store_true",
+                   help="instead of the walk: the weights as set beside each change (no scale, "
+                   "no causal mask, temperature T and 1/T, pads without a padding mask), with "
+                   "each row's entropy and largest weight before and after")  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print the steps (or what-ifs) as JSON")
+    p.set_defaults(func=cmd_walk)
+
+
+VERB = register(Verb("walk", 55, add, runs="nothing"))

@@ -1,0 +1,550 @@
+"use strict";
+// The workbench's panels, top to bottom. Each draws the JSON of the server views it names (the
+// CLI verbs' --json for the same input); a new panel is one attnlab.panel({...}) call here and,
+// if it needs data no view gives yet, one @view function in attnlab/serve/views.py.
+(function () {
+  const { panel, h, api, show, num, colour, heat, bars, tip } = attnlab;
+
+  // -- attention maps as the explorer carries them (attnlab explore's data) --------------------
+  // Weights are either stored (thousandths) or derived, as the model computes them, from the
+  // recorded q and k: softmax of q.k/sqrt(d_k) over the keys each query may see.
+  function maps(col) { return col.data.explorer ? col.data.explorer.maps : []; }
+  function cacheOf(col) {
+    const D = col.data.explorer;
+    if (!col._cache || col._cache.D !== D) col._cache = { D: D, w: {}, s: {}, sees: {}, qk: {} };
+    return col._cache;
+  }
+  function f32(b64) {
+    const s = atob(b64), dv = new DataView(new ArrayBuffer(s.length));
+    for (let i = 0; i < s.length; i++) dv.setUint8(i, s.charCodeAt(i));
+    const out = new Float64Array(s.length >> 2);
+    for (let i = 0; i < out.length; i++) out[i] = dv.getFloat32(4 * i, true);
+    return out;
+  }
+  function neuronOf(col, mi) { const n = maps(col)[mi].neuron; return n && !n.why ? n : null; }
+  function qk(col, mi, h) {
+    const C = cacheOf(col), key = mi + "/" + h, n = maps(col)[mi].neuron;
+    if (!C.qk[key]) C.qk[key] = { q: f32(n.q[h]), k: f32(n.k[Math.floor(h / n.group)]) };
+    return C.qk[key];
+  }
+  function seesOf(col, mi) {
+    const C = cacheOf(col);
+    if (!C.sees[mi]) {
+      const m = maps(col)[mi], s = atob(m.neuron.sees), out = new Uint8Array(m.T * m.S);
+      for (let x = 0; x < out.length; x++) out[x] = (s.charCodeAt(x >> 3) >> (7 - (x & 7))) & 1;
+      C.sees[mi] = out;
+    }
+    return C.sees[mi];
+  }
+  function scoresOf(col, mi, h) {  // (T*S) q_i.k_j summed over d in order, times 1/sqrt(d_k)
+    const C = cacheOf(col), key = mi + "/" + h, m = maps(col)[mi], n = m.neuron;
+    if (C.s[key]) return C.s[key];
+    const out = new Float64Array(m.T * m.S);
+    if (h >= 0) {
+      const V = qk(col, mi, h), d = n.D;
+      for (let i = 0; i < m.T; i++) for (let j = 0; j < m.S; j++) {
+        let sum = 0;
+        for (let x = 0, a = i * d, b = j * d; x < d; x++) sum += V.q[a + x] * V.k[b + x];
+        out[i * m.S + j] = sum * n.scale;
+      }
+    } else for (let hh = 0; hh < m.H; hh++) { const src = scoresOf(col, mi, hh); for (let x = 0; x < out.length; x++) out[x] += src[x] / m.H; }
+    return (C.s[key] = out);
+  }
+  function weights(col, mi, h) {  // (T*S) floats; h = -1: the mean over heads
+    const C = cacheOf(col), key = mi + "/" + h, m = maps(col)[mi];
+    if (C.w[key]) return C.w[key];
+    const out = new Float64Array(m.T * m.S);
+    if (h < 0) { for (let hh = 0; hh < m.H; hh++) { const src = weights(col, mi, hh); for (let x = 0; x < out.length; x++) out[x] += src[x] / m.H; } }
+    else if (m.w) { for (let x = 0; x < out.length; x++) out[x] = m.w[h][x] / col.data.explorer.scale; }
+    else {
+      const sc = scoresOf(col, mi, h), ok = seesOf(col, mi);
+      for (let i = 0, r = 0; i < m.T; i++, r += m.S) {
+        let top = -Infinity, z = 0;
+        for (let j = 0; j < m.S; j++) if (ok[r + j] && sc[r + j] > top) top = sc[r + j];
+        for (let j = 0; j < m.S; j++) if (ok[r + j]) { out[r + j] = Math.exp(sc[r + j] - top); z += out[r + j]; }
+        if (z > 0) for (let j = 0; j < m.S; j++) out[r + j] /= z;
+      }
+    }
+    return (C.w[key] = out);
+  }
+  function qTokens(col, m) { return col.data.explorer.stacks[m.qstack].tokens; }
+  function kTokens(col, m) { return col.data.explorer.stacks[m.kstack].tokens; }
+  function rowsOf(W, m) { const M = []; for (let i = 0; i < m.T; i++) M.push(Array.from(W.slice(i * m.S, (i + 1) * m.S))); return M; }
+  function headLabel(col, mi, h) {
+    const m = maps(col)[mi], labels = col.data.explorer.heads || {};
+    return labels[m.name] ? labels[m.name][h] : null;
+  }
+
+  // -- prediction -----------------------------------------------------------------------------
+  panel({
+    name: "prediction", title: "prediction", help: "what the model outputs for this input (attnlab predict --json)",
+    views: ["predict"],
+    applies: (r) => r.task !== null || r.kind !== "encoder",
+    render(ctx) {
+      const p = ctx.col.data.predict.predictions[0], b = ctx.body;
+      b.innerHTML = "";
+      if (p.output !== undefined) b.append(h("div", { class: "output", text: p.output, data: { output: p.output } }));
+      if (p.next) b.append(h("h3", { text: "next token after \u2026" + show(ctx.col.input.slice(-12)) }), bars(p.next, "token", "p"));
+      if (p.masks) p.masks.forEach((f) => b.append(h("h3", { text: "[MASK] at position " + f[0].position }), bars(f, "token", "p")));
+      if (p.classes) {
+        if (p.truth !== undefined && p.truth !== null) b.append(h("div", { class: "help", text: "true class: " + p.truth }));
+        b.append(bars(p.classes, "label", "p"));
+      }
+      const ex = ctx.col.data.explorer;  // an encoder-decoder: each decoder step's next token
+      if (ex && ex.prediction && p.output !== undefined) {
+        const steps = ex.prediction.sections.filter((s) => s.title.startsWith("step "));
+        if (steps.length) b.append(h("div", { class: "help", text: steps.length + " decoder steps; the attention panel's cross-attention shows where each looked" }));
+      }
+    },
+  });
+
+  // -- attention: every layer x head, one head large, the Q·K neuron view ----------------------
+  panel({
+    name: "attention", title: "attention", help: "every layer \u00d7 head (click one: it is selected and ablated below); the selected head as lines and as its matrix; the Q\u00b7K neuron view (attnlab explore's data)",
+    views: ["explorer"],
+    init(ctx) {
+      ctx.state.mode = "w";
+      const st = ctx.state;
+      st.map = h("select"); st.head = h("select");
+      st.modeSel = h("select", {}, h("option", { value: "w", text: "attention weights" }), h("option", { value: "s", text: "scaled scores q\u00b7k/\u221ad_k" }));
+      st.map.onchange = () => { ctx.col.select(+st.map.value, Math.min(ctx.col.sel.head, maps(ctx.col)[+st.map.value].H - 1)); };
+      st.head.onchange = () => ctx.col.select(ctx.col.sel.map, +st.head.value);
+      st.modeSel.onchange = () => { st.mode = st.modeSel.value; ctx.def.render(ctx); };
+      st.status = h("span", { class: "status" });
+      st.controls = h("div", { class: "controls" }, h("label", {}, "attention ", st.map), h("label", {}, "head ", st.head), h("label", {}, "matrix shows ", st.modeSel), st.status);
+      st.grid = h("div", { class: "grid" }); st.lines = h("canvas"); st.matrix = h("div"); st.cell = h("div", { class: "help" });
+      st.image = h("canvas"); st.neuron = h("div");
+      st.imagebox = h("div", { hidden: true }, h("h3", { text: "image: where the query looks (hover a query token on the left of the lines)" }), st.image);
+      ctx.body.append(st.controls,
+        h("h3", { text: "model view: every layer \u00d7 head (each from white 0 to blue, its own largest weight)" }), st.grid,
+        h("div", { class: "row" },
+          h("div", {}, h("h3", { text: "head view (hover a token)" }), st.lines),
+          h("div", {}, h("h3", { text: "matrix: row = query, column = key" }), st.matrix, st.cell), st.imagebox),
+        h("h3", { text: "Q\u00b7K neuron view: how the head scores every key for one query, dimension by dimension" }), st.neuron);
+      st.nq = null; st.nk = null; st.hover = null;
+    },
+    render(ctx) {
+      const col = ctx.col, st = ctx.state, D = col.data.explorer;
+      if (!D.maps.length) { st.status.textContent = "no attention maps"; return; }
+      if (col.sel.map >= D.maps.length) col.sel.map = 0;
+      const mi = col.sel.map, m = D.maps[mi];
+      if (col.sel.head >= m.H) col.sel.head = 0;
+      st.map.innerHTML = ""; D.maps.forEach((x, i) => st.map.add(new Option(x.label, String(i))));
+      st.map.value = String(mi);
+      st.head.innerHTML = ""; for (let x = 0; x < m.H; x++) st.head.add(new Option("head " + x, String(x)));
+      if (m.H > 1) st.head.add(new Option("mean of heads", "-1"));
+      st.head.value = String(col.sel.head);
+      st.modeSel.disabled = !neuronOf(col, mi);
+      if (!neuronOf(col, mi)) st.mode = "w";
+      if (st.nq === null || st.nq >= m.T || st.lastMap !== mi) { st.nq = m.T - 1; st.nk = null; }
+      st.lastMap = mi;
+      st.status.textContent = m.name + (col.sel.head < 0 ? " (mean)" : " head " + col.sel.head) + "  " + m.T + " \u00d7 " + m.S + (D.note ? "  \u2014 " + D.note : "");
+      drawGrid(ctx); drawLines(ctx); drawMatrix(ctx); drawNeuron(ctx); drawImage(ctx);
+    },
+  });
+
+  function drawGrid(ctx) {
+    const col = ctx.col, D = col.data.explorer, g = ctx.state.grid;
+    const H = Math.max(...D.maps.map((m) => m.H));
+    g.innerHTML = ""; g.style.gridTemplateColumns = "auto repeat(" + H + ", auto)";
+    const ablated = col.params.ablate;
+    D.maps.forEach((m, mi) => {
+      g.append(h("div", { class: "glabel", text: m.label }));
+      for (let hh = 0; hh < H; hh++) {
+        if (hh >= m.H) { g.append(h("div")); continue; }
+        const W = weights(col, mi, hh), px = Math.max(1, Math.floor(56 / Math.max(m.T, m.S)));
+        const c = h("canvas", { width: px * m.S, height: px * m.T, title: m.label + " head " + hh + (headLabel(col, mi, hh) ? " (ablate " + headLabel(col, mi, hh) + ")" : ""),
+          data: { map: mi, head: hh, label: headLabel(col, mi, hh) || "" } });
+        c.style.width = Math.max(40, px * m.S) + "px";
+        const x = c.getContext("2d");
+        let top = 1e-9; for (const v of W) if (v > top) top = v;
+        for (let i = 0; i < m.T; i++) for (let j = 0; j < m.S; j++) { x.fillStyle = colour(W[i * m.S + j] / top); x.fillRect(j * px, i * px, px, px); }
+        if (mi === col.sel.map && hh === col.sel.head) c.classList.add("sel");
+        if (ablated && ablated.head === headLabel(col, mi, hh)) c.classList.add("ablated");
+        c.onclick = () => { col.select(mi, hh); const lab = headLabel(col, mi, hh); if (lab) attnlab.ablate(col, lab); };
+        g.append(c);
+      }
+    });
+  }
+
+  const LINE = 16;
+  function drawLines(ctx) {
+    const col = ctx.col, st = ctx.state, mi = col.sel.map, m = maps(col)[mi];
+    const q = qTokens(col, m), k = kTokens(col, m), W = weights(col, mi, col.sel.head);
+    const c = st.lines, x = c.getContext("2d"), rows = Math.max(m.T, m.S);
+    c.width = 360; c.height = Math.min(rows, 200) * LINE + 28;
+    x.fillStyle = "#fff"; x.fillRect(0, 0, c.width, c.height);
+    x.font = "12px monospace"; x.fillStyle = "#555";
+    x.textAlign = "right"; x.fillText(m.qstack ? "queries (" + m.qstack + ")" : "queries", 130, 12);
+    x.textAlign = "left"; x.fillText(m.kstack ? "keys (" + m.kstack + ")" : "keys", 230, 12);
+    const y = (i) => 28 + i * LINE - 4, hv = st.hover;
+    for (let i = 0; i < m.T; i++) for (let j = 0; j < m.S; j++) {
+      const w = W[i * m.S + j];
+      if (w <= 0.004) continue;
+      if (hv && !((hv.side === "q" && hv.i === i) || (hv.side === "k" && hv.i === j))) continue;
+      x.strokeStyle = "rgba(31,119,180," + (hv ? w : 0.85 * w).toFixed(3) + ")"; x.lineWidth = hv ? 2.5 : 1.5;
+      x.beginPath(); x.moveTo(136, y(i)); x.lineTo(224, y(j)); x.stroke();
+    }
+    x.fillStyle = "#222";
+    x.textAlign = "right"; q.forEach((t, i) => x.fillText(show(t).slice(0, 14), 128, y(i)));
+    x.textAlign = "left"; k.forEach((t, j) => x.fillText(show(t).slice(0, 14), 232, y(j)));
+    c.onmousemove = (e) => {
+      const r = c.getBoundingClientRect(), i = Math.floor((e.clientY - r.top - 28 + 4 + 11) / LINE);
+      const side = e.clientX - r.left < c.width / 2 ? "q" : "k", n = side === "q" ? m.T : m.S;
+      const hv2 = i >= 0 && i < n ? { side: side, i: i } : null;
+      if (JSON.stringify(hv2) !== JSON.stringify(st.hover)) { st.hover = hv2; drawLines(ctx); drawImage(ctx); }
+    };
+    c.onmouseleave = () => { st.hover = null; drawLines(ctx); };
+  }
+
+  function drawMatrix(ctx) {
+    const col = ctx.col, st = ctx.state, mi = col.sel.map, m = maps(col)[mi], hd = col.sel.head;
+    const scores = st.mode === "s" && neuronOf(col, mi);
+    let M;
+    if (scores) {
+      const Sc = scoresOf(col, mi, hd), ok = seesOf(col, mi);
+      M = []; for (let i = 0; i < m.T; i++) { const r = []; for (let j = 0; j < m.S; j++) r.push(ok[i * m.S + j] ? Sc[i * m.S + j] : null); M.push(r); }
+    } else M = rowsOf(weights(col, mi, hd), m);
+    st.matrix.innerHTML = "";
+    const t = heat(M, qTokens(col, m), kTokens(col, m), { signed: !!scores, decimals: scores ? 2 : 3, textMax: 32,
+      onclick: (i, j) => { st.nq = i; st.nk = j; drawMatrix(ctx); drawNeuron(ctx); } });
+    t.dataset.map = m.name; t.dataset.head = String(hd);
+    st.matrix.append(t);
+    const sel = st.nk === null || t.tagName !== "TABLE" ? null : t.querySelector('td[data-i="' + st.nq + '"][data-j="' + st.nk + '"]');
+    if (sel) sel.classList.add("sel");
+    st.cell.textContent = st.nk === null ? "click a cell to open it in the neuron view" :
+      "query " + show(qTokens(col, m)[st.nq]) + " (" + st.nq + ") \u2192 key " + show(kTokens(col, m)[st.nk]) + " (" + st.nk + "): weight " +
+      num(weights(col, mi, hd)[st.nq * m.S + st.nk], 4) + (neuronOf(col, mi) ? ", scaled score " + num(scoresOf(col, mi, hd)[st.nq * m.S + st.nk], 4) : "");
+  }
+
+  function drawNeuron(ctx) {
+    const col = ctx.col, st = ctx.state, mi = col.sel.map, m = maps(col)[mi], n = m.neuron, box = st.neuron;
+    box.innerHTML = "";
+    if (!neuronOf(col, mi)) { box.append(h("div", { class: "help", text: n && n.why ? n.why : "no neuron view for this map" })); return; }
+    if (col.sel.head < 0) { box.append(h("div", { class: "help", text: "pick one head (the neuron view splits one head's score)" })); return; }
+    const hd = col.sel.head, V = qk(col, mi, hd), d = n.D, q = qTokens(col, m), k = kTokens(col, m);
+    const W = weights(col, mi, hd), Sc = scoresOf(col, mi, hd), ok = seesOf(col, mi), i = st.nq;
+    const qsel = h("select", {}, q.map((t, x) => h("option", { value: String(x), text: x + ": " + show(t) })));
+    qsel.value = String(i);
+    qsel.onchange = () => { st.nq = +qsel.value; st.nk = null; drawMatrix(ctx); drawNeuron(ctx); };
+    box.append(h("div", { class: "controls" }, h("label", {}, "query token ", qsel),
+      h("span", { class: "help", text: "q\u00b7k = \u03a3_d q_d k_d, times 1/\u221ad_k = " + num(n.scale, 4) + " (d_k = " + d + ")" + (n.rotary ? "; q and k after rotary positions" : "") })));
+    const keys = h("table", { class: "num" }, h("tr", {}, ["key", "q\u00b7k", "\u00d7 1/\u221ad_k", "weight"].map((x) => h("th", { text: x }))));
+    let best = 0; for (let j = 0; j < m.S; j++) if (ok[i * m.S + j] && W[i * m.S + j] > W[i * m.S + best]) best = j;
+    if (st.nk === null) st.nk = best;
+    for (let j = 0; j < m.S; j++) {
+      const seen = ok[i * m.S + j], s = Sc[i * m.S + j];
+      const tr = h("tr", { class: "click" + (seen ? "" : " masked") + (j === st.nk ? " sel" : ""), data: { key: j } },
+        h("td", { text: j + ": " + show(k[j]) }), h("td", { text: num(s / n.scale, 4) }), h("td", { text: seen ? num(s, 4) : "masked" }),
+        h("td", { text: num(W[i * m.S + j], 4) }));
+      tr.onclick = () => { st.nk = j; drawMatrix(ctx); drawNeuron(ctx); };
+      keys.append(tr);
+    }
+    const j = st.nk, detail = h("table", { class: "num" }, h("tr", {}, ["d", "q_d", "k_d", "q_d k_d"].map((x) => h("th", { text: x }))));
+    let sum = 0;
+    for (let x = 0; x < d; x++) {
+      const a = V.q[i * d + x], b = V.k[j * d + x]; sum += a * b;
+      detail.append(h("tr", {}, h("td", { text: String(x) }), h("td", { text: num(a, 4) }), h("td", { text: num(b, 4) }), h("td", { text: num(a * b, 4) })));
+    }
+    detail.append(h("tr", {}, h("th", { text: "sum" }), h("td"), h("td"), h("th", { text: num(sum, 4) })),
+      h("tr", {}, h("th", { text: "\u00d7 1/\u221ad_k" }), h("td"), h("td"), h("th", { text: num(sum * n.scale, 4), data: { score: sum * n.scale } })));
+    box.append(h("div", { class: "row" }, h("div", { style: "max-height:420px;overflow:auto" }, keys),
+      h("div", { style: "max-height:420px;overflow:auto" }, h("div", { class: "help", text: "query " + show(q[i]) + " \u00b7 key " + show(k[j]) }), detail)));
+  }
+
+  function drawImage(ctx) {
+    const col = ctx.col, st = ctx.state, D = col.data.explorer;
+    st.imagebox.hidden = !D.image;
+    if (!D.image) return;
+    const mi = col.sel.map, m = D.maps[mi], W = weights(col, mi, col.sel.head), k = kTokens(col, m), q = qTokens(col, m);
+    if (!st.img || st.imgSrc !== D.image.src) { st.img = new Image(); st.img.onload = () => drawImage(ctx); st.img.src = D.image.src; st.imgSrc = D.image.src; }
+    const c = st.image, x = c.getContext("2d"), px = 224, g = D.image.grid, cell = px / g;
+    c.width = px; c.height = px + 18;
+    x.fillStyle = "#fff"; x.fillRect(0, 0, c.width, c.height); x.imageSmoothingEnabled = false;
+    if (st.img.complete) x.drawImage(st.img, 0, 0, px, px);
+    const i = st.hover && st.hover.side === "q" ? st.hover.i : 0;
+    const at = (t) => { const r = /^r(\d+)c(\d+)$/.exec(t); return r ? [+r[1], +r[2]] : null; };
+    let top = 1e-9; k.forEach((t, j) => { if (at(t)) top = Math.max(top, W[i * m.S + j]); });
+    k.forEach((t, j) => {
+      const p = at(t); if (!p) return;
+      x.fillStyle = "rgba(255,80,0," + (0.75 * W[i * m.S + j] / top).toFixed(3) + ")";
+      x.fillRect(p[1] * cell, p[0] * cell, cell, cell);
+    });
+    x.fillStyle = "#222"; x.font = "11px monospace";
+    x.fillText("query " + show(q[i] || "") + (D.image.truth ? ", true class " + D.image.truth : ""), 2, px + 13);
+  }
+
+  // -- poke: ablate a head ------------------------------------------------------------------------
+  attnlab.ablate = function (col, label) {
+    col.params.ablate = { head: label, mode: col.params.ablateMode || "zero" };
+    const p = col.panels.find((x) => x.def.name === "ablate");
+    if (p) { p.sec.classList.remove("closed"); col.update(["ablate"]); }
+  };
+  panel({
+    name: "ablate", title: "poke: ablate a head", help: "click a head in the grid: its output is zeroed (or replaced by its mean) and the prediction and loss change beside the intact ones (attnlab ablate --json)",
+    views: (ctx) => (ctx.col.params.ablate ? ["ablate"] : []),
+    params: (ctx) => (ctx.col.params.ablate ? { ablate: ctx.col.params.ablate.head, mode: ctx.col.params.ablate.mode } : {}),
+    init(ctx) {
+      const col = ctx.col, mode = h("select", {}, h("option", { value: "zero", text: "zero" }), h("option", { value: "mean", text: "mean" }));
+      mode.onchange = () => { col.params.ablateMode = mode.value; if (col.params.ablate) { col.params.ablate.mode = mode.value; col.update(["ablate"]); } };
+      ctx.state.out = h("div", { class: "help", text: col.run.residual ? "click a head in the attention grid to ablate it" : "" });
+      const controls = h("div", { class: "controls" }, h("label", {}, "mode ", mode));
+      if (!col.run.residual) controls.append(h("button", { type: "button", text: "ablate the context vector", onclick: () => attnlab.ablate(col, "context") }));
+      ctx.body.append(controls, ctx.state.out);
+    },
+    render(ctx) {
+      const a = ctx.col.data.ablate, out = ctx.state.out;
+      if (!a) return;
+      out.className = ""; out.innerHTML = "";
+      out.append(h("div", { class: "controls", data: { ablated: a.ablated } },
+        h("b", { text: a.ablated + " (" + a.mode + ")" }),
+        h("span", { text: "loss intact " }), h("b", { class: "loss-clean", text: num(a.clean_loss) }),
+        h("span", { text: "ablated " }), h("b", { class: "loss-ablated", text: num(a.ablated_loss) }),
+        h("span", { text: "change " }), h("b", { class: "loss-change", text: (a.loss_change >= 0 ? "+" : "") + num(a.loss_change) })),
+        h("div", { class: "side" },
+          h("div", { class: "intact" }, h("h3", { text: "intact" }), bars(a.top_clean, "token", "prob")),
+          h("div", { class: "ablated" }, h("h3", { text: "with " + a.ablated + " ablated" }), bars(a.top_ablated, "token", "prob"))));
+    },
+  });
+
+  // -- the walkthrough of one forward pass --------------------------------------------------------
+  panel({
+    name: "walkthrough", title: "walkthrough", help: "one forward pass, one step at a time, with its real numbers: tokens, embeddings, Q, K, V, scores, scale, mask, softmax, weighted sum, heads, W_O, residual, norm, feed-forward, logits (attnlab trace --json, for the selected layer and head)",
+    views: ["trace"],
+    init(ctx) {
+      const st = ctx.state; st.i = 0;
+      st.prev = h("button", { type: "button", text: "\u25c0", onclick: () => { st.i = Math.max(0, st.i - 1); ctx.def.render(ctx); } });
+      st.next = h("button", { type: "button", text: "\u25b6", onclick: () => { st.i += 1; ctx.def.render(ctx); } });
+      st.pick = h("select"); st.pick.onchange = () => { st.i = +st.pick.value; ctx.def.render(ctx); };
+      st.where = h("span", { class: "status" }); st.out = h("div");
+      ctx.body.append(h("div", { class: "controls steps" }, st.prev, st.pick, st.next, st.where), st.out);
+    },
+    render(ctx) {
+      const t = ctx.col.data.trace, st = ctx.state;
+      const steps = t.steps;
+      st.i = Math.min(st.i, steps.length - 1);
+      st.pick.innerHTML = ""; steps.forEach((s, i) => st.pick.add(new Option((i + 1) + ". " + s.title, String(i))));
+      st.pick.value = String(st.i);
+      st.where.textContent = "step " + (st.i + 1) + " of " + steps.length + " \u2014 layer " + t.layer + ", head " + t.head;
+      const s = steps[st.i], out = st.out;
+      out.innerHTML = "";
+      out.dataset.step = s.name;
+      out.append(h("h3", { text: s.title + (s.shape ? "   (" + s.shape.join(" \u00d7 ") + ")" : "") }), h("div", { class: "help", text: s.meaning }));
+      if (st.i === 0) out.append(h("div", { class: "output", text: t.tokens.map((x, i) => show(x) + "=" + t.ids[i]).join("  ") }));
+      if (s.values) {
+        const V = Array.isArray(s.values[0]) ? s.values : [s.values];
+        const R = V.slice(0, 24).map((r) => r.slice(0, 24));
+        out.append(heat(R, s.rows || (V.length === t.tokens.length ? t.tokens : null), s.cols || null, { signed: true, decimals: 3, textMax: 32 }));
+        if (V.length > 24 || V[0].length > 24) out.append(h("div", { class: "help", text: "showing 24 \u00d7 24 of " + V.length + " \u00d7 " + V[0].length }));
+        if (s.row_sums) out.append(h("div", { class: "help", text: "each row sums to 1: " + s.row_sums.map((x) => num(x, 3)).join(" ") }));
+      }
+      const list = s.predictions || s.classes;
+      if (list) out.append(bars(list, list[0].token !== undefined ? "token" : "label", "prob"));
+    },
+  });
+
+  // -- similarity before and after each block -----------------------------------------------------
+  panel({
+    name: "similarity", title: "similarity", help: "cosine similarity of every pair of token vectors before and after each block (attnlab similarity --json)",
+    views: ["similarity"],
+    applies: (r) => r.residual,
+    init(ctx) { ctx.state.layer = 0; ctx.state.pick = h("select"); ctx.state.out = h("div");
+      ctx.state.pick.onchange = () => { ctx.state.layer = +ctx.state.pick.value; ctx.def.render(ctx); };
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "layer ", ctx.state.pick)), ctx.state.out); },
+    render(ctx) {
+      const L = ctx.col.data.similarity.layers, st = ctx.state;
+      st.layer = Math.min(st.layer, L.length - 1);
+      st.pick.innerHTML = ""; L.forEach((x, i) => st.pick.add(new Option(x.label, String(i)))); st.pick.value = String(st.layer);
+      const x = L[st.layer];
+      st.out.innerHTML = "";
+      st.out.append(h("div", { class: "row" },
+        h("div", { class: "before" }, h("h3", { text: "before " + x.label + " (mean off-diagonal " + num(x.mean_before, 3) + ")" }), heat(x.before, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 32 })),
+        h("div", { class: "after" }, h("h3", { text: "after " + x.label + " (mean off-diagonal " + num(x.mean_after, 3) + ")" }), heat(x.after, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 32 }))));
+    },
+  });
+
+  // -- influence ---------------------------------------------------------------------------------
+  panel({
+    name: "influence", title: "influence", help: "how far its context moved each token, layer by layer, and the source tokens that moved it most (attnlab influence --json)",
+    views: ["influence"],
+    applies: (r) => r.residual,
+    render(ctx) {
+      const d = ctx.col.data.influence, b = ctx.body;
+      b.innerHTML = "";
+      b.append(h("div", { class: "help", text: d.definition.context }));
+      const t = h("table", { class: "num" }, h("tr", {}, ["layer", "pos", "token", "context", "rel change", "cosine", "attn share", "ffn share", "sources"].map((x) => h("th", { text: x }))));
+      d.rows.forEach((r) => t.append(h("tr", { data: { layer: r.layer, position: r.position } },
+        h("td", { text: r.layer }), h("td", { text: String(r.position) }), h("td", { text: show(r.token) }),
+        h("td", { class: "context", text: num(r.context) }), h("td", { text: num(r.rel_change) }), h("td", { text: num(r.cosine) }),
+        h("td", { text: num(r.attn_share) }), h("td", { text: num(r.ffn_share) }),
+        h("td", { style: "text-align:left", text: r.sources.map((s) => show(s.token) + "@" + s.position + " " + num(s.share, 2)).join(", ") }))));
+      b.append(t);
+    },
+  });
+
+  // -- logit lens ----------------------------------------------------------------------------------
+  panel({
+    name: "lens", title: "logit lens", help: "the top token the readout finds in the residual stream at each layer, with its probability (attnlab lens --json)",
+    views: ["lens"], open: false,
+    applies: (r) => r.residual,
+    render(ctx) {
+      const d = ctx.col.data.lens, b = ctx.body;
+      b.innerHTML = "";
+      const t = h("table", { class: "heat" }, h("tr", {}, h("th"), d.tokens.map((x) => h("th", { text: show(x).slice(0, 8) }))));
+      d.points.forEach((p, i) => t.append(h("tr", {}, h("th", { text: p }), d.top[i].map((tok, j) => h("td", {
+        class: "cell", title: "p = " + num(d.top_prob[i][j]) + ", KL to the output " + num(d.kl[i][j]), style: "background:" + colour(d.top_prob[i][j]),
+        data: { p: d.top_prob[i][j] }, text: show(tok) })))));
+      b.append(t);
+      if (d.notes && d.notes.length) b.append(h("div", { class: "help", text: d.notes.join(" ") }));
+    },
+  });
+
+  // -- direct logit attribution ---------------------------------------------------------------------
+  panel({
+    name: "dla", title: "direct logit attribution", help: "the target's logit split into what each part wrote to the residual stream (attnlab attribute --method dla --json; the target: the top prediction unless given)",
+    views: ["dla"], open: false,
+    applies: (r) => r.residual,
+    params: (ctx) => (ctx.state.target && ctx.state.target.value ? { target: ctx.state.target.value } : {}),
+    init(ctx) {
+      ctx.state.target = h("input", { type: "text", placeholder: "top prediction", size: 10 });
+      ctx.state.target.onchange = () => ctx.col.update(["dla"]);
+      ctx.state.out = h("div");
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "target ", ctx.state.target)), ctx.state.out);
+    },
+    render(ctx) {
+      const d = ctx.col.data.dla, out = ctx.state.out;
+      out.innerHTML = "";
+      out.append(h("div", { class: "help", text: "logit of " + show(d.target) + " at position " + d.position + ": " + num(d.logit) + " = sum of the parts " + num(d.sum) + (d.frozen && d.frozen.length ? "; frozen: " + d.frozen.join(", ") : "") }),
+        bars(d.components, "name", "value"));
+    },
+  });
+
+  // -- patching ---------------------------------------------------------------------------------
+  panel({
+    name: "patch", title: "patching", help: "run the corrupt input with one activation of the clean input (the text above) put back, by layer \u00d7 position or layer \u00d7 head: how much of the clean answer it recovers (attnlab patch --json)",
+    views: (ctx) => (ctx.state.on ? ["patch"] : []), open: false,
+    applies: (r) => r.residual,
+    params: (ctx) => ({ corrupt: ctx.state.corrupt.value, target: ctx.state.target.value || null, by: ctx.state.by.value }),
+    init(ctx) {
+      const st = ctx.state;
+      st.corrupt = h("input", { type: "text", size: 30, placeholder: "corrupt input (same length)" });
+      st.target = h("input", { type: "text", size: 8, placeholder: "top prediction" });
+      st.by = h("select", {}, h("option", { value: "position", text: "layer \u00d7 position" }), h("option", { value: "head", text: "layer \u00d7 head" }));
+      st.out = h("div");
+      const go = () => { st.on = true; ctx.col.update(["patch"]); };
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "corrupt ", st.corrupt), h("label", {}, "target ", st.target),
+        h("label", {}, "by ", st.by), h("button", { type: "button", text: "patch", onclick: go })), st.out);
+      st.by.onchange = () => { if (st.on) go(); };
+    },
+    render(ctx) {
+      const d = ctx.col.data.patch, out = ctx.state.out;
+      out.innerHTML = "";
+      const key = d.by === "head" ? "head" : "position";
+      const layers = [...new Set(d.results.map((r) => r.layer))], cols = [...new Set(d.results.map((r) => r[key]))];
+      const M = layers.map((l) => cols.map((c) => { const r = d.results.find((x) => x.layer === l && x[key] === c); return r ? r.recovered : null; }));
+      const toks = d.tokens && Object.values(d.tokens)[0];
+      out.append(h("div", { class: "help", text: d.metric + ": clean " + num(d.clean_metric) + ", corrupt " + num(d.corrupt_metric) + (d.warning ? " \u2014 " + d.warning : "") }),
+        heat(M, layers.map((l) => "layer " + l), key === "position" && toks ? cols.map((c) => toks[c]) : cols.map((c) => "head " + c), { signed: true, top: 1, decimals: 2, textMax: 32 }));
+    },
+  });
+
+  // -- generation, token by token ------------------------------------------------------------------
+  panel({
+    name: "generate", title: "generation", help: "the continuation, token by token, with each new token's attention over the tokens before it for the selected head (attnlab generate --json, at the seed given)",
+    views: (ctx) => (ctx.state.on ? ["generate"] : []), open: false,
+    applies: (r) => r.decodes && r.reads === "text",
+    params: (ctx) => ({ max_new_tokens: +ctx.state.n.value, temperature: +ctx.state.temp.value, seed: +ctx.state.seed.value }),
+    init(ctx) {
+      const st = ctx.state;
+      st.n = h("input", { type: "number", min: 1, max: 256, value: 20, style: "width:4em" });
+      st.temp = h("input", { type: "number", min: 0, max: 100, step: 0.1, value: 0.8, style: "width:4em" });
+      st.seed = h("input", { type: "number", min: 0, value: 0, style: "width:6em" });
+      st.out = h("div"); st.att = h("div");
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "new tokens ", st.n), h("label", {}, "temperature ", st.temp), h("label", {}, "seed ", st.seed),
+        h("button", { type: "button", text: "generate", onclick: () => { st.on = true; ctx.col.update(["generate"]); } })), st.out, st.att);
+    },
+    render(ctx) {
+      const d = ctx.col.data.generate, st = ctx.state, col = ctx.col;
+      clearInterval(st.timer);
+      st.out.innerHTML = ""; st.att.innerHTML = "";
+      st.out.append(h("div", { class: "output sample", text: d.samples[0].prompt + d.samples[0].text }));
+      if (!d.steps.length) return;
+      const line = h("div"), off = d.offset || 0, start = d.steps[0].position - off;
+      d.tokens.slice(0, start).forEach((t) => line.append(h("span", { class: "tok", text: show(t) })));
+      st.out.append(h("h3", { text: "token by token (click a new token: its attention)" }), line);
+      const showStep = (s) => {
+        line.querySelectorAll(".tok.on").forEach((x) => x.classList.remove("on"));
+        const m = maps(col)[col.sel.map], name = m ? m.name : Object.keys(s.attention)[0];
+        const rows = s.attention[name] || Object.values(s.attention)[0], hd = Math.max(0, Math.min(col.sel.head, rows.length - 1));
+        st.att.innerHTML = "";
+        st.att.append(h("div", { class: "help", text: "new token " + show(s.token) + " at " + s.position + ": " + name + " head " + hd }),
+          bars(rows[hd].map((w, j) => ({ token: (j + off) + ":" + show(d.tokens[j]), w: w })), "token", "w"));
+      };
+      let n = 0;
+      st.timer = setInterval(() => {  // one token at a time, each with its attention
+        if (n >= d.steps.length) { clearInterval(st.timer); return; }
+        const s = d.steps[n++], el = h("span", { class: "tok new on", text: show(s.token), data: { position: s.position } });
+        el.onclick = () => { showStep(s); el.classList.add("on"); };
+        line.append(el); showStep(s); el.classList.add("on");
+      }, 60);
+    },
+  });
+
+  // -- watch it learn ------------------------------------------------------------------------------
+  panel({
+    name: "learn", title: "watch it learn", help: "what attnlab train has written to this run so far: the loss curve and, with snapshots, every head's scores (attnlab timeline --json); read without the writer's lock, every 2 s while ticked",
+    views: [], open: false,
+    init(ctx) {
+      const st = ctx.state, col = ctx.col;
+      st.watch = h("input", { type: "checkbox" }); st.out = h("div"); st.score = h("select", {}, ["induction", "previous-token", "duplicate-token", "first-token"].map((x) => h("option", { value: x, text: x })));
+      const tick = async () => {
+        try {
+          const d = await api("/api/learn?run=" + encodeURIComponent(col.name));
+          const stamp = JSON.stringify([d.loss.length, d.timeline ? d.timeline.steps.length : 0]);
+          col.data.learn = d; drawLearn(ctx);
+          if (st.stamp && stamp !== st.stamp) col.update();  // a checkpoint landed: every open panel again
+          st.stamp = stamp;
+        } catch (e) { st.out.textContent = e.message; }
+      };
+      st.watch.onchange = () => { clearInterval(st.timer); if (st.watch.checked) { tick(); st.timer = setInterval(tick, 2000); } };
+      st.score.onchange = () => drawLearn(ctx);
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, st.watch, " watch"), h("label", {}, "score ", st.score),
+        h("button", { type: "button", text: "read now", onclick: tick })), st.out);
+    },
+    render() {},
+  });
+  function curve(points, w, hgt, label) {  // an SVG polyline of (x, y) points
+    const ns = "http://www.w3.org/2000/svg", svg = document.createElementNS(ns, "svg");
+    svg.setAttribute("width", w); svg.setAttribute("height", hgt);
+    if (!points.length) return svg;
+    const xs = points.map((p) => p[0]), ys = points.map((p) => p[1]);
+    const x0 = Math.min(...xs), x1 = Math.max(...xs, x0 + 1), y0 = Math.min(...ys), y1 = Math.max(...ys, y0 + 1e-9);
+    const line = document.createElementNS(ns, "polyline");
+    line.setAttribute("points", points.map((p) => (40 + (w - 50) * (p[0] - x0) / (x1 - x0)).toFixed(1) + "," + (hgt - 16 - (hgt - 26) * (p[1] - y0) / (y1 - y0)).toFixed(1)).join(" "));
+    line.setAttribute("fill", "none"); line.setAttribute("stroke", "#1f77b4"); line.setAttribute("stroke-width", "1.5");
+    svg.append(line);
+    const txt = (x, y, s) => { const t = document.createElementNS(ns, "text"); t.setAttribute("x", x); t.setAttribute("y", y); t.textContent = s; svg.append(t); };
+    txt(2, 12, num(y1, 3)); txt(2, hgt - 16, num(y0, 3)); txt(40, hgt - 2, "step " + x0); txt(w - 80, hgt - 2, "step " + x1);
+    if (label) txt(50, 12, label);
+    return svg;
+  }
+  function drawLearn(ctx) {
+    const d = ctx.col.data.learn, out = ctx.state.out, score = ctx.state.score.value;
+    out.innerHTML = "";
+    const last = d.loss.length ? d.loss[d.loss.length - 1] : null;
+    out.append(h("div", { class: "help learn-last", data: { step: last ? last.step : "", loss: last ? last.train_loss : "" },
+      text: last ? "step " + last.step + ": train loss " + num(last.train_loss) + " (" + d.loss.length + " rows)" : "no training rows yet" }),
+      curve(d.loss.map((r) => [r.step, r.train_loss]), 420, 140, "train loss"));
+    if (!d.timeline) { out.append(h("div", { class: "help", text: d.note })); return; }
+    const tl = d.timeline;
+    out.append(h("h3", { text: score + " score of every head over " + tl.steps.length + " snapshots" }));
+    const t = h("table", { class: "num" }, h("tr", {}, ["head", "last", "rose fastest at"].map((x) => h("th", { text: x })), h("th", { text: "curve" })));
+    tl.heads.forEach((hd) => {
+      const ys = hd.scores[score] || [], f = hd.fastest_rise[score];
+      const pts = tl.steps.map((s, i) => [s, ys[i]]).filter((p) => p[1] !== null && p[1] !== undefined);
+      t.append(h("tr", { data: { head: hd.name } }, h("td", { text: hd.name }), h("td", { text: ys.length ? num(ys[ys.length - 1], 3) : "-" }),
+        h("td", { text: f ? String(f.step) : "-" }), h("td", {}, curve(pts, 160, 36))));
+    });
+    out.append(t);
+  }
+})();

@@ -1,0 +1,300 @@
+"""What each panel of the workbench shows: one function per view, each calling the same library
+function (most often a ``Run`` method) that the CLI verb calls, and returning the verb's
+``--json`` text unchanged, so the page, the CLI and Python never disagree.
+
+    view          the verb whose --json it is
+    predict       attnlab predict RUN TEXT
+    explorer      attnlab explore RUN TEXT (the data the page embeds), plus each map's head labels
+    trace         attnlab trace RUN TEXT --layer L --head H
+    similarity    attnlab similarity RUN TEXT
+    influence     attnlab influence RUN TEXT
+    lens          attnlab lens RUN TEXT
+    dla           attnlab attribute RUN TEXT --method dla --target T (T: the top prediction)
+    ablate        attnlab ablate RUN TEXT --head L.H --mode M
+    patch         attnlab patch RUN --clean A --corrupt B --target T --by B
+    generate      attnlab generate RUN --prompt TEXT --json, and each new token's attention
+    learn         attnlab timeline RUN --json, read again as training writes
+
+A new view is one function here, registered with ``@view("name", needs_text=...)``; the page
+draws it with one ``panel({...})`` entry in ``page/panels.js`` (docs/serve.md says how).
+
+Each view takes (run, params, cache) and returns JSON text. A view that reads one text shares
+one recorded forward pass with the others (``cache``: the run's recordings, the last few
+texts). A refusal (a model without layers for the lens, a token the vocabulary lacks) is an
+AttnlabError whose one line the page shows in that panel.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from attnlab.serve.runs import ServeError
+
+RECORDINGS_KEPT = 4  # recordings kept per run: the last few texts typed
+
+
+@dataclass(frozen=True)
+class View:
+    name: str
+    fn: Callable
+    needs_text: bool = True  # reads the input box (the learn view reads the run's files)
+
+
+VIEWS: dict[str, View] = {}
+
+
+def view(name: str, needs_text: bool = True):
+    def add(fn):
+        VIEWS[name] = View(name, fn, needs_text)
+        return fn
+
+    return add
+
+
+def dumps(data) -> str:
+    """JSON text of ``data`` (orjson: the numbers are the same, written ten times faster than
+    the json module writes them; NaN and infinities, which JSON lacks, become null)."""
+    import orjson
+
+    return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY).decode()
+
+
+def _json(result, run) -> str:
+    """A result's JSON as the CLI's --json prints it (``about`` first)."""
+    if getattr(result, "about", None) is None:
+        result.about = run.about
+    d = result.to_dict()
+    return dumps({"about": result.about, **d} if "about" not in d else d)
+
+
+def recording(run, cache: dict, text: str):
+    """``run.record(text)``, shared by the views of one text (the last few kept)."""
+    recs = cache.setdefault("recordings", OrderedDict())
+    if text in recs:
+        recs.move_to_end(text)
+        return recs[text]
+    rec = run.record(text)
+    recs[text] = rec
+    while len(recs) > RECORDINGS_KEPT:
+        recs.popitem(last=False)
+    return rec
+
+
+def _int(params: dict, key: str, default: int, low: int = 0, high: int = 2**31 - 1) -> int:
+    value = params.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ServeError(f"{key} must be a whole number, got {value!r}")
+    if value != int(value) or not low <= value <= high:
+        raise ServeError(f"{key} must be a whole number in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
+def _str(params: dict, key: str, default: str | None = None) -> str | None:
+    value = params.get(key, default)
+    if value is not None and not isinstance(value, str):
+        raise ServeError(f"{key} must be text, got {type(value).__name__}")
+    return value
+
+
+# -- one text -----------------------------------------------------------------------------------
+
+
+@view("predict")
+def predict(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab predict RUN TEXT --json``: {"about", "predictions": [one prediction]}."""
+    pred = run.predict(text)
+    return dumps({"about": run.about, "predictions": [pred]})
+
+
+@view("explorer")
+def explorer(run, params: dict, cache: dict, text: str) -> str:
+    """The data ``attnlab explore RUN TEXT`` embeds in its page (every layer x head, the head
+    view, the matrix, the Q·K neuron view, influence bars, a ViT's image, the prediction),
+    and ``heads``: for each map, the label ``ablate --head`` takes for each head (null where
+    the map's heads cannot be ablated one by one)."""
+    from attnlab.inspect.explorer import MAX_TOKENS, explorer_data
+
+    max_tokens = _int(params, "max_tokens", MAX_TOKENS, 1, 512)
+    rec = recording(run, cache, text)
+    data = explorer_data(rec, run.model, f"attnlab explorer: {text}", max_tokens, 0,
+                         run.tokenizer)  # fmt: skip
+    groups = {g.path: g for g in run.model.head_groups()} if run.model.residual else {}
+    labels = {}
+    for m in data["maps"]:
+        g = groups.get(m["name"].rsplit(".", 1)[0])
+        if g is not None:
+            labels[m["name"]] = [g.label(h) for h in range(m["H"])]
+        elif not run.model.residual:  # an LSTM: its one attention is the context vector
+            labels[m["name"]] = ["context"] * m["H"]
+    data["heads"] = labels
+    return dumps(data)
+
+
+@view("trace")
+def trace(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab trace RUN TEXT --layer L --head H --json``: one forward pass, step by step."""
+    from attnlab.inspect.trace import trace as trace_
+
+    layer, head = _int(params, "layer", 0), _int(params, "head", 0)
+    rec = recording(run, cache, text)
+    return _json(trace_(run.model, run.tokenizer, text, layer=layer, head=head, top_k=5,
+                        rec=rec), run)  # fmt: skip
+
+
+@view("similarity")
+def similarity(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab similarity RUN TEXT --json``: cosine similarity before and after each block."""
+    from attnlab.inspect.similarity import similarity as similarity_
+
+    return _json(similarity_(recording(run, cache, text)), run)
+
+
+@view("influence")
+def influence(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab influence RUN TEXT --json``: how far its context moved each token."""
+    from attnlab.inspect.influence import influence as influence_
+
+    return _json(influence_(run.model, recording(run, cache, text)), run)
+
+
+@view("lens")
+def lens(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab lens RUN TEXT --json``: the logit lens, layer by layer."""
+    return _json(run.lens(text), run)
+
+
+def top_target(run, text: str) -> str:
+    """The output the model ranks first for ``text`` (what DLA explains when no target is
+    given): the first that reads back as one token."""
+    s = run.subject
+    p = s.prepare(text)
+    logits = s.logits(p)[0, p.position]
+    for i in logits.argsort(descending=True)[:50].tolist():
+        name = s.decode(i)
+        try:
+            if s.token_id(name) == i:
+                return name
+        except ValueError:
+            continue
+    raise ServeError("no output of this model reads back as one token: give a target")
+
+
+@view("dla")
+def dla(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab attribute RUN TEXT --method dla --target T --json`` (T: the target given, else
+    the model's top prediction, named in the result)."""
+    target = _str(params, "target") or top_target(run, text)
+    return _json(run.attribute(text, "dla", target, foil=_str(params, "foil")), run)
+
+
+@view("ablate")
+def ablate(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab ablate RUN TEXT --head L.H --mode zero|mean --json`` (an LSTM: --context);
+    params ``ablate`` (the head's label, or "context") and ``mode``."""
+    head = _str(params, "ablate")
+    if not head:
+        raise ServeError("say which head to ablate: click one in the grid")
+    mode = _str(params, "mode", "zero")
+    if mode not in ("zero", "mean"):
+        raise ServeError(f"mode must be zero or mean, got {mode!r}")
+    if head == "context":
+        return _json(run.ablate(text, context=True, mode=mode), run)
+    return _json(run.ablate(text, head, mode=mode), run)
+
+
+@view("patch")
+def patch(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab patch RUN --clean TEXT --corrupt C --target T --by position|head --json``."""
+    corrupt, target = _str(params, "corrupt"), _str(params, "target")
+    by = _str(params, "by", "position")
+    if not corrupt:
+        raise ServeError("give a corrupt input beside the clean one")
+    if by not in ("position", "head"):
+        raise ServeError(f"by must be position or head, got {by!r}")
+    target = target or top_target(run, text)
+    return _json(run.patch(text, corrupt, target, foil=_str(params, "foil"), by=by), run)
+
+
+GENERATE_MAX = 256  # new tokens one request may ask for
+
+
+@view("generate")
+def generate(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab generate RUN --prompt TEXT --max-new-tokens N --temperature T --seed S
+    --json`` ({"about", "samples": [{"prompt", "text"}]}), and ``steps``: each new token with
+    its attention over the tokens before it, per map and head, from one recorded pass over
+    prompt + continuation (a causal model's attention at a position is the same whether the
+    later tokens exist or not); past the model's block, over its last block of tokens
+    (``offset``: the tokens cut before ``tokens``)."""
+    n = _int(params, "max_new_tokens", 20, 1, GENERATE_MAX)
+    seed = _int(params, "seed", 0, 0, 2**32 - 1)
+    temperature = params.get("temperature", 0.8)
+    if not isinstance(temperature, (int, float)) or not 0 <= temperature <= 100:
+        raise ServeError(f"temperature must be a number in [0, 100], got {temperature!r}")
+    out = run.generate(text, max_new_tokens=n, temperature=float(temperature), seed=seed)
+    data = {"about": run.about, "samples": [{"prompt": text, "text": out}]}
+    steps = []
+    if run.model.causal and run.model.reads == "text" and out:
+        ids = run.tokenizer.encode(text + out)
+        block = getattr(run.model.config, "block_size", None) or len(ids)
+        cut = max(0, len(ids) - block)  # past the block: the last block of tokens, as decoding slid
+        rec = run.record(run.tokenizer.decode(ids[cut:]))
+        toks = next(iter(rec.tokens.values()))
+        for t in range(max(0, len(run.tokenizer.encode(text)) - cut), len(toks)):
+            rows = {}
+            for info in rec.maps():
+                w = rec.weights(info.name)[:, t, : t + 1]  # (H, t + 1): the keys it saw
+                rows[info.name] = [[round(float(x), 4) for x in h] for h in w]
+            steps.append({"position": t + cut, "token": toks[t], "attention": rows})
+        data["tokens"], data["offset"] = toks, cut
+    data["steps"] = steps
+    return dumps(data)
+
+
+# -- the run's files ----------------------------------------------------------------------------
+
+
+@view("learn", needs_text=False)
+def learn(run_path, params: dict, cache: dict, text: str = "") -> str:
+    """What ``attnlab train`` has written so far, read without its lock: the loss rows of
+    metrics.jsonl (as ``timeline`` reads them) and, where the run takes snapshots,
+    ``attnlab timeline RUN --json`` (every head's scores at every snapshot). ``run_path`` is
+    the run directory (this view loads no model)."""
+    from attnlab.inspect.recording import InspectError
+    from attnlab.inspect.timeline import timeline
+    from attnlab.training.rundir import read_metrics
+
+    metrics = _retry(lambda: read_metrics(run_path))
+    loss = [{"step": r["step"], "train_loss": r["train_loss"]} for r in metrics
+            if "train_loss" in r and "val_loss" not in r]  # fmt: skip
+    evals = [r for r in metrics if "val_loss" in r]
+    out: dict = {"loss": loss, "evals": evals, "timeline": None, "note": ""}
+    try:
+        tl = _retry(lambda: timeline(run_path))
+        from attnlab.run import about_run
+
+        tl.about = about_run(run_path)
+        out["timeline"] = {"about": tl.about, **tl.to_dict()}
+    except InspectError as e:
+        out["note"] = " ".join(str(e).split())
+    return dumps(out)
+
+
+def _retry(fn, tries: int = 3):
+    """``fn()`` again when it met a file mid-write (a half-written last line of metrics.jsonl,
+    a snapshot being renamed into place)."""
+    import time
+
+    for attempt in range(tries):
+        try:
+            return fn()
+        except (json.JSONDecodeError, OSError, EOFError):
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.1)
