@@ -24,10 +24,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
-from attnlab.checkpoint import save_model  # noqa: E402
 from attnlab.data.batches import pad_batch  # noqa: E402
 from attnlab.embeddings import sentence_embeddings  # noqa: E402
 from attnlab.interop import bert, gpt2, hf  # noqa: E402
+from attnlab.rundir import save_model  # noqa: E402
 
 transformers.logging.set_verbosity_error()
 

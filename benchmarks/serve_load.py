@@ -39,9 +39,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 def build(root: Path) -> str:
     import torch
 
-    from attnlab.checkpoint import save_model
     from attnlab.data.corpus import load_text
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+    from attnlab.rundir import save_model
     from attnlab.tokenizers import CharTokenizer
 
     text = load_text("shakespeare")

@@ -38,9 +38,9 @@ VISIBLE = ["predict", "explorer", "trace", "similarity", "influence"]  # the pan
 def build_baby(out: Path) -> tuple[Path, str]:
     import torch
 
-    from attnlab.checkpoint import save_model
     from attnlab.data.corpus import load_text
     from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+    from attnlab.rundir import save_model
     from attnlab.tokenizers import CharTokenizer
 
     text = load_text("shakespeare")
@@ -126,10 +126,11 @@ def measure(name: str, run: Path, text: str, n: int, browser: bool) -> dict:
             page_bytes = len(r.read())
         alphabet = "abcdefghijklmnopqrstuvwxyz "
         name_ = run.name
-        for t in edits(text, 3, alphabet):  # warm-up: the run loaded, first calls made
+        texts = edits(text, n + 3, alphabet)  # each one new: none is answered from a cache
+        for t in texts[:3]:  # warm-up: the run loaded, first calls made
             post(base, token, {"run": name_, "input": t, "views": VISIBLE})
         times, server, cpu = [], [], []
-        for t in edits(text, n, alphabet):
+        for t in texts[3:]:
             c0 = cpu_s(proc.pid)
             dt, d = post(base, token, {"run": name_, "input": t, "views": VISIBLE})
             cpu.append(1000 * (cpu_s(proc.pid) - c0))

@@ -48,10 +48,9 @@ def run(out: Path, task: str, snapshots: bool, extra: list[str]) -> tuple[float,
 
 def snapshot_cpu(run_dir: Path, repeats: int = 20) -> tuple[float, int, int]:
     """Median CPU seconds of one snapshot of the trained model; the run's interval and steps."""
-    from attnlab.checkpoint import read_run_config
     from attnlab.run import load_run
+    from attnlab.rundir import RunDir, read_run_config
     from attnlab.tasks import open_task
-    from attnlab.training.rundir import RunDir
     from attnlab.training.snapshots import PATTERN_TOKENS, Snapshots
 
     cfg = read_run_config(run_dir)["train_config"]

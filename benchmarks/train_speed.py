@@ -31,7 +31,7 @@ import torch
 
 
 def train_figures(run: Path, eval_interval: int, tokens_per_step: int) -> dict:
-    from attnlab.training.rundir import read_metrics
+    from attnlab.rundir import read_metrics
 
     rows = read_metrics(run / "metrics.jsonl")
     steps = [

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.checkpoint import save_model
 from attnlab.models.declare import registered
 from attnlab.run import load_run
+from attnlab.rundir import save_model
 from attnlab.tokenizers import CharTokenizer, build_tokenizer
 from intervene_helpers import PAIRS_TEXT, perturb
 from look_helpers import CORPUS, run_main

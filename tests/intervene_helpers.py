@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.checkpoint import save_model
+from attnlab.rundir import save_model
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 
 WORDS = ["the", "bank", "of", "river", "money", "a", "is", "green", "deep", "water", "went",

@@ -7,8 +7,8 @@ from torch import nn
 
 from attnlab.attention import MultiHeadAttention
 from attnlab.blocks import Block
-from attnlab.checkpoint import save_model
 from attnlab.models.declare import ModelKind
+from attnlab.rundir import save_model
 from attnlab.tokenizers import CharTokenizer
 from lm_helpers import tiny_gpt  # the tests' one small GPT (its importers take it from here too)
 

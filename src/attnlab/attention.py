@@ -11,6 +11,10 @@ The families' variations are options of the same pieces, not new kinds of attent
 K/V heads than query heads (grouped-query), another scale, a softcap on the scores, a sliding
 window, an additive position bias (T5), a norm on q and k (``MultiHeadAttention`` says which).
 
+Each head's query, key and value inputs can also be its own (``per_head_inputs``): the same
+numbers while nothing edits them, but an edit of one head's query input (a circuit's edge into
+that reader) changes that head's queries alone.
+
 How scores become weights (``WEIGHTINGS``, the ``weighting`` of ``reference_attention`` and of
 ``MultiHeadAttention``), for a query row s_1 .. s_S of scores over the keys it may see:
     softmax    w_j = exp(s_j) / sum_k exp(s_k)          every row sums to 1
@@ -26,6 +30,8 @@ Only softmax must put a row's whole weight somewhere; the other two can attend t
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -436,8 +442,10 @@ class MultiHeadAttention(nn.Module):
     ``forward`` also takes ``position_bias`` (B|1, H, T, S), added to the scaled scores (T5).
 
     Recorded (see ``attnlab.hooks``): q (B, H, T, d_k); k, v (B, n_kv, S, D) as the KV cache
-    holds them; scores (B, H, T, S), the softmax's input before the mask; weights (B, H, T, S);
-    z (B, H, T, d_v) per-head outputs; out (B, T, C).
+    holds them; position_bias, where a model passes one; scores (B, H, T, S), the softmax's
+    input before the mask; weights (B, H, T, S); z (B, H, T, d_v) per-head outputs; out
+    (B, T, C). With ``per_head`` set (``per_head_inputs``), also what each head's projections
+    read: q_in (B, H, T, C), and k_in, v_in (B, n_kv, S, kv_dim) per K/V head.
     """
 
     def __init__(
@@ -490,7 +498,9 @@ class MultiHeadAttention(nn.Module):
         self.dropout, self.scale, self.softcap, self.window = dropout, scale, softcap, window
         self.rotary = rotary
         self.use_fused = True  # set False to force the reference path (conformance checks)
-        for name in ("q", "k", "v", "weights", "z", "out"):
+        self.per_head = False  # each head reads its own copy of its inputs (per_head_inputs)
+        for name in ("q", "k", "v", "weights", "z", "out", "q_in", "k_in", "v_in",
+                     "position_bias"):  # fmt: skip
             setattr(self, f"hook_{name}", Hook())
         # the softmax has already read the scores when they are recorded: not an edit point
         self.hook_scores = Hook(read_only=True)
@@ -520,14 +530,21 @@ class MultiHeadAttention(nn.Module):
     def _project(self, x: Tensor, kv: Tensor | None, cache) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, T, d_k), and k (B, n_kv, S, d_k), v (B, n_kv, S, d_v) with what ``cache``
         holds: normed (qk_norm), rotated (rotary) and appended to the cache."""
-        q = self._heads(self.q_proj(x), self.d_k)  # (B, H, T, d_k)
+        if self.per_head:
+            if cache is not None:
+                raise ValueError("per-head inputs are for whole forward passes, not for "
+                                 "decoding with a cache")  # fmt: skip
+            q, k, v = self._project_per_head(x, x if kv is None else kv)
+        else:
+            q = self._heads(self.q_proj(x), self.d_k)  # (B, H, T, d_k)
         if self.q_norm is not None:
             q = self.q_norm(q)
         if isinstance(cache, StaticKV) and cache.k is not None:
             return q, cache.k, cache.v  # encoder keys/values computed at the first step
-        src = x if kv is None else kv
-        k = self._heads(self.k_proj(src), self.d_k)  # (B, n_kv, S, d_k)
-        v = self._heads(self.v_proj(src), self.d_v)  # (B, n_kv, S, d_v)
+        if not self.per_head:
+            src = x if kv is None else kv
+            k = self._heads(self.k_proj(src), self.d_k)  # (B, n_kv, S, d_k)
+            v = self._heads(self.v_proj(src), self.d_v)  # (B, n_kv, S, d_v)
         if self.k_norm is not None:
             k = self.k_norm(k)
         if self.rotary is not None:
@@ -542,6 +559,20 @@ class MultiHeadAttention(nn.Module):
         elif isinstance(cache, StaticKV):
             cache.k, cache.v = k, v
         return q, k, v
+
+    def _project_per_head(self, x: Tensor, src: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """q, k, v (before qk_norm and rotary) when every head reads its own copy of its input:
+        q_in (B, H, T, C) holds head h's query input at [:, h], k_in and v_in (B, n_kv, S,
+        kv_dim) K/V head j's key and value inputs at [:, j]. Each is a view of ``x`` (``src``)
+        until an edit writes it; then q_h = q_in[:, h] W_Q^h + b_Q^h reads the edited copy of
+        head h alone (and likewise k_j, v_j). Unedited, the numbers are ``_project``'s."""
+        B, T, C = x.shape
+        S, H, G = src.size(1), self.n_heads, self.n_kv_heads
+        xq = self.hook_q_in(x.unsqueeze(1).expand(B, H, T, C))  # (B, H, T, C)
+        xk = self.hook_k_in(src.unsqueeze(1).expand(B, G, S, src.size(-1)))  # (B, n_kv, S, C)
+        xv = self.hook_v_in(src.unsqueeze(1).expand(B, G, S, src.size(-1)))
+        return (per_head_linear(self.q_proj, xq, self.d_k), per_head_linear(self.k_proj, xk, self.d_k),
+                per_head_linear(self.v_proj, xv, self.d_v))  # fmt: skip
 
     def _mask(self, mask: Tensor | None, causal: bool, T: int, S: int, device) -> Tensor | None:
         """The boolean mask the reference path reads: ``mask`` AND causal AND the window."""
@@ -563,6 +594,8 @@ class MultiHeadAttention(nn.Module):
         per-head weights (B, H, T, S) too when ``return_weights``."""
         q, k, v = self._project(x, kv, cache)
         q, k, v = self.hook_q(q), self.hook_k(k), self.hook_v(v)
+        if position_bias is not None:
+            position_bias = self.hook_position_bias(position_bias)  # (B|1, H, T, S)
         T, S, gqa = q.size(2), k.size(2), self.n_kv_heads != self.n_heads
         p = self.dropout if self.training else 0.0
         recording = self.hook_weights.active or self.hook_scores.active
@@ -590,3 +623,29 @@ class MultiHeadAttention(nn.Module):
         B = z.size(0)
         out = self.hook_out(self.out_proj(z.transpose(1, 2).reshape(B, T, -1)))  # (B, T, C)
         return (out, weights) if return_weights else out
+
+
+def per_head_linear(proj: nn.Linear, x: Tensor, d: int) -> Tensor:
+    """x (B, n, L, C), one input per head -> (B, n, L, d): head h's input through its own
+    rows of ``proj`` (rows h*d .. h*d + d - 1: W^h (d, C)), y_h = x_h W^h^T + b^h."""
+    W = proj.weight.view(-1, d, proj.in_features)  # (n, d, C)
+    y = torch.einsum("bnlc,ndc->bnld", x, W)  # (B, n, L, d)
+    return y if proj.bias is None else y + proj.bias.view(-1, 1, d)
+
+
+@contextmanager
+def per_head_inputs(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block, every MultiHeadAttention of ``model`` gives each head its own copy of
+    its query, key and value inputs (``q_in``, ``k_in``, ``v_in``: see
+    ``MultiHeadAttention._project_per_head``), so that an edit there reaches one head's one
+    input alone. The outputs are the usual ones to float rounding while nothing edits them.
+    Whole forward passes only (no KV cache). What was set before is restored after."""
+    mods = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    before = [m.per_head for m in mods]
+    try:
+        for m in mods:
+            m.per_head = True
+        yield model
+    finally:
+        for m, b in zip(mods, before):
+            m.per_head = b

@@ -37,10 +37,17 @@ def gelu_new(x: Tensor) -> Tensor:
     return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
 
 
+def relu2(x: Tensor) -> Tensor:
+    """ReLU squared, max(0, x)^2 (So et al. 2021, Primer; the GPU speedrun's feed-forward): as
+    cheap as ReLU, smooth at 0 on the side that passes, and sparse like it."""
+    return F.relu(x).square()
+
+
 ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
     "relu": F.relu,
+    "relu2": relu2,
     "silu": F.silu,  # x sigmoid(x): SwiGLU's gate (Llama, Qwen, Mistral)
     "gelu_new": gelu_new,
 }
@@ -242,8 +249,9 @@ class Block(nn.Module):
     scale, softcap, window, ...; a rotary module goes in ``rotary``, self-attention only).
 
     Recorded: resid_pre, each pre-norm step's normed input (ln1, ln_cross, ln2), attn.*,
-    resid_mid (after attention), cross.* and resid_cross when cross-attending, mlp.hidden and
-    mlp_out (with an FFN), {sublayer}_post (an output norm's result, what is added), {sublayer}_sum
+    resid_mid (after attention), cross.* and resid_cross when cross-attending, mlp_in (what
+    the FFN reads, after any norm: its own input, which an edit changes for it alone),
+    mlp.hidden and mlp_out (with an FFN), {sublayer}_post (an output norm's result, what is added), {sublayer}_sum
     (post-norm: the sum before its norm), resid_post (the block's output).
     """
 
@@ -309,7 +317,7 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         names = ["resid_pre", *(s.norm for s in self.residual if s.norm)]
         names += [s.point for s in self.residual if s.point] + ["resid_post"]
-        names += ["mlp_out"] if mlp else []
+        names += ["mlp_in", "mlp_out"] if mlp else []
         names += [f"{s.sublayer}_post" for s in self.residual if s.post]
         names += [f"{s.sublayer}_sum" for s in self.residual if s.after]
         for n in dict.fromkeys(names):
@@ -341,7 +349,7 @@ class Block(nn.Module):
                 h, mask=mask, causal=self.causal, cache=cache, position_bias=position_bias
             ),
             "cross": lambda h: self.cross(h, kv=memory, mask=memory_mask, cache=cross_cache),
-            "mlp": lambda h: self.hook_mlp_out(self.mlp(h)),
+            "mlp": lambda h: self.hook_mlp_out(self.mlp(self.hook_mlp_in(h))),
         }
         x = x0 = self.hook_resid_pre(x)  # (B, T, C)
         for s in self.residual:

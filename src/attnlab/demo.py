@@ -21,9 +21,9 @@ SENTENCE = "I like to eat apples"
 
 def train() -> None:
     from attnlab.cli import main as cli
-    from attnlab.training.rundir import read_trainer_state
+    from attnlab.rundir import read_trainer_state
 
-    state = read_trainer_state(RUN) if (RUN / "trainer_state.json").is_file() else None
+    state = read_trainer_state(RUN)  # None until it has a checkpoint
     if state is not None and state["step"] >= MAX_ITERS:
         print(f"[demo] {RUN} is already trained ({state['step']} steps); delete it to train again")
         return
@@ -92,7 +92,7 @@ def look_inside(model, tokenizer) -> None:
 
 
 def real_model() -> None:
-    from attnlab.checkpoint import RunError
+    from attnlab.rundir import RunError
 
     try:
         from attnlab.interop.minilm import (
@@ -161,6 +161,7 @@ def serve_hint(run: Path) -> str:
 def main() -> None:
     from attnlab import load_run
     from attnlab.generation import SamplingConfig, generate
+    from attnlab.rundir import CURVE_FILE, METRICS_FILE
 
     train()
     model, tokenizer = load_run(RUN)
@@ -170,7 +171,7 @@ def main() -> None:
     generate(model, tokenizer, PROMPT, SamplingConfig(400, 0.8, top_k=40, seed=0), stream=stream)
     print("\n")
     print(f"[demo] run directory : {RUN}/ (config.json, model.safetensors, tokenizer.json, best/)")
-    print(f"[demo] loss curve    : {RUN / 'loss.png'}   metrics: {RUN / 'metrics.jsonl'}")
+    print(f"[demo] loss curve    : {RUN / CURVE_FILE}   metrics: {RUN / METRICS_FILE}")
     for line in hints(RUN):
         print(line)
     look_inside(model, tokenizer)

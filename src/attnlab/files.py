@@ -5,7 +5,7 @@
     with FileLock(run_dir):           one writer at a time (an flock that dies with its process)
 
 Nothing here knows who writes what: the lock a writer holds is an object it holds and passes
-to whoever writes under it (``attnlab.training.rundir.RunDir`` holds a run directory's; the
+to whoever writes under it (``attnlab.rundir.RunDir`` holds a run directory's; the
 token-shard cache holds its own), never a module global that every write consults.
 
 ``RunError`` (a run directory that is missing, incomplete, corrupt, inconsistent, or being

@@ -18,9 +18,11 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
     submodule's ``training`` flag is what it was before (a part frozen in eval mode stays so).
     Yields the model. Autograd is the caller's choice: add ``torch.no_grad()`` where wanted."""
     flags = [(m, m.training) for m in model.modules()]
-    model.eval()
+    if any(was for _, was in flags):  # a model already in eval mode (served, sampled) is left be
+        model.eval()
     try:
         yield model
     finally:
         for m, was in flags:
-            m.training = was
+            if m.training != was:  # setting a module's flag costs; most are what they were
+                m.training = was

@@ -53,7 +53,7 @@ class SinusoidalPositions(nn.Module):
 
     def reset_buffers(self) -> None:
         """Compute the table (P, C) on the default device. The table is not in a checkpoint:
-        ``attnlab.checkpoint`` calls this once a model built on the meta device has its weights."""
+        ``attnlab.rundir`` calls this once a model built on the meta device has its weights."""
         self.table = sinusoidal_table(self.n_positions, self.d_model)
 
     def forward(self, T: int, offset: int = 0) -> Tensor:

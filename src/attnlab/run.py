@@ -21,11 +21,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from attnlab import checkpoint as ckpt
+from attnlab import rundir
 from attnlab.data import DataError
-from attnlab.models.declare import InputError
+from attnlab.models.declare import InputError, max_positions
 from attnlab.modes import evaluating
 from attnlab.tasks.base import EvalOptions, PredictOptions, Task, open_task, predict_options
+
+RECORDED_PREDICT_TOKENS = 512  # predict reads a recorded pass up to this many tokens (Run.predict)
 
 
 class Run:
@@ -59,7 +61,7 @@ class Run:
     @property
     def imported(self) -> str | None:
         """The Hugging Face directory the weights came from, if they were imported."""
-        return _imported(self.config)
+        return rundir.imported_from(self.config)
 
     @property
     def no_data_of_its_own(self) -> str | None:
@@ -86,8 +88,8 @@ class Run:
         if self._task is None:
             try:
                 self._task = open_task(self.path, cfg=self.config, tokenizer=self.tokenizer)
-            except ckpt.RunError as e:
-                raise ckpt.RunError(f"{self.path}: {e}") from None
+            except rundir.RunError as e:
+                raise rundir.RunError(f"{self.path}: {e}") from None
         return self._task
 
     def __repr__(self) -> str:
@@ -107,19 +109,63 @@ class Run:
 
     # -- what it does --------------------------------------------------------------------------
 
-    def predict(self, inputs: str | list[str], options: PredictOptions | None = None, **given):
+    def predict(self, inputs: str | list[str], options: PredictOptions | None = None, *,
+                rec=None, **given):  # fmt: skip
         """The model's prediction for one input (a dict) or several (a list): the next tokens
         of a GPT, the fillers of each [MASK], the classes of a text or image (a file or
-        ``test:N``), the translation of an encoder-decoder (greedy, or ``beam=N``)."""
+        ``test:N``), the translation of an encoder-decoder (greedy, or ``beam=N``).
+
+        Each input the model reads whole, of at most ``RECORDED_PREDICT_TOKENS`` tokens, is
+        predicted from one recorded forward pass (``record``; ``rec``: a recording of the one
+        input already made, used where that applies): the pass every look-inside tool reads,
+        so the workbench's panels share it and show these numbers to the bit. A longer input
+        (a GPT's prompt past its block: the last block), a beam search, or an input the task
+        reads otherwise runs the task's own pass (the same prediction, to float rounding)."""
         options = predict_options(options, given)
         task = self.task
         if options.beam != 1 and task.name != "seq2seq":
-            raise ckpt.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
+            raise rundir.RunError(f"beam search is for encoder-decoder runs; this is a {self.kind}")
         single = isinstance(inputs, str)
-        if any(x == "" for x in ([inputs] if single else inputs)):  # as trace and attention say
+        items = [inputs] if single else list(inputs)
+        if any(x == "" for x in items):  # as trace and attention say
             raise InputError("the text has no tokens")
-        preds = task.predict(self.model, [inputs] if single else list(inputs), options)
+        if rec is not None and not (single and rec.text == inputs):
+            raise InputError("rec must be a recording of the one input predicted")
+        preds = [self._predict_recorded(x, options, rec) for x in items]
+        if any(p is None for p in preds):
+            rest = iter(task.predict(self.model, [x for x, p in zip(items, preds) if p is None],
+                                     options))  # fmt: skip
+            preds = [p if p is not None else next(rest) for p in preds]
         return preds[0] if single else preds
+
+    def _predict_recorded(self, text: str, options: PredictOptions, rec=None) -> dict | None:
+        """``predict``'s answer for ``text`` read off a recording of it (``rec``, else one made
+        here) where ``recorded_predict`` says so; None: the task's own pass answers."""
+        if not self.recorded_predict(text):
+            return None
+        if rec is None:
+            from attnlab.inspect.recording import InspectError
+
+            try:
+                rec = self.record(text)
+            except (InspectError, InputError):  # the task's own pass says why, in its words
+                return None
+        with torch.no_grad():
+            return self.task.predict_recorded(self.model, rec, options)
+
+    def recorded_predict(self, text: str) -> bool:
+        """Whether ``predict`` reads ``text`` off a recorded forward pass: the model reads it
+        whole, in at most ``RECORDED_PREDICT_TOKENS`` tokens (a recording holds every head's
+        tokens x tokens weights; past that, the task's own pass keeps memory flat)."""
+        if self.model.reads == "image":
+            return True  # a ViT's patches: a fixed, small number
+        try:
+            n = len(self.tokenizer.encode_source(text) if self.model.reads == "source"
+                    else self.tokenizer.encode(text))  # fmt: skip
+        except (ValueError, AttributeError):  # a character it cannot read: predict says so
+            return False
+        limit = max_positions(self.model)
+        return 0 < n <= RECORDED_PREDICT_TOKENS and (limit is None or n <= limit)
 
     def prediction_lines(self, pred: dict) -> list[str]:
         """A prediction as terminal lines, in the words of the run's task."""
@@ -145,7 +191,7 @@ class Run:
         _ = self.task  # an encoder with no head is refused before any data is read
         where = self.no_data_of_its_own
         if where is not None:
-            raise ckpt.RunError(f"{self.path} {where}, so it has no held-out split: give "
+            raise rundir.RunError(f"{self.path} {where}, so it has no held-out split: give "
                                 "--data FILE (Python: evaluate(data=...))")  # fmt: skip
         try:
             return open_task(self.path, True, self.config, self.tokenizer)
@@ -172,7 +218,7 @@ class Run:
         from attnlab.generation import generate as sample
 
         if not self.model.decodes:
-            raise ckpt.RunError(
+            raise rundir.RunError(
                 f"{self.path}: generate samples text from a GPT (or an encoder-decoder); this "
                 f"run is a {self.kind} ({self.describe()}): use predict"
             )
@@ -278,6 +324,74 @@ class Run:
         return self._about(patch(self.subject, clean, corrupt, target, foil=foil, by=by,
                                  position=position, reverse=reverse, positions=positions))  # fmt: skip
 
+    def circuit(self, *, pairs: str | None = None, clean: str | None = None,
+                corrupt: str | None = None, target: str | None = None, foil: str | None = None,
+                induction: int | None = None, half: int = 12, metric: str | None = None,
+                method: str = "eap-ig", steps: int = 5, ablation: str = "corrupt",
+                k: int | None = None, fraction: float | None = None, reach: float = 0.9,
+                random_sets: int = 20, resamples: int = 1000, seed: int = 0,
+                acdc: float | None = None, positions: bool = False,
+                position: int | None = None):  # fmt: skip
+        """As ``attnlab circuit RUN``: every edge of the residual graph scored on clean/corrupt
+        pairs (a TSV file ``pairs``, one pair ``clean``/``corrupt``/``target``[/``foil``], or
+        ``induction`` random r r vs r' r pairs of ``half`` tokens) by ``method`` (eap, eap-ig
+        with ``steps``, exact), the top-k circuit and its faithfulness curve beside random sets
+        with bootstrap CIs, and with ``acdc`` ACDC's greedy pruning at that tau. The result's
+        ``to_dict()`` is what ``--json`` prints (plain JSON-able data)."""
+        from attnlab.interventions import InterventionError
+        from attnlab.interventions.circuits import find_circuit
+        from attnlab.interventions.pairs import induction_pairs, one_pair, read_pairs
+
+        given = sum(x is not None for x in (pairs, clean, induction))
+        if given != 1 or (clean is not None) != (corrupt is not None):
+            raise InterventionError("give the pairs one way: --pairs FILE, --clean A --corrupt B "
+                                    "--target T [--foil F], or --induction N")  # fmt: skip
+        if pairs is not None:
+            prompts = read_pairs(pairs)
+        elif clean is not None:
+            if target is None:
+                raise InterventionError("--clean/--corrupt need --target (the token the clean "
+                                        "input gives)")  # fmt: skip
+            prompts = one_pair(clean, corrupt, target, foil)
+        else:
+            prompts = induction_pairs(self.subject, induction, half, seed)
+        return self._about(find_circuit(
+            self.subject, prompts, method=method, steps=steps, metric=metric, ablation=ablation,
+            positions=positions, k=k, fraction=fraction, target=reach,
+            random_sets=random_sets, resamples=resamples, seed=seed, acdc=acdc,
+            position=position))  # fmt: skip
+
+    def path_patch(self, clean: str, corrupt: str, target: str, sender: str,
+                   receivers: list[str], *, foil: str | None = None,
+                   position: int | None = None) -> dict:  # fmt: skip
+        """A sender's effect along chosen paths only (``interventions.edges.path_patch``):
+        ``sender`` a writer's name (``blocks.0.attn.head1``, ``embed``), ``receivers`` readers'
+        names (``blocks.1.attn.head0.k``, ``readout``). Plain data: the metric clean, corrupt
+        and path-patched per pair, and the share of the change the path carries."""
+        from attnlab.interventions import InterventionError
+        from attnlab.interventions.edges import Circuits, path_patch
+        from attnlab.interventions.pairs import one_pair, prepare_pairs
+
+        metric = "logit-diff" if foil is not None else "logprob"
+        (batch,) = prepare_pairs(self.subject, one_pair(clean, corrupt, target, foil), metric,
+                                 position)  # fmt: skip
+        circ = Circuits(self.subject)
+        try:
+            out = path_patch(circ, batch, sender, receivers, metric)
+        except KeyError as e:
+            raise InterventionError(str(e).strip("'\"")) from None
+        return {"metric": metric, **{k: (v.tolist() if hasattr(v, "tolist") else v)
+                                     for k, v in out.items()}}  # fmt: skip
+
+    def why(self, text: str, head: str, query: int, key: int) -> dict:
+        """Why head ``head`` (``blocks.1.attn.head0``) attends from position ``query`` to
+        ``key`` on ``text``: its score split into (query-side writer, key-side writer) parts
+        that sum to the model's score (``interventions.why.split_score``), as plain data."""
+        from attnlab.interventions.why import split_score
+
+        p = self.subject.prepare(text)
+        return split_score(self.subject, p.args, head, query, key).to_dict()
+
     def lens(self, text: str, *, tuned: bool = False):
         """As ``attnlab lens RUN TEXT``: the logit lens (``tuned``: the run's tuned lens)."""
         from attnlab.interventions import TunedLens, logit_lens
@@ -374,17 +488,10 @@ class Run:
         return Subject(self.model, self.tokenizer, self.config.get("labels"))
 
 
-def _imported(config: dict) -> str | None:
-    source = config.get("source")
-    if isinstance(source, dict) and source.get("format") == "huggingface":
-        return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
-    return None
-
-
 def about(model: nn.Module, config: dict) -> dict:
     """{"kind", "model_type", "description"} of a model and its run's config.json: what every
     ``--json`` output starts with."""
-    imported = _imported(config)
+    imported = rundir.imported_from(config)
     text = model.describe() + (f" (imported from {imported})" if imported else "")
     return {"kind": model.kind, "model_type": config.get("model_type", ""), "description": text}
 
@@ -392,7 +499,7 @@ def about(model: nn.Module, config: dict) -> dict:
 def about_run(path: str | Path) -> dict:
     """``about`` of the run at ``path`` without reading its weights (the model is built on the
     meta device): for verbs that read a run's files but run no model (timeline, train)."""
-    checked = ckpt.check_run(path)
+    checked = rundir.check_run(path)
     return about(checked.model, checked.config)
 
 
@@ -400,6 +507,6 @@ def load_run(path: str | Path, device: str | torch.device = "cpu") -> Run:
     """The run directory at ``path`` (trained or imported, any kind), loaded on ``device``:
     the one door to a run (config.json is read once, then checked against the weights and
     the tokenizer before any weight is read)."""
-    config = ckpt.read_run_config(path)
-    model, tokenizer = ckpt.open_model(path, device=device, cfg=config)
+    config = rundir.read_run_config(path)
+    model, tokenizer = rundir.open_model(path, device=device, cfg=config)
     return Run(path, model, tokenizer, config)

@@ -5,6 +5,7 @@ up, evaluated and decayed in proportion (a 40-step run is not all warmup):
     warmup_iters    = min(100, max_iters // 10)
     eval_interval   = min(250, max(1, max_iters // 8))      (about 8 evaluations per run)
     lr_decay_iters  = max_iters
+    cooldown_iters  = max_iters // 3                         (schedule wsd's straight line down)
 They are fixed when the config is made, so ``--resume`` with more ``--max-iters`` keeps the
 schedule the run started with. A task that takes snapshots by default (induction) sets
 ``snapshot_every = default_snapshot_interval(max_iters)``: about 40 per run.
@@ -19,12 +20,17 @@ import dataclasses
 
 from attnlab.config import BaseConfig, ConfigError
 
-SCHEDULES = ("cosine", "noam", "constant")
+SCHEDULES = ("cosine", "noam", "constant", "wsd")
+OPTIMIZERS = ("adamw", "muon")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def default_warmup(max_iters: int) -> int:
     return max(0, min(100, max_iters // 10))
+
+
+def default_cooldown(max_iters: int) -> int:
+    return max_iters // 3
 
 
 def default_eval_interval(max_iters: int) -> int:
@@ -46,15 +52,23 @@ class TrainConfig(BaseConfig):
     grad_accum: int = 1  # micro-steps per optimizer update
     lr: float = 1e-3  # peak learning rate
     min_lr: float = 1e-4  # cosine: the floor it decays to
-    schedule: str = "cosine"  # cosine | noam | constant (see attnlab.training.optim.lr_at)
+    schedule: str = "cosine"  # cosine | noam | constant | wsd (see attnlab.training.optim.lr_at)
     warmup_iters: int | None = None  # None: min(100, max_iters // 10)
     lr_decay_iters: int | None = None  # None: max_iters
+    cooldown_iters: int | None = None  # wsd: the linear cool-down's steps; None: max_iters // 3
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
+    # adamw, or muon: Muon for the blocks' matrices, AdamW for the rest (training.optim)
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02  # muon: Muon's peak learning rate (lr is the scalars')
+    muon_momentum: float = 0.95
+    embed_lr: float | None = None  # muon: AdamW's peak for the embeddings; None: lr
+    head_lr: float | None = None  # muon: AdamW's peak for the output head; None: lr
     grad_clip: float = 1.0  # 0 = no clipping
     eval_interval: int | None = None  # None: min(250, max(1, max_iters // 8))
     eval_iters: int = 20  # batches of a task's validation set that are sampled, where it samples
+    eval_batch_size: int | None = None  # the rows of those batches; None: batch_size
     log_interval: int = 10
     checkpoint_seconds: float = 30.0  # also checkpoint when this long has passed (0: evals only)
     seed: int = 1337
@@ -73,6 +87,8 @@ class TrainConfig(BaseConfig):
             self.eval_interval = default_eval_interval(n)
         if self.lr_decay_iters is None:
             self.lr_decay_iters = max(n, 1)
+        if self.cooldown_iters is None:
+            self.cooldown_iters = default_cooldown(n)
         super().__post_init__()
 
     def validate(self) -> None:
@@ -83,6 +99,12 @@ class TrainConfig(BaseConfig):
         if self.warmup_iters < 0:
             raise ConfigError(f"warmup_iters must be >= 0, got {self.warmup_iters}")
         self._one_of("schedule", SCHEDULES)
+        self._one_of("optimizer", OPTIMIZERS)
+        self._positive("muon_lr")
+        self._positive_or_none("embed_lr", "head_lr", "eval_batch_size")
+        if self.cooldown_iters < 0:
+            raise ConfigError(f"cooldown_iters must be >= 0, got {self.cooldown_iters}")
+        self._fraction("muon_momentum")
         if self.schedule == "noam" and self.warmup_iters < 1:
             raise ConfigError("schedule noam needs warmup_iters >= 1")
         for name in ("weight_decay", "grad_clip", "checkpoint_seconds", "snapshot_every"):
@@ -92,6 +114,11 @@ class TrainConfig(BaseConfig):
             raise ConfigError(
                 f"weight_decay x lr must be below 1 (AdamW multiplies every weight by "
                 f"1 - lr x weight_decay each step), got {self.weight_decay} x {self.lr}"
+            )
+        if self.optimizer == "muon" and self.muon_lr * self.weight_decay >= 1:
+            raise ConfigError(
+                f"weight_decay x muon_lr must be below 1 (Muon multiplies every matrix by "
+                f"1 - muon_lr x weight_decay each step), got {self.weight_decay} x {self.muon_lr}"
             )
         self._fraction("beta1", "beta2")
         if self.compile not in (None, True, False):

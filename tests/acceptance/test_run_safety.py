@@ -33,14 +33,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from attnlab import checkpoint as ckpt
-from attnlab.checkpoint import RunError, read_header, save_model
+from attnlab import rundir
 from attnlab.data.images import ImageTokenizer
 from attnlab.files import FileLock, atomic_write_text
 from attnlab.run import load_run
+from attnlab.rundir import RunDir, RunError, save_model
+from attnlab.safetensors_io import load_tensors, read_header
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from attnlab.training import run as training
-from attnlab.training.rundir import RunDir
 from cli_helpers import SRC, run_cli
 from fault_cli import command
 from forked_cli import watch
@@ -160,7 +160,7 @@ def test_every_model_type_has_variants_and_tokenizer_rules():
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_saved_and_loaded_models_are_bit_identical(tmp_path, variant):
     model_type, config = VARIANTS[variant]
-    cls = ckpt.model_class(model_type)
+    cls = rundir.model_class(model_type)
     torch.manual_seed(3)
     model = cls(cls.config_class(**config)).eval()
     save_model(tmp_path, model, tokenizer_for(model))
@@ -184,7 +184,7 @@ def test_a_loaded_model_trains_without_touching_its_file(tmp_path):
     """The weights are mapped copy-on-write: updating them in place (an optimizer step) never
     writes to model.safetensors, and the run still loads as it was."""
     model_type, config = VARIANTS["gpt untied rotary"]
-    cls = ckpt.model_class(model_type)
+    cls = rundir.model_class(model_type)
     model = cls(cls.config_class(**config))
     save_model(tmp_path, model, tokenizer_for(model))
     digest = hashlib.sha256((tmp_path / "model.safetensors").read_bytes()).hexdigest()
@@ -217,7 +217,7 @@ def test_load_tensors_matches_safetensors_for_every_dtype_and_shape(tmp_path):
         assert header.metadata == {"step": str(trial)}
         reference = load_file(str(path))
         for mmap in (False, True):
-            got = ckpt.load_tensors(path, mmap=mmap)
+            got = load_tensors(path, mmap=mmap)
             assert set(got) == set(reference) == set(header.tensors)
             for k, t in reference.items():
                 assert got[k].dtype == t.dtype == header.tensors[k].dtype
@@ -267,7 +267,7 @@ def test_a_lying_header_is_refused_before_any_data_is_read(tmp_path, case):
     assert str(e.value).startswith(f"{path}: not a valid safetensors file (")
     assert needle in str(e.value)
     with pytest.raises(RunError):
-        ckpt.load_tensors(path)
+        load_tensors(path)
 
 
 def test_a_duplicate_tensor_name_is_refused(tmp_path):
@@ -286,7 +286,7 @@ def test_a_duplicate_tensor_name_is_refused(tmp_path):
 
 def saved(tmp_path, variant: str) -> Path:
     model_type, config = VARIANTS[variant]
-    cls = ckpt.model_class(model_type)
+    cls = rundir.model_class(model_type)
     model = cls(cls.config_class(**config))
     save_model(tmp_path / "run", model, tokenizer_for(model))
     return tmp_path / "run"
@@ -856,8 +856,7 @@ def test_every_task_trains_holding_the_lock(tmp_path, task_id, monkeypatch):
 
         return checked
 
-    monkeypatch.setattr(ckpt, "write_tokenizer", checking(ckpt.write_tokenizer))
-    for name in ("save_checkpoint", "save_best", "append_metrics"):
+    for name in ("write_tokenizer", "save_checkpoint", "save_best", "append_metrics"):
         monkeypatch.setattr(RunDir, name, checking(getattr(RunDir, name)))
     more = ("--max-iters", "2", "--eval-interval", "1", "--checkpoint-seconds", "0")
     training.train(training.plan(given(task_id, tmp_path, run, *more)))
@@ -977,6 +976,6 @@ def test_a_file_replaced_after_its_header_was_checked_is_not_read(tmp_path, mmap
     old = read_header(path)
     save_file({"a": torch.ones(3), "b": torch.zeros(5)}, str(path), metadata={"step": "1" * 20})
     assert read_header(path).data_start != old.data_start
-    with pytest.raises(ckpt.FileChangedError, match="replaced while it was being read"):
-        ckpt.load_tensors(path, mmap=mmap, header=old)
-    assert torch.equal(ckpt.load_tensors(path, mmap=mmap)["a"], torch.ones(3))
+    with pytest.raises(rundir.FileChangedError, match="replaced while it was being read"):
+        load_tensors(path, mmap=mmap, header=old)
+    assert torch.equal(load_tensors(path, mmap=mmap)["a"], torch.ones(3))

@@ -16,8 +16,8 @@ import torch
 
 from attnlab.cli import main
 from attnlab.run import load_run
+from attnlab.rundir import read_trainer_state
 from attnlab.training import run as training
-from attnlab.training.rundir import read_trainer_state
 from fault_cli import inject, run_faulty
 from lm_helpers import metrics
 from task_helpers import TASKS, given, train_args, write_task_data
@@ -171,7 +171,7 @@ def test_training_into_an_existing_run_is_refused_and_leaves_it_as_it_was(
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id", IDS)
 def test_metrics_and_the_loss_curve_speak_the_tasks_words(task_id, whole):
-    from attnlab.checkpoint import read_run_config
+    from attnlab.rundir import read_run_config
     from attnlab.tasks import task_for_run
     from attnlab.training.plots import loss_figure
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnlab.checkpoint import save_model
 from attnlab.cli import main
 from attnlab.generation import beam_search
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
+from attnlab.rundir import save_model
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 from lm_helpers import tiny_gpt
 

@@ -11,11 +11,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from attnlab.checkpoint import save_model  # noqa: E402
 from attnlab.cli import main  # noqa: E402
 from attnlab.models.encoder import Encoder  # noqa: E402
 from attnlab.models.gpt import GPT, GPTConfig  # noqa: E402
 from attnlab.run import load_run  # noqa: E402
+from attnlab.rundir import save_model  # noqa: E402
 from attnlab.tokenizers import CharTokenizer  # noqa: E402
 
 TINY = [

@@ -95,7 +95,7 @@ def test_torchrun_trains_a_run_that_rank_0_alone_writes(task_id, tmp_path):
     import sys
 
     from attnlab.run import load_run
-    from attnlab.training.rundir import read_trainer_state
+    from attnlab.rundir import read_trainer_state
     from cli_helpers import SRC
     from task_helpers import train_args
 

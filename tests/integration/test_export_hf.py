@@ -15,11 +15,11 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from attnlab.checkpoint import save_model  # noqa: E402
 from attnlab.interop.hf import HF_WORD_PATTERN, export_hf, hf_tokenizer  # noqa: E402
 from attnlab.models.encoder import Encoder, EncoderConfig  # noqa: E402
 from attnlab.models.gpt import GPT, GPTConfig  # noqa: E402
 from attnlab.run import load_run  # noqa: E402
+from attnlab.rundir import save_model  # noqa: E402
 from attnlab.tokenizers import (  # noqa: E402
     WORD_RE,
     CharTokenizer,

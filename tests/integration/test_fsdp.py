@@ -150,7 +150,7 @@ def test_torchrun_fsdp_writes_an_ordinary_run_that_resumes_exactly(tmp_path):
     """2 FSDP steps, then --resume to 4: the losses of one process training the same global
     batch (twice the per-process batch) for 4 steps; the run loads in a single process."""
     from attnlab.run import load_run
-    from attnlab.training.rundir import read_trainer_state
+    from attnlab.rundir import read_trainer_state
 
     d = write_task_data(tmp_path)
     schedule = ("--eval-interval", "2", "--lr", "3e-3", "--warmup-iters", "0",

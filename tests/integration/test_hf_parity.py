@@ -16,10 +16,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 
-from attnlab.checkpoint import RunError, save_model  # noqa: E402
 from attnlab.interop import bert, gpt2, hf  # noqa: E402
 from attnlab.models.gpt import GPT, GPTConfig  # noqa: E402
 from attnlab.run import load_run  # noqa: E402
+from attnlab.rundir import RunError, save_model  # noqa: E402
 
 TOL = 1e-4
 

@@ -328,7 +328,7 @@ def test_torchrun_fine_tunes_with_every_process_starting_from_the_run(llama, cor
     import subprocess
     import sys
 
-    from attnlab.training.rundir import read_trainer_state
+    from attnlab.rundir import read_trainer_state
     from cli_helpers import SRC
     from lm_helpers import metrics
 
@@ -377,7 +377,7 @@ def test_text_outside_a_char_runs_vocabulary_is_one_line(
 
 def test_a_long_context_run_trains_on_windows_of_at_most_1024_unless_asked(tmp_path):
     """An imported Qwen has 32,768 positions: its fine-tune's windows default to 1024."""
-    from attnlab.checkpoint import save_model
+    from attnlab.rundir import save_model
     from attnlab.tokenizers import CharTokenizer
     from lm_helpers import TEXT as SHAKESPEARE
     from lm_helpers import tiny_gpt

@@ -110,15 +110,15 @@ def test_generate_refuses_what_is_not_a_gpt_and_a_hugging_face_directory(gpt, ca
     code, out, err = run_main(capsys, "generate", hf)
     assert code == 2 and not out
     assert f"attnlab import-hf {hf} --out runs/gpt2" in err and len(err.splitlines()) == 1
-    with pytest.raises(attnlab.checkpoint.RunError, match="import-hf"):
+    with pytest.raises(attnlab.rundir.RunError, match="import-hf"):
         attnlab.load_run(hf)
     code, _, err = run_main(capsys, "generate", gpt, "--temperature", "-1")
     assert code == 2 and "--temperature must be >= 0" in err
 
 
 def test_an_encoder_with_no_head_points_to_embed(tmp_path):
-    from attnlab.checkpoint import RunError, save_model
     from attnlab.models.encoder import Encoder, EncoderConfig
+    from attnlab.rundir import RunError, save_model
     from attnlab.tokenizers import build_tokenizer
 
     tok = build_tokenizer("char", "hello world", encoder=True)

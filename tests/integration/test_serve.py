@@ -321,6 +321,10 @@ def test_a_run_being_trained_is_watched_without_disturbing_it(tmp_path):
         assert train.wait(timeout=60) == 0, train.stderr.read()
         status, d = call(base(srv), "/api/learn?run=runs/induction", token=srv.settings.token)
         assert status == 200 and d["loss"] and d["timeline"]["steps"][-1] == 120
+        from attnlab.inspect.step_explorer import step_data
+
+        assert d["maps"] == json.loads(json.dumps(step_data(out)))  # explore --steps's maps
+        assert d["maps"]["probes"]["repeat"]["frames"][-1]["step"] == 120
         assert len({s for s in seen}) >= 2, seen  # it changed while we watched
     finally:
         if train.poll() is None:

@@ -3,13 +3,12 @@ panel shows the numbers the CLI's --json gives for it; click a head in the grid 
 shows the ablated prediction and loss change the CLI gives; bad input is one line in the page
 and the page keeps working. One workbench and one browser for the module, tiny runs.
 
-ATTNLAB_SCREENSHOT=docs/serve.png makes the GPT test save its screenshot there (the README's
-picture); otherwise it goes to the test's temporary directory."""
+The GPT test also takes a screenshot of the page (into its temporary directory); the README's
+picture is of a trained model, taken by tests/integration/test_serve_screenshot.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -221,7 +220,7 @@ def test_every_panel_shows_the_clis_numbers_and_a_click_ablates(page, runs, caps
     check_click_to_ablate(b, capsys, run, text)
     assert not b.errors()
     if name == "gpt":
-        shot = os.environ.get("ATTNLAB_SCREENSHOT") or str(tmp_path / "serve.png")
+        shot = str(tmp_path / "serve.png")
         type_text(b, "I like to eat apples")
         b.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 1150,
                                                       "deviceScaleFactor": 1, "mobile": False})  # fmt: skip

@@ -12,8 +12,8 @@ import torch
 
 from attnlab.cli import main
 from attnlab.inspect.timeline import fastest_change, timeline
+from attnlab.rundir import RunDir
 from attnlab.train_config import default_snapshot_interval
-from attnlab.training.rundir import RunDir
 from attnlab.training.snapshots import PATTERN_BUDGET, Snapshots
 from fault_cli import inject
 from lm_helpers import metrics

@@ -11,14 +11,13 @@ import time
 import pytest
 import torch
 
-from attnlab.checkpoint import RunError
 from attnlab.data import RandomWindows
 from attnlab.run import load_run
+from attnlab.rundir import RunError, read_trainer_state
 from attnlab.tasks.lm import LanguageModel
 from attnlab.tokenizers import CharTokenizer
 from attnlab.training import TrainConfig, Trainer, TrainingError, lr_at
 from attnlab.training.faults import Faults
-from attnlab.training.rundir import read_trainer_state
 from fault_cli import command, run_faulty
 from lm_helpers import TINY_TRAIN, random_tokens, tiny_gpt, train_losses, write_text
 

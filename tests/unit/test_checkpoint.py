@@ -8,9 +8,10 @@ import pickle
 import pytest
 import torch
 
-from attnlab.checkpoint import RunError, save_model, save_tensors
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.run import load_run
+from attnlab.rundir import RunError, save_model
+from attnlab.safetensors_io import save_tensors
 from attnlab.tokenizers import CharTokenizer
 
 
@@ -159,7 +160,7 @@ TINY_CONFIGS = {
 
 
 def _model_type_or_skip(model_type: str):
-    from attnlab.checkpoint import model_class
+    from attnlab.rundir import model_class
 
     cls = model_class(model_type)
     assert model_type in TINY_CONFIGS, f"add a tiny {model_type} config to TINY_CONFIGS"
@@ -171,7 +172,7 @@ def test_loading_checks_every_tensor_name_shape_and_dtype(tmp_path, model_type):
     """Drop, reshape, retype or add any one tensor: load_model names it and refuses."""
     from safetensors.torch import load_file, save_file
 
-    from attnlab.checkpoint import load_model
+    from attnlab.rundir import load_model
 
     cls = _model_type_or_skip(model_type)
     torch.manual_seed(0)

@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from attnlab.checkpoint import save_model
 from attnlab.config import ConfigError
 from attnlab.data.batches import pad_batch
 from attnlab.embeddings import sentence_embeddings
 from attnlab.models.encoder import IGNORE_INDEX, Encoder, EncoderConfig, mask_tokens
 from attnlab.run import load_run
+from attnlab.rundir import save_model
 from attnlab.tokenizers import build_tokenizer
 from attnlab.training import TrainConfig, lr_at
 

@@ -260,6 +260,7 @@ FIELDS = {
     "embed_scale": st.booleans(),
     "layout": st.sampled_from([None, "pre", "post", "parallel", "four-norm"]),
     "attention": st.sampled_from(["softmax", "softmax1", "sigmoid"]),
+    "zero_init": st.booleans(),
 }  # fmt: skip
 
 

@@ -7,11 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from attnlab.checkpoint import save_model
 from attnlab.checks import find_future_leak, find_future_leak_grad
 from attnlab.config import ConfigError
 from attnlab.models.gpt import PRESETS, GPTConfig
 from attnlab.run import load_run
+from attnlab.rundir import save_model
 from attnlab.tokenizers import CharTokenizer
 from lm_helpers import tiny_gpt
 

@@ -11,10 +11,12 @@ import pytest
 import torch
 
 from attnlab import hooks
+from attnlab.attention import per_head_inputs
 from attnlab.blocks import LAYOUTS, Block, Residual, layout
 from attnlab.decoding import FastForward, decoder_for
 from attnlab.inspect.check import check_residual_graph, random_ids
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.models.graph import Walker
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from conformance_helpers import EXAMPLES, tokenizer_for
 from intervene_helpers import perturb
@@ -204,6 +206,43 @@ def test_every_readers_input_is_the_sum_of_its_upstream_writers(cls, cfg):
                 torch.testing.assert_close(parts[w.name], g.output(cache, w).double(),
                                            atol=1e-5, rtol=1e-5)  # fmt: skip
     assert check_residual_graph(model, inputs(model)).passed
+
+
+@pytest.mark.parametrize("cls,cfg", [p for p in EXAMPLES if p.values[0].residual])
+def test_one_walk_gives_every_readers_terms_in_turn(cls, cfg):
+    """A Walker carried from reader to reader in forward order gives each the terms
+    ``contributions`` computes for it alone, and refuses to walk backwards."""
+    model = example(cls, cfg)
+    g, cache = model.graph(), recorded(model)
+    walkers = {s: Walker(model, s, cache) for s in g.stacks}
+    for r in sorted(g.readers, key=lambda r: (g.stacks.index(r.stack), r.at)):
+        got, want = walkers[r.stack].to(r.at), g.contributions(cache, r)
+        assert got.keys() == want.keys()
+        for name in want:
+            assert torch.equal(got[name], want[name]), (r.name, name)
+    if any(r.at > (0, 0) for r in g.readers):
+        with pytest.raises(ValueError, match="forward order"):
+            walkers[g.stacks[-1]].to((0, 0))
+
+
+@pytest.mark.parametrize("cls,cfg", [p for p in EXAMPLES if p.values[0].residual])
+def test_each_readers_site_carries_its_input_through_its_norm(cls, cfg):
+    """With per-head inputs, the hook ``graph.site(reader)`` names holds, at the reader's
+    index, the reader's input after its norm (the readout's: before it, its source)."""
+    model = example(cls, cfg)
+    g = model.graph()
+    run = getattr(model, "conformance_forward", None) or model
+    with torch.no_grad(), per_head_inputs(model), hooks.record(model) as cache:
+        run(inputs(model))
+    for r in g.readers:
+        site = g.site(r)
+        held = cache[site.hook] if site.index is None else cache[site.hook][:, site.index]
+        x = g.input(cache, r)
+        if site.normed and r.norm:
+            with torch.no_grad():
+                x = model.get_submodule(r.norm)(x)
+        torch.testing.assert_close(held, x, atol=1e-6, rtol=1e-6, msg=r.name)
+    assert {g.site(r).normed for r in g.readers} == {True, False}
 
 
 def test_the_graph_check_fails_where_the_model_writes_what_its_graph_does_not_say():

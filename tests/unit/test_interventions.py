@@ -353,7 +353,7 @@ def test_the_last_logit_lens_equals_the_models_logits(gpt):
 
 
 def test_the_tuned_lens_round_trips_and_beats_the_logit_lens_early(gpt, tmp_path):
-    from attnlab.checkpoint import save_model
+    from attnlab.rundir import save_model
 
     run = tmp_path / "run"
     save_model(run, gpt.model, gpt.tokenizer)

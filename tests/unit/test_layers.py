@@ -57,16 +57,16 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.embeddings",
         ],
     ),  # fmt: skip
-    # The one training loop and what it is made of (its run directory object included), the
-    # train verb that plans a run and wires the loop's callbacks (snapshots, with the head
-    # scores they take: training/probes.py).
+    # The one training loop and what it is made of, the train verb that plans a run and wires
+    # the loop's callbacks (snapshots, with the head scores they take: training/probes.py). The
+    # run directory object it writes through lives in rundir/, below.
     ("training", ["attnlab.training", "attnlab.training.*"]),
     # Data, loss, figures, predict and score per task; evaluation.py is the scored figures
     # (Evaluation, Figure) every task's score returns.
     ("tasks", ["attnlab.tasks", "attnlab.tasks.*", "attnlab.evaluation"]),
-    # The run directory: reading and checking config.json, the tokenizer and the weights, and
-    # building the model they describe.
-    ("checkpoint", ["attnlab.checkpoint"]),
+    # The run directory (the one package that knows its files): reading and checking config.json,
+    # the tokenizer and the weights, building the model they describe, and the locked writer.
+    ("rundir", ["attnlab.rundir", "attnlab.rundir.*"]),
     # Decoding any model: greedy, sampling, beam search, and the GPT's windows and KV cache.
     ("generation", ["attnlab.generation", "attnlab.decoding"]),
     # The architectures and their declarations.

@@ -162,9 +162,9 @@ def test_a_callback_finishes_a_run_early_at_an_evaluation(tmp_path):
               "eval_interval": 4, "out": str(tmp_path / "run"), "quiet": True, "threads": 1})  # fmt: skip
     outcome = train(p, callbacks=[StopAtSecondEval()])
     assert outcome.result.step == 4 and outcome.result.interrupted is None
-    from attnlab import checkpoint as ckpt
+    from attnlab import rundir
 
-    cfg = ckpt.read_run_config(tmp_path / "run")
+    cfg = rundir.read_run_config(tmp_path / "run")
     assert "metrics" in cfg and cfg["metrics"]["val_accuracy"] >= 0  # finished, not cut off
     import json
 

@@ -70,8 +70,8 @@ def test_verbs_have_distinct_places_and_modules_named_after_them():
 
 
 def test_a_model_kind_is_one_module(new_module):
-    from attnlab.checkpoint import model_class
     from attnlab.models import declare
+    from attnlab.rundir import model_class
 
     new_module("attnlab.models", "wide_gpt", """
         from attnlab.models.declare import register

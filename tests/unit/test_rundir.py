@@ -7,12 +7,11 @@ import json
 import pytest
 import torch
 
-from attnlab.checkpoint import save_model
 from attnlab.files import RunError
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.run import load_run
+from attnlab.rundir import RunDir, read_metrics, save_model
 from attnlab.tokenizers import CharTokenizer
-from attnlab.training.rundir import RunDir, read_metrics
 
 TOK = CharTokenizer.from_text("abcdefghijk ")
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from attnlab.checkpoint import save_model
 from attnlab.checks import find_future_leak
 from attnlab.config import ConfigError
 from attnlab.generation import BOS, EOS, PAD, beam_search, greedy, pad_ids
@@ -18,6 +17,7 @@ from attnlab.inspect.recording import record as inspect_record
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer, noam_lr
 from attnlab.run import load_run
+from attnlab.rundir import save_model
 from attnlab.tokenizers import CharTokenizer, PairTokenizer
 
 

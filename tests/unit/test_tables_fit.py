@@ -18,9 +18,9 @@ import pytest
 import torch
 from rich.cells import cell_len
 
-from attnlab.checkpoint import save_model
 from attnlab.render.display import console, matrix_table, show_token
 from attnlab.render.tables import FitTable, number
+from attnlab.rundir import save_model
 from intervene_helpers import perturb, rnn_run, seq2seq_run, vit_run
 from look_helpers import make_run
 

@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from attnlab.checkpoint import save_model
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.rundir import save_model
 from attnlab.tokenizers import train_bpe
 from intervene_helpers import bert_mlm_run
 from look_helpers import run_main

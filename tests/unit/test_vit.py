@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnlab.checkpoint import save_model
 from attnlab.config import ConfigError
 from attnlab.data import DataError
 from attnlab.data import images as im
 from attnlab.inspect import check
 from attnlab.models.vit import ViT, ViTConfig, patchify
 from attnlab.run import load_run
+from attnlab.rundir import save_model
 
 
 def tiny(**kw) -> ViT:

@@ -15,7 +15,9 @@ def cmd_explore(args) -> int:
     from attnlab.inspect.explorer import explore
 
     # the page: --html FILE, else explorer.html in the run directory
-    out = output_file(args.html, ".html", "--html") or Path(args.run) / "explorer.html"
+    from attnlab.rundir import EXPLORER_FILE
+
+    out = output_file(args.html, ".html", "--html") or Path(args.run) / EXPLORER_FILE
     if args.steps:  # the run's snapshots on a step slider: no text, no forward pass
         from attnlab.inspect.step_explorer import explore_steps
 

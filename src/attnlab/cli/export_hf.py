@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from attnlab.cli import Verb, register
@@ -13,10 +12,11 @@ from attnlab.cli import Verb, register
 def export_hf(args: argparse.Namespace) -> int:
     from attnlab.heartbeat import Heartbeat
     from attnlab.interop.hf import export_hf as do_export
+    from attnlab.interop.hf_files import read_hf_config
 
     with Heartbeat(f"exporting {args.run}"):
         out = do_export(args.run, args.dir)
-    cfg = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    cfg = read_hf_config(out)  # the Hugging Face directory it wrote
     print(f"exported {args.run} -> {out} ({cfg['architectures'][0]}.from_pretrained and "
           "AutoTokenizer.from_pretrained load it)", file=sys.stderr, flush=True)  # fmt: skip
     print(out)

@@ -20,8 +20,8 @@ from attnlab.cli.limits import check_decoding_memory
 
 def _load_gpt(run: str, device_name: str):
     """A GPT run (an ``attnlab.run.Run``), refused otherwise in one line saying what to use."""
-    from attnlab.checkpoint import RunError
     from attnlab.cli.predict import open_run
+    from attnlab.rundir import RunError
 
     r = open_run(run, device_name)
     if r.model.predicts == "decoder-step":

@@ -44,11 +44,11 @@ def cmd_heads(args) -> int:
 
 def head_scores(args) -> int:
     """``attnlab heads RUN`` without --importance: every head's scores and kind."""
-    from attnlab.checkpoint import read_run_config
     from attnlab.cli.limits import check_forward_memory, config_field
     from attnlab.inspect.heads import heads_of_run
     from attnlab.render.display import console
     from attnlab.run import load_run
+    from attnlab.rundir import read_run_config
     from attnlab.runtime import resolve_device
 
     c = read_run_config(args.run).get("config") or {}  # sized before the model is loaded

@@ -54,7 +54,8 @@ RULES = {
     "tgt_tokenizer": "--tokenizer",
     "attend_eos": "--attend-eos",
 }
-SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm", "ffn", "kv_heads"}
+SIZED = {"n_layer", "n_head", "d_model", "block_size", "dropout", "pos", "norm", "ffn", "kv_heads",
+         "qk_norm", "activation", "tie_weights", "zero_init", "softcap", "bias"}  # fmt: skip
 # Variants of a task whose defaults are listed after its own: (label, given options) by task.
 VARIANTS = {
     "lm": [("lm --arch llama", {"arch": "llama"})],  # its own recipe
@@ -123,7 +124,7 @@ def add(sub) -> None:
         p.add_argument(*names, **kw, help=help.replace("%", "%%"), default=None)
 
     from attnlab.tasks import registered
-    from attnlab.train_config import DTYPES, SCHEDULES
+    from attnlab.train_config import DTYPES, OPTIMIZERS, SCHEDULES
 
     a("--task", choices=list(registered()), help="what to train (classify on images trains a ViT)")
     a("--data",
@@ -160,22 +161,47 @@ def add(sub) -> None:
       help="--task lm: how a head's scores become weights: softmax; softmax1, softmax with an "
       "extra logit fixed at 0; sigmoid, each key on its own, unnormalised (rows of softmax1 and "
       "sigmoid need not sum to 1)")  # fmt: skip
-    a("--qk-norm", action="store_const", const=True,
-      help="--task lm: an RMSNorm on each head's queries and keys (Qwen3, Gemma 3)")  # fmt: skip
+    a("--qk-norm", action=argparse.BooleanOptionalAction,
+      help="--task lm: an RMSNorm on each head's queries and keys (Qwen3, Gemma 3, the "
+      "speedrun)")  # fmt: skip
+    from attnlab.blocks import ACTIVATIONS
+
+    a("--activation", choices=list(ACTIVATIONS),
+      help="--task lm: the feed-forward's activation (relu2: ReLU squared, the speedrun's)")  # fmt: skip
+    a("--tie-weights", action=argparse.BooleanOptionalAction,
+      help="--task lm: the output head is the token embedding (GPT-2); --no-tie-weights: a "
+      "head of its own")  # fmt: skip
+    a("--zero-init", action=argparse.BooleanOptionalAction,
+      help="--task lm: each block's output projections and an untied head start at zero")  # fmt: skip
+    a("--softcap", type=float,
+      help="--task lm: logits -> cap tanh(logits / cap), at most cap in size (0: none)")  # fmt: skip
+    a("--bias", action=argparse.BooleanOptionalAction,
+      help="--task lm: biases in the linear layers and LayerNorms")  # fmt: skip
     # optimisation: TrainConfig (attnlab.train_config)
     a("--max-iters", type=int, help="optimizer steps")
     a("--batch-size", type=int, help="examples per step (per process)")
     a("--grad-accum", type=int, help="micro-batches per step")
     a("--lr", type=float, help="peak learning rate")
     a("--min-lr", type=float, help="cosine schedule: the floor")
-    a("--schedule", choices=list(SCHEDULES), help="learning-rate schedule")
+    a("--schedule", choices=list(SCHEDULES),
+      help="learning-rate schedule (wsd: warmup, constant, then a linear cool-down)")  # fmt: skip
     a("--warmup-iters", type=int, help="linear warmup steps")
-    a("--lr-decay-iters", type=int, help="cosine: the step it reaches --min-lr")
-    a("--weight-decay", type=float, help="AdamW weight decay on matrices")
+    a("--lr-decay-iters", type=int, help="cosine, wsd: the step it reaches --min-lr")
+    a("--cooldown-iters", type=int, help="wsd: the steps of the linear cool-down")
+    a("--optimizer", choices=list(OPTIMIZERS),
+      help="adamw, or muon: Muon for the blocks' matrices, AdamW for the embeddings, the head "
+      "and the scalars (at --lr)")  # fmt: skip
+    a("--muon-lr", type=float, help="--optimizer muon: Muon's peak learning rate")
+    a("--muon-momentum", type=float, help="--optimizer muon: Muon's momentum")
+    a("--embed-lr", type=float, help="--optimizer muon: AdamW's peak rate for the embeddings")
+    a("--head-lr", type=float, help="--optimizer muon: AdamW's peak rate for the output head")
+    a("--weight-decay", type=float, help="weight decay on matrices (AdamW's; Muon's)")
+    a("--beta1", type=float, help="AdamW beta1")
     a("--beta2", type=float, help="AdamW beta2")
     a("--grad-clip", type=float, help="gradient norm clipping, 0 = none")
     a("--eval-interval", type=int, help="steps between evaluations")
     a("--eval-iters", type=int, help="validation batches sampled where a task samples")
+    a("--eval-batch-size", type=int, help="rows of each of those batches (default: --batch-size)")
     a("--log-interval", type=int, help="steps between log lines")
     a("--checkpoint-seconds", type=float,
       help="also checkpoint when this many seconds have passed (0: at evaluations only)")  # fmt: skip

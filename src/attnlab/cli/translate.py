@@ -13,8 +13,8 @@ from attnlab.cli import Verb, register
 
 def _load(run: str, device: str = "cpu"):
     """The encoder-decoder run (an ``attnlab.run.Run``), refused otherwise in one line."""
-    from attnlab.checkpoint import RunError
     from attnlab.cli.predict import open_run
+    from attnlab.rundir import RunError
 
     r = open_run(run, device)
     if r.model.predicts != "decoder-step":

@@ -208,9 +208,9 @@ def minilm_study(ctx: Context, seed: int) -> tuple[dict, str] | None:
     the probe is fitted once on the intact model's mean-pooled states, then kept while heads
     are pruned; its held-out accuracy is the metric, its loss the importance. None when the
     package is not installed."""
-    from attnlab.checkpoint import RunError
     from attnlab.interventions.subjects import Subject
     from attnlab.run import load_run
+    from attnlab.rundir import RunError, has_run_config
 
     try:
         from attnlab.interop.minilm import minilm_dir
@@ -219,7 +219,7 @@ def minilm_study(ctx: Context, seed: int) -> tuple[dict, str] | None:
     except RunError:
         return None
     path = ctx.out / "runs" / "minilm"
-    if not (path / "config.json").is_file():
+    if not has_run_config(path):
         from attnlab.interop.hf import import_hf
 
         import_hf(source, path)

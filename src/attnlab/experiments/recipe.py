@@ -38,7 +38,7 @@ class Context:
         (an ``attnlab.run.Run``). A finished run already there with the same options is reused,
         so a second call of the experiment only measures again. ``callbacks`` watch the
         training (the Trainer's; a reused run is not trained, so they see nothing)."""
-        from attnlab import checkpoint as ckpt
+        from attnlab import rundir
         from attnlab.run import load_run
         from attnlab.training.run import plan, train
 
@@ -47,8 +47,8 @@ class Context:
             given = {**given, "data": str(example_file(given["data"]))}
         p = plan({**given, "out": str(path), "quiet": True, "device": self.device,
                   "threads": self.threads})  # fmt: skip
-        if (path / "config.json").is_file():
-            cfg = ckpt.read_run_config(path)
+        if rundir.has_run_config(path):
+            cfg = rundir.read_run_config(path)
             same = cfg.get("task_options") == p.options.to_dict() and (
                 (cfg.get("train_config") or {}).get("seed") == p.config.seed)  # fmt: skip
             if "metrics" in cfg and same:

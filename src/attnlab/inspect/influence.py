@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -321,9 +322,16 @@ def context_moved(model, rec: Recording, prefix: str) -> torch.Tensor:
     return _norm(ctx) / _norm(stream).clamp_min(1e-12)
 
 
-@torch.no_grad()
 def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influence:
-    """Per token and block: relative change, cosine, sublayer shares and top source tokens."""
+    """Per token and block: relative change, cosine, sublayer shares and top source tokens.
+    Computed once per recording (``Recording.once``): the explorer's bars and the influence
+    verb read the same result."""
+    return rec.once(("influence", id(model), n_sources, top),
+                    lambda: _influence(model, rec, n_sources, top))  # fmt: skip
+
+
+@torch.no_grad()
+def _influence(model, rec: Recording, n_sources: int, top: int) -> Influence:
     prefixes = rec.blocks()
     if not prefixes:
         raise no_layers(rec, "influence")
@@ -357,31 +365,21 @@ def influence(model, rec: Recording, n_sources: int = 3, top: int = 20) -> Influ
             a_share = f_share = [float("nan")] * len(toks)
             x_share = [None] * len(toks)
         moved = context_moved(model, rec, p).tolist()  # (T,)
-        src = None
+        sources = [[] for _ in toks]
         if p + "attn.weights" in c:
             src = source_contributions(model, rec, p + "attn.weights")  # (T, S)
             _, key_toks = rec.labels(p + "attn.weights")
-        for i, tok in enumerate(toks):
-            sources = []
-            if src is not None:
-                order = np.argsort(-src[i], kind="stable")[:n_sources]
-                sources = [(int(j), key_toks[j], float(src[i, j])) for j in order if src[i, j] > 0]
-            rows.append(
-                InfluenceRow(
-                    label,
-                    b,
-                    i,
-                    tok,
-                    float(rel[i]),
-                    float(cos[i]),
-                    a_share[i],
-                    f_share[i],
-                    x_share[i],
-                    moved[i],
-                    sources,
-                )
-            )
-    rows.sort(key=lambda r: (np.nan_to_num(-r.context, nan=np.inf), r.block, r.position))
+            order = np.argsort(-src, axis=-1, kind="stable")[:, :n_sources]  # (T, n): largest first
+            share = np.take_along_axis(src, order, -1).tolist()
+            sources = [[(j, key_toks[j], v) for j, v in zip(js, vs) if v > 0]
+                       for js, vs in zip(order.tolist(), share)]  # fmt: skip
+        rel, cos = rel.tolist(), cos.tolist()
+        rows += [InfluenceRow(label, b, i, tok, rel[i], cos[i], a_share[i], f_share[i],
+                              x_share[i], moved[i], sources[i])
+                 for i, tok in enumerate(toks)]  # fmt: skip
+    rows.sort(
+        key=lambda r: (math.inf if math.isnan(r.context) else -r.context, r.block, r.position)
+    )  # most moved first, NaN (no context measured) last
     result = Influence(rows, labels, tokens, top)
     result.about = rec.about
     return result

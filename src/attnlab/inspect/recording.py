@@ -128,6 +128,16 @@ class Recording:
     kind: str = ""  # gpt, mlm, text-classifier, encoder, seq2seq-transformer, lstm-attention, ...
     description: str = ""
     text: str = ""  # the input as given (set by ``record``)
+    derived: dict = field(default_factory=dict, repr=False, compare=False)  # see ``once``
+
+    def once(self, key: tuple, compute):
+        """``compute()`` the first time ``key`` is asked of this recording, the same result
+        after: what several tools read of one forward pass (influence, the trace) is computed
+        once however many ask (the workbench's panels; ``explore`` and ``influence``). The
+        key names the tool, the model and every argument that changes the result."""
+        if key not in self.derived:
+            self.derived[key] = compute()
+        return self.derived[key]
 
     @property
     def about(self) -> dict:

@@ -23,18 +23,18 @@ from pathlib import Path
 
 import numpy as np
 
-from attnlab import checkpoint as ckpt
+from attnlab import rundir
 from attnlab.inspect.explorer import Explorer
 from attnlab.inspect.heads import SCORES
 from attnlab.inspect.recording import InspectError
 from attnlab.inspect.timeline import timeline
-from attnlab.training.rundir import RunDir
+from attnlab.rundir import RunDir
 
 
 def _tokens(run_dir: Path, ids: list[int] | None) -> list[str] | None:
     if ids is None:
         return None
-    tok = ckpt.read_tokenizer_files(run_dir)
+    tok = rundir.read_tokenizer_files(run_dir)
     tok = getattr(tok, "target", tok)  # an encoder-decoder's probes are decoder tokens
     if tok is None:
         return [str(i) for i in ids]

@@ -26,12 +26,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnlab import checkpoint as ckpt
+from attnlab import rundir
 from attnlab.files import atomic_write
 from attnlab.inspect.heads import SCORES, head_label
 from attnlab.inspect.recording import InspectError
 from attnlab.render.display import Result
-from attnlab.training.rundir import RunDir, read_metrics
+from attnlab.rundir import RunDir, read_metrics
 
 # the score a head's curve shows in the figure, and the head named in the summary
 FIGURE_SCORES = ("induction", "previous-token", "duplicate-token", "first-token")
@@ -202,7 +202,7 @@ def no_snapshots_advice(run_dir: Path) -> str:
     """What to do about a run without snapshots, that works when followed: read from the
     model's declarations (snapshots score self-attention heads) and its config.json (a run
     trained here can be trained again with them; imported weights have no training)."""
-    checked = ckpt.check_run(run_dir)  # the model on the meta device: its declarations
+    checked = rundir.check_run(run_dir)  # the model on the meta device: its declarations
     model, cfg = checked.model, checked.config
     if not (model.residual and model.head_groups()):
         return (
@@ -251,7 +251,7 @@ def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
     if probe not in ("repeat", "sample"):
         raise InspectError(f"probe must be repeat or sample, got {probe!r}")
     run_dir = Path(run_dir)
-    ckpt.read_run_config(run_dir)  # a run directory at all (a RunError says why not)
+    rundir.read_run_config(run_dir)  # a run directory at all (a RunError says why not)
     snapshots = RunDir(run_dir, writer=False)
     steps = snapshots.snapshot_steps()
     if not steps:

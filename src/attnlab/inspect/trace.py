@@ -200,8 +200,17 @@ def trace(
     top_k: int = 5,
     rec: Recording | None = None,
 ) -> Trace:
-    """Explain one forward pass of ``model`` over ``text`` step by step (see module docstring)."""
-    rec = rec or record(model, tokenizer, text)
+    """Explain one forward pass of ``model`` over ``text`` step by step (see module docstring).
+    Given ``rec`` (a recording of ``text``), the steps are read from it, once per recording
+    and arguments (``Recording.once``: the explorer's prediction and the walkthrough share
+    them)."""
+    if rec is None:
+        return _trace(model, tokenizer, text, layer, head, top_k, record(model, tokenizer, text))
+    key = ("trace", id(model), id(tokenizer), text, layer, head, top_k)
+    return rec.once(key, lambda: _trace(model, tokenizer, text, layer, head, top_k, rec))
+
+
+def _trace(model, tokenizer, text: str, layer, head: int, top_k: int, rec: Recording) -> Trace:
     if rec.memory_stack is not None:
         return _trace_encoder_decoder(model, tokenizer, text, layer, head, top_k, rec)
     info = rec.select(layer=layer, name="attn.weights")

@@ -10,11 +10,11 @@ import torch
 from torch import Tensor
 
 from attnlab.blocks import layout_words
-from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, activation, register
 from attnlab.interop.hf_files import KeyMap, apply_key_map, read_hf_config, read_hf_weights
 from attnlab.models.encoder import Encoder, EncoderConfig
+from attnlab.rundir import RunError
 
 BERT_PREFIXES = ("bert.",)
 

@@ -33,11 +33,11 @@ import torch
 from torch import Tensor
 
 from attnlab.blocks import layout_words
-from attnlab.checkpoint import RunError, build_model, weights_dtype
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, register
 from attnlab.interop.hf_files import KeyMap, apply_key_map, read_hf_config, read_hf_weights
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.rundir import RunError, build_model, weights_dtype
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 GEMMAS = ("gemma", "gemma2", "gemma3_text")
@@ -326,27 +326,34 @@ HF_NAMES = {ours: theirs for theirs, ours in ACTIVATIONS.items() if theirs != "s
 
 
 def is_llama_shaped(c: GPTConfig) -> bool:
-    """A GPT the Llama family can hold: RMSNorm and rotate-half rotary (the rest is checked by
-    ``llama_hf_config``, which names what it cannot write)."""
-    return c.norm == "rms" and c.pos == "rotary" and c.rotary == "half"
+    """A GPT that only the Llama family could hold: RMSNorm (GPT-2 has LayerNorm; the rest is
+    checked by ``llama_hf_config``, which names what the family lacks)."""
+    return c.norm == "rms"
 
 
 def llama_hf_config(c: GPTConfig, tokenizer=None) -> dict:
     """The config.json of the closest Llama-family architecture for a GPTConfig: llama, or
     qwen2 (q/k/v biases without an output bias), or qwen3 (QK-norm); a RunError names what none
     of them has."""
+    steps = [s.sublayer for s in c.residual_steps()]
     problems = [
         what
         for what, bad in (
             (
-                "a gated feed-forward (ffn=gated)",
-                c.ffn != "gated" or [s.sublayer for s in c.residual_steps()] != ["attn", "mlp"],
+                "a feed-forward without a gate (theirs: ffn=gated)",
+                c.ffn != "gated" and steps == ["attn", "mlp"],
             ),
+            ("blocks other than attention then a feed-forward", steps != ["attn", "mlp"]),
             (
-                f"pre-norm blocks (this model's are {layout_words(c.block_layout)})",
+                f"{layout_words(c.block_layout)} blocks (theirs are pre-norm)",
                 c.block_layout != "pre",
             ),
             (f"activation {c.activation!r}", c.activation not in HF_NAMES),
+            ("positions other than rotary", c.pos != "rotary"),
+            (
+                "adjacent-pair rotary (theirs rotates halves, as --arch llama does)",
+                c.pos == "rotary" and c.rotary != "half",
+            ),  # fmt: skip
             ("partial rotary (rot_dim)", c.rot_dim is not None),
             ("sliding windows", c.sliding_window is not None),
             ("softcaps", c.attn_softcap is not None or c.final_softcap is not None),
@@ -366,7 +373,8 @@ def llama_hf_config(c: GPTConfig, tokenizer=None) -> dict:
     if kind != "llama" and c.bias:
         problems.append(f"MLP biases ({kind} has none)")
     if problems:
-        raise RunError("cannot export as a Llama-family model: needs " + "; ".join(problems))
+        raise RunError("cannot export: transformers' models with RMSNorm (the Llama family) "
+                       "lack " + "; ".join(problems))  # fmt: skip
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
     rope = {"rope_type": "default", "rope_theta": c.rope_base}
     if c.rope_scaling:

@@ -14,11 +14,11 @@ import torch
 from torch import Tensor
 
 from attnlab.blocks import layout_words
-from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.interop.hf import Family, activation, export_hf, register
 from attnlab.interop.hf_files import KeyMap, apply_key_map, read_hf_config, read_hf_weights
 from attnlab.models.gpt import GPT, GPTConfig
+from attnlab.rundir import RunError
 from attnlab.tokenizers import Tokenizer
 
 GPT2_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}  # ours -> HF

@@ -22,13 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from attnlab import __version__ as ATTNLAB_VERSION
-from attnlab.checkpoint import (
-    RunError,
-    read_json_object,  # noqa: F401  (vit reads it from here)
-    save_model,
-    save_tensors,
-    with_weights_dtype,
-)
 from attnlab.files import FileLock, atomic_write_json, atomic_write_text
 from attnlab.interop.hf_files import (
     KeyMap,  # noqa: F401  (the families read it from here)
@@ -38,6 +31,14 @@ from attnlab.interop.hf_files import (
     weight_files,
 )
 from attnlab.registry import Registry
+from attnlab.rundir import (
+    RunError,
+    is_run,
+    read_json_object,  # noqa: F401  (vit reads it from here)
+    save_model,
+    with_weights_dtype,
+)
+from attnlab.safetensors_io import save_tensors
 from attnlab.tokenizers import HFTokenizer, Tokenizer, TokenizerError, tokenizer_from_json
 
 # HF activation name -> ours
@@ -270,7 +271,7 @@ def _fresh_output_dir(out_dir: str | Path, verb: str) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise RunError(f"{out_dir}: exists and is not a directory")
-    if _is_attnlab_run(out_dir):
+    if is_run(out_dir):
         raise RunError(
             f"{out_dir}: is an attnlab run directory; {verb} will not overwrite it "
             "(give another directory)"
@@ -360,13 +361,6 @@ def tokenizer_files(tokenizer: Tokenizer, max_length: int) -> dict[str, str]:
         "tokenizer_config.json": json.dumps(config, indent=2, ensure_ascii=False),
         "special_tokens_map.json": json.dumps(special, indent=2, ensure_ascii=False),
     }
-
-
-def _is_attnlab_run(d: Path) -> bool:
-    try:
-        return "attnlab_format" in json.loads((d / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        return False
 
 
 def export_hf(run_dir: str | Path, out_dir: str | Path, only: str | None = None) -> Path:

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab.checkpoint import assign_weights, read_json_object
 from attnlab.files import RunError
+from attnlab.rundir import assign_weights, read_json_object
 from attnlab.safetensors_io import PICKLE_SUFFIXES, load_tensors
 
 KeyMap = list[tuple[str, str, str]]  # (attnlab name, HF name, how)

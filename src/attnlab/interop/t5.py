@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.interop.hf import (
     Family,
@@ -33,6 +32,7 @@ from attnlab.interop.hf import (
     register,
 )
 from attnlab.models.t5 import T5, T5Config
+from attnlab.rundir import RunError
 from attnlab.tokenizers import HFTokenizer, SharedPairTokenizer
 
 # Hugging Face dense_act_fn -> attnlab activation (the gated-gelu of v1.1 is gelu_new)

@@ -22,7 +22,6 @@ from pathlib import Path
 
 from torch import Tensor
 
-from attnlab.checkpoint import RunError
 from attnlab.config import ConfigError
 from attnlab.data.images import ImageTokenizer, Preprocess
 from attnlab.interop.hf import (
@@ -36,6 +35,7 @@ from attnlab.interop.hf import (
     register,
 )
 from attnlab.models.vit import ViT, ViTConfig
+from attnlab.rundir import RunError
 
 PATCH = "embeddings.patch_embeddings.projection.weight"
 

@@ -17,7 +17,6 @@ and saved in the run directory as tuned_lens.safetensors + tuned_lens.json.
 
 from __future__ import annotations
 
-import hashlib
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,8 +28,6 @@ from attnlab.interventions.edits import edited
 from attnlab.interventions.figures import heat, new_figure, save_png
 from attnlab.interventions.subjects import InterventionError, Point, Subject
 from attnlab.render.display import Result, heatmap_html, matrix_table, show_token
-
-LENS_FILE, LENS_META = "tuned_lens.safetensors", "tuned_lens.json"
 
 
 @dataclass
@@ -111,49 +108,35 @@ class TunedLens:
     def save(self, run_dir: str | Path) -> tuple[Path, Path]:
         """Write the probes and their description into ``run_dir`` (each file atomically),
         holding its writer lock: refused while a train writes the run (its weights change)."""
-        from attnlab.files import FileLock, atomic_write_json
-        from attnlab.safetensors_io import save_tensors
+        from attnlab.rundir import write_tuned_lens
 
-        run_dir = Path(run_dir)
         tensors = {f"{n}.weight": w for n, w in self.weight.items()}
         tensors |= {f"{n}.bias": b for n, b in self.bias.items()}
-        with FileLock(run_dir):
-            meta = {**self.meta, "model_sha256": model_digest(run_dir)}
-            save_tensors(run_dir / LENS_FILE, {k: v.float() for k, v in tensors.items()})
-            atomic_write_json(run_dir / LENS_META, meta)
-        return run_dir / LENS_FILE, run_dir / LENS_META
+        return write_tuned_lens(run_dir, tensors, self.meta)
 
     @classmethod
     def load(cls, run_dir: str | Path, subject: Subject) -> TunedLens:
         """The probes saved in ``run_dir``, checked against this model before use."""
-        from attnlab.checkpoint import load_tensors, read_json_object
+        from attnlab import rundir
 
         run_dir = Path(run_dir)
-        if not (run_dir / LENS_META).is_file() or not (run_dir / LENS_FILE).is_file():
+        meta = rundir.read_tuned_lens_meta(run_dir)
+        if meta is None:
             raise InterventionError(f"{run_dir}: no tuned lens; fit one with `attnlab lens "
                                     f"{run_dir} --train-tuned --data FILE`")  # fmt: skip
-        meta = read_json_object(run_dir / LENS_META)
-        if meta.get("model_sha256") != model_digest(run_dir):
+        if meta.get("model_sha256") != rundir.model_digest(run_dir):
             raise InterventionError(f"{run_dir}: the tuned lens was fitted on other weights; fit "
                                     "it again with --train-tuned")  # fmt: skip
-        tensors = load_tensors(run_dir / LENS_FILE)
+        tensors = rundir.read_tuned_lens_probes(run_dir)
         C = _width(subject)
         weight, bias = {}, {}
         for name in meta.get("points", []):
             w, b = tensors.get(f"{name}.weight"), tensors.get(f"{name}.bias")
             if w is None or b is None or tuple(w.shape) != (C, C) or tuple(b.shape) != (C,):
-                raise InterventionError(f"{run_dir / LENS_FILE}: probe {name!r} is missing or "
+                raise InterventionError(f"{run_dir / rundir.LENS_FILE}: probe {name!r} is missing or "
                                         f"not ({C}, {C})")  # fmt: skip
             weight[name], bias[name] = w, b
         return cls(weight, bias, meta)
-
-
-def model_digest(run_dir: Path) -> str:
-    digest = hashlib.sha256()
-    with open(Path(run_dir) / "model.safetensors", "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _width(subject: Subject) -> int:

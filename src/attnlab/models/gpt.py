@@ -62,7 +62,8 @@ class GPTConfig(BaseConfig):
     layer_types: list | None = None  # full | sliding, layer i the (i mod len)-th: a pattern
     #       (Gemma 2: [sliding, full]) or one per layer; None = all sliding when sliding_window
     #       is set (Mistral), else all full
-    qk_norm: bool = False  # an RMSNorm of this model's kind on each head's q and k (Qwen3)
+    qk_norm: bool = False  # an RMSNorm on each head's q and k (Qwen3), of the model's kind
+    #       where its norm is one (rms-gemma: 1 + w), a plain one in a LayerNorm model
     qkv_bias: bool | None = None  # None = bias (Qwen2: q/k/v biases only)
     out_bias: bool | None = None  # None = bias
     attn_scale: float | None = None  # factor on q.k; None = 1/sqrt(head width)
@@ -75,6 +76,10 @@ class GPTConfig(BaseConfig):
     #       None: the one norm_first, parallel and post_norms describe
     attention: str = "softmax"  # how scores become weights: softmax, softmax1 or sigmoid, whose
     #       rows need not sum to 1 (attnlab.attention.WEIGHTINGS)
+    # The GPU speedrun's initialisation: each block's output projections (attention's W_O, the
+    # feed-forward's last matrix) start at zero, and so does an untied head: every block
+    # starts as the identity and the first logits are uniform
+    zero_init: bool = False
 
     def validate(self) -> None:
         self._positive("vocab_size", "block_size", "n_layer", "n_head", "d_model")
@@ -113,8 +118,6 @@ class GPTConfig(BaseConfig):
                 raise ConfigError("sliding layers need a sliding_window")
         if (self.qk_norm or self.norm != "layer") and not self.norm_first:
             raise ConfigError("qk_norm and RMS norms are built pre-norm (norm_first)")
-        if self.qk_norm and self.norm in ("layer", "none"):
-            raise ConfigError("qk_norm is an RMSNorm: choose norm rms or rms-gemma")
         if (self.parallel or self.post_norms) and (not self.norm_first or not self.mlp):
             raise ConfigError("parallel and post_norms blocks are pre-norm with a feed-forward")
         if self.parallel and self.post_norms:
@@ -176,6 +179,23 @@ PRESETS: dict[str, dict] = {
     # hotter and shorter by the LM task's recipe (attnlab.tasks.lm.PRESET_TRAINING): the
     # quickest way found to val 1.88 on tiny Shakespeare
     "fast": dict(n_layer=4, n_head=4, d_model=128, block_size=64, pos="rotary", d_ff=256),
+    # baby's sizes built with the GPU speedrun's pieces (rotary, RMSNorm, QK-norm, ReLU^2, no
+    # biases, an untied head, zero-initialised output projections), trained by its recipe
+    # (attnlab.tasks.lm.PRESET_TRAINING: Muon, the wsd schedule): the quickest way found to
+    # nanoGPT's val loss on a CPU (docs/speedrun.md)
+    "speedrun": dict(
+        n_layer=4,
+        n_head=4,
+        d_model=128,
+        block_size=64,
+        pos="rotary",
+        norm="rms",
+        qk_norm=True,
+        activation="relu2",
+        bias=False,
+        tie_weights=False,
+        zero_init=True,
+    ),  # fmt: skip
     "small": dict(n_layer=6, n_head=6, d_model=384, block_size=256),
     # a word-level toy (--data sentences --tokenizer word): a sentence is a handful of tokens,
     # so its attention is the notes' N x N matrix of words; trained in about a minute on a CPU
@@ -206,7 +226,8 @@ def _decoder_blocks(c: GPTConfig) -> nn.ModuleList:
     for i in range(c.n_layer):
         window = c.window_of(i)
         attn = dict(n_kv_heads=c.n_kv_heads, qkv_bias=c.qkv_bias, out_bias=c.out_bias,
-                    qk_norm=c.norm if c.qk_norm else None, qk_norm_eps=c.ln_eps,
+                    qk_norm=(c.norm if c.norm in ("rms", "rms-gemma") else "rms") if c.qk_norm else None,
+                    qk_norm_eps=c.ln_eps,
                     scale=c.attn_scale, softcap=c.attn_softcap, window=window,
                     weighting=c.attention)  # fmt: skip
         if c.head_dim is not None:
@@ -339,6 +360,10 @@ class GPT(ModelKind, nn.Module):
         for name, p in self.named_parameters():  # GPT-2: scale residual projections by depth
             if name.endswith(("out_proj.weight", "fc2.weight", "mlp.down.weight")):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * c.n_layer))
+                if c.zero_init:  # the speedrun's: each block starts as the identity
+                    nn.init.zeros_(p)
+        if c.zero_init and not c.tie_weights:  # uniform first predictions (a tied head is
+            nn.init.zeros_(self.lm_head.weight)  # the embedding, which must not be zero)
 
     @staticmethod
     def _init_weights(m: nn.Module) -> None:
@@ -442,6 +467,8 @@ class GPT(ModelKind, nn.Module):
                         "none": "no norms"}[c.norm])  # fmt: skip
         if c.ffn == "gated":
             out.append(f"gated feed-forward ({c.activation})")
+        elif c.mlp and c.activation == "relu2":
+            out.append("ReLU^2 feed-forward")
         if c.n_kv_heads and c.n_kv_heads < c.n_head:
             out.append(
                 f"{c.n_kv_heads} K/V heads shared by {c.n_head // c.n_kv_heads} query heads each"

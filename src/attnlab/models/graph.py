@@ -36,7 +36,15 @@ From a recording (``attnlab.hooks.record``) of a forward pass:
                                         the constants (biases of projections and norms)
 ``walk`` is the decomposition these rest on (and direct logit attribution too): it carries
 named parts of a stream through a stack's residual steps and checks their sum against every
-recorded point of the stream.
+recorded point of the stream. ``Walker`` is the same carried step by step, as far as asked:
+the terms at each reader in turn, each step computed once, from a recording that may still be
+filling (a forward pass under way).
+
+Where a reader's own input passes (``graph.site(reader)``): a head's query, key or value input
+is its copy in ``attnlab.attention.per_head_inputs`` (``{path}.q_in``, ``k_in``, ``v_in`` at
+the head's index), after the reader's norm; a feed-forward's is its block's ``mlp_in``, after
+the norm; the readout's is its source, the final stream, which nothing else reads (the model's
+final norm follows). An edit there changes what that reader reads and nothing else.
 """
 
 from __future__ import annotations
@@ -114,6 +122,56 @@ class ResidualGraph:
 
     # -- values, from a recording --------------------------------------------------------------
 
+    def site(self, reader: Node) -> Site:
+        """Where ``reader``'s own input passes in a forward pass (see the module doc)."""
+        if reader.kind in ("q", "k", "v"):
+            return Site(f"{reader.path}.{reader.kind}_in", reader.head, True)
+        if reader.kind == "mlp":
+            return Site(reader.name, None, True)  # the block's mlp_in: the reader's own name
+        return Site(reader.source, None, False)
+
+    def recorded(self) -> list[str]:
+        """The hooks to record for ``output``, ``input``, ``contributions`` and a ``Walker``
+        to read every stream: each stack's input, what each step's writers write (each head's
+        z, the feed-forward's output, the outputs an output norm reads, the sums a norm on the
+        stream reads), and every reader's source. None of them makes attention record its
+        weights (which would move it off the fused path)."""
+        names = []
+        for stack in self.stacks:
+            root = _root(stack)
+            names.append(root + "0.resid_pre")
+            for i, block in enumerate(self.model.stack_blocks(stack)):
+                for step in block.residual:
+                    P = f"{root}{i}."
+                    if step.sublayer == "mlp":
+                        names.append(P + ("mlp_post" if step.post else "mlp_out"))
+                    else:
+                        names.append(f"{P}{step.sublayer}.z")
+                        names += [P + step.output] if step.post else []
+                    names += [f"{P}{step.sublayer}_sum"] if step.after else []
+        names += [r.source for r in self.readers]
+        return list(dict.fromkeys(names))
+
+    def joins(self, writer: Node) -> tuple[str, float]:
+        """Where ``writer``'s output joins its stream: (the hook holding what its step adds
+        before the scale, the scale). A head's is the sum of its step's heads' outputs and the
+        bias (the attention's ``out``, or its output norm's result); the embeddings' is the
+        stream entering block 0 (scale 1). The gradient of anything downstream with respect to
+        that hook, divided by the scale, is its gradient with respect to the writer's output."""
+        if writer.kind == "embed":
+            return _root(writer.stack) + "0.resid_pre", 1.0
+        i, k = writer.at
+        step = self.model.stack_blocks(writer.stack)[i].residual[k]
+        P = f"{_root(writer.stack)}{i}."
+        hook = f"{P}{step.sublayer}_post" if step.post else P + step.output
+        return hook, step.scale
+
+    def additive(self, stack: str) -> bool:
+        """True when nothing but sums lies on ``stack`` after its writers: no norm on the
+        stream (post-norm blocks put one after every step), so a writer's output reaches every
+        reader downstream unchanged and a change in it moves each reader's input alike."""
+        return not any(s.after for b in self.model.stack_blocks(stack) for s in b.residual)
+
     def input(self, cache: dict, reader: Node) -> Tensor:
         """The stream ``reader`` reads (B, T, C), before its norm."""
         return cache[reader.source]
@@ -132,13 +190,18 @@ class ResidualGraph:
         """The terms whose sum is ``reader``'s input, in float64: {writer name: its output as
         it arrives at the reader} for every upstream writer, and {bias name: a constant} for the
         biases on the way. ``select`` picks rows of every (B, T, ...) tensor (default: all)."""
-        stack = reader.stack
-        blocks = self.model.stack_blocks(stack)
-        upto = reader.at if reader.at[0] < len(blocks) else (len(blocks), 0)
-        parts = Parts()
-        parts.add(_root(stack, "embed"), _rows(cache[_root(stack) + "0.resid_pre"], select))
-        walk(self.model, stack, parts, cache, select, upto=upto)
-        return dict(parts.v)
+        return Walker(self.model, reader.stack, cache, select=select).to(reader.at)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a reader's own input passes: hook ``hook`` (at index ``index`` of its dim 1, a
+    head's, where not None), after the reader's norm (``normed``) or before it (the readout,
+    whose norm the model applies after)."""
+
+    hook: str
+    index: int | None
+    normed: bool
 
 
 def _root(stack: str, leaf: str = "") -> str:
@@ -331,16 +394,56 @@ def walk(model, stack: str, parts: Parts, cache: dict, select=None, tol: float |
         for k, step in enumerate(block.residual):
             if upto is not None and (i, k) >= upto:
                 return worst
-            _step_parts(model, stack, i, k, parts, at)
-            if step.post and frozen is not None:
-                frozen.setdefault("post", {})[step.sublayer] = step.post
-            if step.after:
-                norm = getattr(block, step.after)
-                done = parts.freeze_norm(
-                    norm, at(f"{P}{step.sublayer}_sum"), f"{P}{step.after}.bias"
-                )
-                if done and frozen is not None:
-                    frozen.setdefault("after", {})[step.after] = type(norm).__name__
+            _advance(model, stack, i, k, parts, at, frozen)
             check(P + (step.point or "resid_post"))
         check(P + "resid_post")
     return worst
+
+
+def _advance(model, stack: str, i: int, k: int, parts: Parts, at: Callable,
+             frozen: dict | None = None) -> None:  # fmt: skip
+    """Carry ``parts`` over residual step ``k`` of block ``i``: add what it writes, then map
+    every part through the norm on the sum where the step has one (its scale frozen at the
+    recorded sum). ``frozen`` collects what was frozen (see ``walk``)."""
+    block = model.stack_blocks(stack)[i]
+    step = _step_parts(model, stack, i, k, parts, at)
+    if step.post and frozen is not None:
+        frozen.setdefault("post", {})[step.sublayer] = step.post
+    if step.after:
+        P = f"{_root(stack)}{i}."
+        norm = getattr(block, step.after)
+        done = parts.freeze_norm(norm, at(f"{P}{step.sublayer}_sum"), f"{P}{step.after}.bias")
+        if done and frozen is not None:
+            frozen.setdefault("after", {})[step.after] = type(norm).__name__
+
+
+class Walker:
+    """The named parts of one stream (``stack``) carried through its residual steps as far as
+    asked: ``to(at)`` returns {writer or bias name: term} whose sum is the stream a reader at
+    ``at`` reads (what ``ResidualGraph.contributions`` returns), carrying the parts on from
+    where the last call stopped, so that walking to every reader in turn computes each step
+    once. It reads ``cache`` only when it needs a step's values: a recording still filling (a
+    forward pass under way, stopped at a reader) serves for every reader it has reached.
+    ``dtype`` the parts' (float64 by default); ``select`` picks rows of every (B, T, ...)
+    tensor."""
+
+    def __init__(self, model, stack: str, cache: dict, dtype: torch.dtype = torch.float64,
+                 select=None):  # fmt: skip
+        self.model, self.stack, self.cache, self.select = model, stack, cache, select
+        self.steps = [(i, k) for i, b in enumerate(model.stack_blocks(stack))
+                      for k in range(len(b.residual))]  # fmt: skip
+        self.parts, self.done = Parts(dtype), 0
+
+    def to(self, at: tuple[int, int]) -> dict[str, Tensor]:
+        """The parts before step ``at`` ((layer, step); (n_layer, 0): the final stream). A
+        step already carried over is not undone: ``at`` never goes back."""
+        if not self.parts.v:
+            first = self.cache[_root(self.stack) + "0.resid_pre"]
+            self.parts.add(_root(self.stack, "embed"), _rows(first, self.select))
+        if self.done and self.steps[self.done - 1] >= at:
+            raise ValueError(f"the walk is past {at}: walk to readers in forward order")
+        read = _reading(self.cache, self.select)
+        while self.done < len(self.steps) and self.steps[self.done] < at:
+            _advance(self.model, self.stack, *self.steps[self.done], self.parts, read)
+            self.done += 1
+        return dict(self.parts.v)

@@ -49,15 +49,13 @@ def rounded(x, digits: int = 4):
         v = float(a)
         return v if math.isfinite(v) else str(v)
     out = np.round(a, digits).tolist()
-    if not np.isfinite(a).all():
-        out = _finite(out)
+    bad = ~np.isfinite(a)
+    for idx in zip(*np.nonzero(bad)) if bad.any() else ():  # only the few non-finite entries
+        row = out
+        for i in idx[:-1]:
+            row = row[i]
+        row[idx[-1]] = str(float(a[idx]))
     return out
-
-
-def _finite(x):
-    if isinstance(x, list):
-        return [_finite(v) for v in x]
-    return x if math.isfinite(x) else str(x)
 
 
 def console(file=None, width: int | None = None, plain: bool = False):

@@ -40,16 +40,20 @@ class RunUnavailable(ServeError):
 
 def _weights_bytes(path: Path) -> int:
     """Bytes of a run's model weights on disk (what loading it costs, near enough)."""
+    from attnlab.rundir import MODEL_FILE
+
     try:
-        return (path / "model.safetensors").stat().st_size
+        return (path / MODEL_FILE).stat().st_size
     except OSError:
         return 0
 
 
 def _stamp(path: Path) -> tuple:
     """What changes when a checkpoint lands: config.json's and the weights' mtime and size."""
+    from attnlab.rundir import CONFIG_FILE, MODEL_FILE
+
     out = []
-    for name in ("config.json", "model.safetensors"):
+    for name in (CONFIG_FILE, MODEL_FILE):
         try:
             st = (path / name).stat()
             out.append((st.st_mtime_ns, st.st_size))
@@ -59,7 +63,9 @@ def _stamp(path: Path) -> tuple:
 
 
 def _is_run(path: Path) -> bool:
-    return (path / "config.json").is_file()
+    from attnlab.rundir import has_run_config
+
+    return has_run_config(path)
 
 
 class RunSet:
@@ -128,8 +134,8 @@ def describe(name: str, path: Path) -> dict:
     """A run as the listing shows it: kind, size, what it was trained on; or why it cannot
     be read. Reads config.json and the weights' header only (the model is built on the meta
     device), so listing a directory of large runs is quick."""
-    from attnlab.checkpoint import check_run
     from attnlab.run import about
+    from attnlab.rundir import check_run
 
     row: dict = {"name": name, "path": str(path)}
     try:

@@ -13,7 +13,11 @@ function (most often a ``Run`` method) that the CLI verb calls, and returning th
     ablate        attnlab ablate RUN TEXT --head L.H --mode M
     patch         attnlab patch RUN --clean A --corrupt B --target T --by B
     generate      attnlab generate RUN --prompt TEXT --json, and each new token's attention
-    learn         attnlab timeline RUN --json, read again as training writes
+    what_if       attnlab what-if RUN TEXT --layer L --head H
+    align         attnlab align RUN TEXT [--words]
+    walk          attnlab walk --tokens TEXT ... (attention by hand: no model runs)
+    learn         attnlab timeline RUN --json and explore RUN --steps's maps, read again as
+                  training writes
 
 A new view is one function here, registered with ``@view("name", needs_text=...)``; the page
 draws it with one ``panel({...})`` entry in ``page/panels.js`` (docs/serve.md says how).
@@ -107,8 +111,10 @@ def _str(params: dict, key: str, default: str | None = None) -> str | None:
 
 @view("predict")
 def predict(run, params: dict, cache: dict, text: str) -> str:
-    """``attnlab predict RUN TEXT --json``: {"about", "predictions": [one prediction]}."""
-    pred = run.predict(text)
+    """``attnlab predict RUN TEXT --json``: {"about", "predictions": [one prediction]}, read
+    off the recording the other views share wherever ``predict`` reads a recorded pass."""
+    rec = recording(run, cache, text) if run.recorded_predict(text) else None
+    pred = run.predict(text, rec=rec)
     return dumps({"about": run.about, "predictions": [pred]})
 
 
@@ -257,6 +263,105 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
     return dumps(data)
 
 
+@view("what_if")
+def what_if(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab what-if RUN TEXT --layer L --head H --temperature T --pad P --json``: the
+    selected head's attention as the model computes it, and with one piece changed at a time
+    (no 1/sqrt(d_k), no causal mask, temperature T and 1/T, P pads without a padding mask);
+    params ``layer``, ``head``, ``what_if_temperature`` (default 2), ``what_if_pad`` (2)."""
+    from attnlab.inspect.what_if import DEFAULT_PAD, DEFAULT_TEMPERATURE
+    from attnlab.inspect.what_if import what_if as what_if_
+
+    layer, head = _int(params, "layer", 0), _int(params, "head", 0)
+    t = params.get("what_if_temperature", DEFAULT_TEMPERATURE)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t):
+        raise ServeError(f"the temperature must be a number, got {t!r}")
+    pad = _int(params, "what_if_pad", DEFAULT_PAD, 0, 256)
+    rec = recording(run, cache, text)
+    return _json(what_if_(rec, run.model, layer, head, text=text, temperature=float(t), pad=pad),
+                 run)  # fmt: skip
+
+
+@view("align")
+def align(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab align RUN TEXT [--words] --json`` for this run: the output it decodes and each
+    decoder step's weights over the source (an LSTM's alignment, a Transformer's
+    cross-attention, mean over heads and layers); param ``align_words`` adds up each word's
+    tokens. Two columns, an LSTM beside a Transformer, are ``align LSTM TRANSFORMER TEXT``."""
+    from pathlib import Path
+
+    from attnlab.inspect.source_attention import side_by_side, source_attention
+
+    words = params.get("align_words", False)
+    if not isinstance(words, bool):
+        raise ServeError(f"align_words must be true or false, got {words!r}")
+    result = source_attention(recording(run, cache, text), run.tokenizer, None, None, words, text)
+    return side_by_side([result], [f"{Path(run.path).name} ({run.kind})"], text).to_json(
+        indent=None
+    )
+
+
+# -- by hand ------------------------------------------------------------------------------------
+
+
+def _bool(params: dict, key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise ServeError(f"{key} must be true or false, got {value!r}")
+    return value
+
+
+@view("walk")
+def walk(run, params: dict, cache: dict, text: str) -> str:
+    """``attnlab walk --tokens TEXT [--x X --wq W_Q --wk W_K --wv W_V] --m M --d-k D --d-v E
+    --seed S [--no-scale] [--no-causal] --temperature T --pad P --json``: the words typed are
+    the tokens (the notes' "I like to eat apples": 5 x 5); params ``hand_`` + ``x``, ``wq``,
+    ``wk``, ``wv`` (rows typed, ";" or a new line between them; any left empty drawn at random
+    as the CLI draws them), ``m``, ``d_k``, ``d_v``, ``seed`` and the switches ``scale``,
+    ``causal``, ``temperature``, ``pad``, ``padding_mask`` (prefixed: generation has a seed and
+    a temperature of its own). No model runs: the run is not read."""
+    from attnlab.inspect.by_hand import (
+        MAX_TOKENS,
+        MAX_WIDTH,
+        HandMatrices,
+        Settings,
+        parse_matrix,
+        random_matrices,
+        token_labels,
+    )
+    from attnlab.inspect.by_hand import walk as walk_
+
+    given = {}
+    for key, name in (("x", "X"), ("wq", "W_Q"), ("wk", "W_K"), ("wv", "W_V")):
+        value = (_str(params, "hand_" + key) or "").strip()
+        given[key] = parse_matrix(value, name)[0] if value else None
+    x, w_q, w_k, w_v = given["x"], given["wq"], given["wk"], given["wv"]
+    tokens = token_labels(text)
+    m = next((a.shape[0] for a in (w_q, w_k, w_v) if a is not None), None)
+    m = x.shape[1] if x is not None else (m or _int(params, "hand_m", 8, 1, MAX_WIDTH))
+    d_k = next((a.shape[1] for a in (w_q, w_k) if a is not None), None)
+    d_k = d_k or _int(params, "hand_d_k", 3, 1, MAX_WIDTH)
+    d_v = w_v.shape[1] if w_v is not None else _int(params, "hand_d_v", d_k, 1, MAX_WIDTH)
+    if len(tokens) > MAX_TOKENS:
+        raise ServeError(f"{len(tokens)} words: by hand takes at most {MAX_TOKENS}")
+    seed = _int(params, "hand_seed", 0, 0, 2**32 - 1)
+    drawn = random_matrices(len(tokens), m, d_k, d_v, seed, tokens)
+    picked = [a if a is not None else b for a, b in ((x, drawn.x), (w_q, drawn.w_q),
+                                                      (w_k, drawn.w_k), (w_v, drawn.w_v))]  # fmt: skip
+    random_ones = [n for k, n in (("x", "X"), ("wq", "W_Q"), ("wk", "W_K"), ("wv", "W_V"))
+                   if given[k] is None]  # fmt: skip
+    source = ("given" if not random_ones else drawn.source if len(random_ones) == 4 else
+              f"{', '.join(random_ones)} {drawn.source}, the rest given")  # fmt: skip
+    temperature = params.get("hand_temperature", 1.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise ServeError(f"temperature must be a number, got {temperature!r}")
+    settings = Settings(scale=_bool(params, "hand_scale", True),
+                        causal=_bool(params, "hand_causal", True), temperature=float(temperature),
+                        pad=_int(params, "hand_pad", 0, 0, MAX_TOKENS),
+                        padding_mask=_bool(params, "hand_padding_mask", True))  # fmt: skip
+    return walk_(HandMatrices(tokens, *picked, source), settings).to_json(indent=None)
+
+
 # -- the run's files ----------------------------------------------------------------------------
 
 
@@ -264,17 +369,21 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
 def learn(run_path, params: dict, cache: dict, text: str = "") -> str:
     """What ``attnlab train`` has written so far, read without its lock: the loss rows of
     metrics.jsonl (as ``timeline`` reads them) and, where the run takes snapshots,
-    ``attnlab timeline RUN --json`` (every head's scores at every snapshot). ``run_path`` is
-    the run directory (this view loads no model)."""
+    ``attnlab timeline RUN --json`` (every head's scores at every snapshot) and ``maps``: the
+    data ``attnlab explore RUN --steps`` embeds (``step_data``: per probe, every head's
+    attention pattern at each snapshot that kept one, one byte per weight, round(255 w),
+    base64), so the page shows the maps as well as the scores forming. ``run_path`` is the
+    run directory (this view loads no model)."""
     from attnlab.inspect.recording import InspectError
+    from attnlab.inspect.step_explorer import step_data
     from attnlab.inspect.timeline import timeline
-    from attnlab.training.rundir import read_metrics
+    from attnlab.rundir import read_metrics
 
     metrics = _retry(lambda: read_metrics(run_path))
     loss = [{"step": r["step"], "train_loss": r["train_loss"]} for r in metrics
             if "train_loss" in r and "val_loss" not in r]  # fmt: skip
     evals = [r for r in metrics if "val_loss" in r]
-    out: dict = {"loss": loss, "evals": evals, "timeline": None, "note": ""}
+    out: dict = {"loss": loss, "evals": evals, "timeline": None, "maps": None, "note": ""}
     try:
         tl = _retry(lambda: timeline(run_path))
         from attnlab.run import about_run
@@ -282,6 +391,11 @@ def learn(run_path, params: dict, cache: dict, text: str = "") -> str:
         tl.about = about_run(run_path)
         out["timeline"] = {"about": tl.about, **tl.to_dict()}
     except InspectError as e:
+        out["note"] = " ".join(str(e).split())
+        return dumps(out)
+    try:
+        out["maps"] = _retry(lambda: step_data(run_path))
+    except InspectError as e:  # snapshots without patterns (a model with no self-attention)
         out["note"] = " ".join(str(e).split())
     return dumps(out)
 

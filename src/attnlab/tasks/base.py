@@ -109,9 +109,9 @@ def open_task(run_dir: str | Path, with_data: bool = False, cfg: dict | None = N
     ``eval`` and ``--resume`` do. Runs written before tasks recorded their options get the
     task's defaults. ``cfg`` and ``tokenizer``: the run's, where they were read already (an
     opened ``Run``)."""
-    from attnlab import checkpoint as ckpt
+    from attnlab import rundir
 
-    cfg = ckpt.read_run_config(run_dir) if cfg is None else cfg
+    cfg = rundir.read_run_config(run_dir) if cfg is None else cfg
     cls = task_for_run(cfg)
     saved = cfg.get("task_options")
     if not isinstance(saved, dict):
@@ -120,12 +120,12 @@ def open_task(run_dir: str | Path, with_data: bool = False, cfg: dict | None = N
     try:
         options = cls.Options.from_dict(saved)
     except (ConfigError, TypeError) as e:
-        raise ckpt.RunError(f"{Path(run_dir) / 'config.json'}: task options ({e})") from None
+        raise rundir.RunError(f"{Path(run_dir) / rundir.CONFIG_FILE}: task options ({e})") from None
     seed = (cfg.get("train_config") or {}).get("seed", 1337)
     task = cls(options, seed=seed)
     if cfg.get("init_from") is not None:  # fine-tuned from another run: its model config
         task.init = InitFrom.from_dict(cfg["init_from"])
-    tokenizer = ckpt.read_tokenizer_files(run_dir) if tokenizer is None else tokenizer
+    tokenizer = rundir.read_tokenizer_files(run_dir) if tokenizer is None else tokenizer
     if with_data:
         task.reload(Path(run_dir), tokenizer, cfg)
     else:
@@ -149,8 +149,8 @@ def task_for_run(cfg: dict) -> type[Task]:
 
 def imported_task(cfg: dict) -> str:
     """The task of a run that names none (imported weights, or a run older than tasks)."""
-    from attnlab.checkpoint import RunError
     from attnlab.models.declare import registered
+    from attnlab.rundir import RunError
 
     cls = registered().get(cfg.get("model_type"))
     task = cls.default_task(cfg.get("config") or {}) if cls is not None else "lm"
@@ -194,7 +194,7 @@ class InitFrom:
 
     @classmethod
     def from_dict(cls, d: dict) -> InitFrom:
-        from attnlab.checkpoint import RunError
+        from attnlab.rundir import RunError
 
         if not (isinstance(d, dict) and isinstance(d.get("config"), dict)
                 and isinstance(d.get("model_type"), str)):  # fmt: skip
@@ -391,6 +391,15 @@ class Task:
         """What the trained model says about each input (one dict per input); ``options`` or
         keyword arguments (``top_k=3``) override ``PredictOptions``'s defaults."""
         raise NotImplementedError(f"the {self.name} task has no prediction yet")
+
+    def predict_recorded(self, model: nn.Module, rec, options: PredictOptions) -> dict | None:
+        """``predict``'s answer for the one input of ``rec``, read off that recorded forward
+        pass (an ``attnlab.inspect.Recording``: its ``text``, ``logits``, ``cache``, ``ids``
+        and ``extra``) instead of a pass of its own: ``Run.predict`` shares one pass with the
+        tools that look inside (the workbench's panels). None where this task's answer needs
+        another pass (a beam search) or the recording does not hold it: ``predict`` then runs
+        its own."""
+        return None
 
     def prediction_lines(self, pred: dict) -> list[str]:
         """One prediction as terminal lines."""

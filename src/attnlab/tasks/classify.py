@@ -256,16 +256,28 @@ class TextClassifier(Task):
         """Each text's ``top_k`` classes with probabilities, from the [CLS] state."""
         top_k = predict_options(options, given).top_k
         device = next(model.parameters()).device
-        classes = self.class_names(model)
         out = []
         for text in inputs:
             ids = self.tokenizer.encode(text)[: model.config.block_size]
             with torch.no_grad():
                 logits = model(torch.tensor([ids], device=device), head="classify")[0]
-            top = torch.topk(torch.softmax(logits.float(), -1), min(top_k, len(classes)))
-            out.append({"input": text, "classes": [{"label": classes[i], "p": p}
-                        for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
+            out.append(self._classes(model, text, logits, top_k))
         return out
+
+    def predict_recorded(self, model, rec, options):
+        """The classes from the recorded class logits (read at [CLS], or the LSTM's pooled
+        state)."""
+        logits = rec.cache.get("class_logits")
+        logits = logits[0] if logits is not None else (
+            rec.logits[0, 0] if rec.logits is not None else None)  # fmt: skip
+        return None if logits is None else self._classes(model, rec.text, logits, options.top_k)
+
+    def _classes(self, model, text: str, logits, top_k: int) -> dict:
+        """{"input", "classes": the ``top_k`` classes of softmax(logits (C,))}."""
+        classes = self.class_names(model)
+        top = torch.topk(torch.softmax(logits.float(), -1), min(top_k, len(classes)))
+        return {"input": text, "classes": [{"label": classes[i], "p": p}
+                for p, i in zip(top.values.tolist(), top.indices.tolist())]}  # fmt: skip
 
     def class_names(self, model) -> list[str]:
         """The run's labels, or "0", "1", ... for imported weights that name none."""

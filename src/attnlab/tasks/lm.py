@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import data
+from attnlab.blocks import ACTIVATIONS
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import beating
 from attnlab.heartbeat import count as count_done
@@ -34,7 +35,9 @@ from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer
 from attnlab.train_config import TrainConfig
 
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
-DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm", "attention")  # the modern-decoder pieces
+# the modern-decoder pieces, and the speedrun's (each None unless given: the preset's)
+DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm", "activation", "tie_weights", "zero_init",
+                   "softcap", "bias", "attention")  # fmt: skip
 
 # How a preset is trained when it is not the TrainConfig default. ``fast``: the quickest way
 # found to val <= 1.88 on tiny Shakespeare (nanoGPT's CPU run reaches 1.886 in 2000 steps at lr
@@ -57,6 +60,28 @@ PRESET_TRAINING: dict[str, dict] = {
     "fast": dict(
         max_iters=1100, lr=3e-3, min_lr=3e-4, beta2=0.95, warmup_iters=100, eval_interval=1100
     ),
+    # ``speedrun``: Muon (peak 0.02) for the blocks' matrices; AdamW (betas 0.8, 0.95, no
+    # decay) for the embedding (0.05), the head (0.005) and the norm gains (0.01); 5 steps of
+    # warmup, constant, then a straight line to 0 over the last 40%; evaluated once, at the end,
+    # on nanoGPT's 20 batches of 12 windows. The search behind each number: docs/speedrun.md.
+    "speedrun": dict(
+        max_iters=300,
+        batch_size=12,
+        optimizer="muon",
+        muon_lr=0.02,
+        lr=0.01,
+        embed_lr=0.05,
+        head_lr=0.005,
+        beta1=0.8,
+        beta2=0.95,
+        weight_decay=0.0,
+        schedule="wsd",
+        warmup_iters=5,
+        cooldown_iters=120,
+        min_lr=0.0,
+        eval_interval=300,
+        eval_batch_size=12,
+    ),  # fmt: skip
 }
 
 
@@ -138,6 +163,11 @@ class LMOptions(BaseConfig):
     kv_heads: int | None = None  # K/V heads shared by groups of query heads (GQA)
     qk_norm: bool | None = None  # an RMSNorm on each head's queries and keys
     attention: str | None = None  # softmax (default), softmax1 or sigmoid (attnlab.attention)
+    activation: str | None = None  # the feed-forward's: gelu (GPT-2), relu2 (ReLU squared), ...
+    tie_weights: bool | None = None  # the head is the token embedding (GPT-2); False: its own
+    zero_init: bool | None = None  # output projections and an untied head start at zero
+    softcap: float | None = None  # logits -> cap tanh(logits / cap); 0: none
+    bias: bool | None = None  # biases in the linear layers and LayerNorms
     token_cache: str | None = None  # stream the tokens through shards cached here
 
     def to_dict(self) -> dict:
@@ -174,8 +204,16 @@ class LMOptions(BaseConfig):
             fields["activation"] = act or fields.get("activation", "gelu")
         if self.kv_heads is not None:
             fields["n_kv_heads"] = self.kv_heads
-        if self.qk_norm:
-            fields["qk_norm"] = True
+        if self.activation is not None:
+            self._one_of("activation", ACTIVATIONS)
+            fields["activation"] = self.activation
+        for name in ("qk_norm", "tie_weights", "zero_init", "bias"):
+            if getattr(self, name) is not None:
+                fields[name] = getattr(self, name)
+        if self.softcap is not None:
+            if self.softcap < 0:
+                raise ConfigError(f"softcap must be >= 0 (0: none), got {self.softcap}")
+            fields["final_softcap"] = self.softcap or None
         if self.attention is not None:
             fields["attention"] = self.attention
         try:
@@ -209,7 +247,8 @@ class LanguageModel(Task):
         architecture's (ARCH_TRAINING: ``--arch llama``'s). With another ``max_iters`` given, a
         shorter run keeps the recipe's share of warmup and evaluation interval (a 40-step
         ``fast`` run warms up for 4 steps, not 100, and evaluates at its end); a longer one
-        keeps the recipe's numbers. With another ``lr`` given, the recipe's floor (``min_lr``)
+        keeps the recipe's numbers, except what is a share of the run whatever its length: the
+        cool-down (``cooldown_iters``) and an evaluation only at the end. With another ``lr`` given, the recipe's floor (``min_lr``)
         keeps its share of the peak."""
         given = given if isinstance(given, dict) else {}
         preset, arch = given.get("preset"), given.get("arch")
@@ -220,6 +259,11 @@ class LanguageModel(Task):
             for name, least in (("warmup_iters", 0), ("eval_interval", 1)):
                 if name in recipe:
                     recipe[name] = max(least, recipe[name] * steps // total)
+        if recipe and isinstance(steps, int) and steps > 0:  # shorter or longer
+            if "cooldown_iters" in recipe:  # the cool-down is a share of the run
+                recipe["cooldown_iters"] = recipe["cooldown_iters"] * steps // total
+            if recipe.get("eval_interval") == total:  # evaluated once, at the end
+                recipe["eval_interval"] = steps
         lr = given.get("lr")
         if "min_lr" in recipe and isinstance(lr, (int, float)) and lr > 0:
             recipe["min_lr"] = lr * recipe["min_lr"] / recipe["lr"]  # the floor's share of the peak
@@ -429,12 +473,24 @@ class LanguageModel(Task):
         out = []
         for text in inputs:
             ids = torch.tensor([encode_prompt(self.tokenizer, text)])  # (1, T)
-            probs = next_token_logprobs(model, ids)[0].exp()  # (V,)
-            top = torch.topk(probs, min(top_k, probs.numel()))
-            out.append({"input": text, "next": [
-                {"token": self.tokenizer.decode([i]), "id": i, "p": p}
-                for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
+            out.append(self._next(text, next_token_logprobs(model, ids)[0], top_k))
         return out
+
+    def predict_recorded(self, model, rec, options):
+        """The next tokens from the recorded logits at the last position: log_softmax of
+        ``rec.logits[0, -1]``, as the decoding protocol's first step computes it."""
+        if rec.logits is None or rec.logits.dim() != 3:
+            return None
+        logp = torch.log_softmax(rec.logits[0, -1], dim=-1)  # (V,)
+        return self._next(rec.text, logp, options.top_k)
+
+    def _next(self, text: str, logp, top_k: int) -> dict:
+        """{"input", "next": the ``top_k`` most probable tokens}, from log p (V,)."""
+        probs = logp.exp()  # (V,)
+        top = torch.topk(probs, min(top_k, probs.numel()))
+        return {"input": text, "next": [
+            {"token": self.tokenizer.decode([i]), "id": i, "p": p}
+            for p, i in zip(top.values.tolist(), top.indices.tolist())]}  # fmt: skip
 
     def prediction_lines(self, pred):
         lines = [f"{pred['input']!r} -> next token:"]

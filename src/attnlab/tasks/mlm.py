@@ -263,6 +263,17 @@ class MaskedLM(Task):
                                                            top_k)})  # fmt: skip
         return out
 
+    def predict_recorded(self, model, rec, options):
+        """Each mask's fillers from the recorded masked-LM logits (the text as it was read:
+        a "[MASK]" the tokenizer spells otherwise, <mask>, is predict's own pass)."""
+        mask_id, mask = mask_token(self.tokenizer)
+        logits = rec.cache.get("mlm_logits")
+        if logits is None or rec.text.replace("[MASK]", mask) != rec.text or "" not in rec.ids:
+            return None
+        ids = rec.ids[""]
+        return {"input": rec.text, "masks": mask_fills(self.tokenizer, ids, logits[0], mask_id,
+                                                       options.top_k)}  # fmt: skip
+
     def prediction_lines(self, pred):
         if not pred["masks"]:
             return [f"{pred['input']!r}: no [MASK] in the text; put [MASK] where the model should "

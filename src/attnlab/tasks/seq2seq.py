@@ -328,6 +328,14 @@ class Seq2Seq(Task):
             out.append({"input": t, "output": beams[0]["output"], "beam": o.beam, "beams": beams})
         return out
 
+    def predict_recorded(self, model, rec, options):
+        """The greedy translation the recording decoded (and then ran teacher-forced): the
+        same greedy decoder ``predict`` runs, at its default length; a beam search, or another
+        ``max_len``, is predict's own."""
+        if options.beam != 1 or options.max_len is not None or "translation" not in rec.extra:
+            return None
+        return {"input": rec.text, "output": rec.extra["translation"], "beam": 1}
+
     def prediction_lines(self, pred):
         lines = [f"{pred['input']!r} -> {pred['output']!r}"]
         for n, b in enumerate(pred.get("beams", [])[1:], 2):

@@ -219,7 +219,6 @@ class ImageClassifier(Task):
     def predict(self, model, inputs, options=None, **given):
         """Each image's (a file, or ``test:N``) ``top_k`` classes with probabilities."""
         top_k = predict_options(options, given).top_k
-        classes = self.tokenizer.classes
         if not model.config.n_classes:
             raise ConfigError("this ViT has no classifier (a Hugging Face ViTModel): it predicts "
                               "no class; trace, attention, similarity and explore read it")  # fmt: skip
@@ -228,11 +227,23 @@ class ImageClassifier(Task):
         for text in inputs:
             image, truth = self.tokenizer.read(text)
             with torch.no_grad():
-                probs = torch.softmax(model(image[None].to(device)).float(), dim=-1)[0]
-            top = torch.topk(probs, min(top_k, len(probs)))
-            out.append({"input": text, "truth": truth, "classes": [{"label": classes[i], "p": p}
-                        for p, i in zip(top.values.tolist(), top.indices.tolist())]})  # fmt: skip
+                logits = model(image[None].to(device))[0]  # (n_classes,)
+            out.append(self._classes(text, truth, logits, top_k))
         return out
+
+    def predict_recorded(self, model, rec, options):
+        """The classes from the recorded logits at [CLS]; the truth the image's split names."""
+        if not model.config.n_classes or rec.logits is None:
+            return None
+        return self._classes(rec.text, rec.extra.get("truth"), rec.logits[0, 0], options.top_k)
+
+    def _classes(self, text: str, truth, logits, top_k: int) -> dict:
+        """{"input", "truth", "classes": the ``top_k`` classes of softmax(logits (C,))}."""
+        classes = self.tokenizer.classes
+        probs = torch.softmax(logits.float(), dim=-1)
+        top = torch.topk(probs, min(top_k, len(probs)))
+        return {"input": text, "truth": truth, "classes": [{"label": classes[i], "p": p}
+                for p, i in zip(top.values.tolist(), top.indices.tolist())]}  # fmt: skip
 
     def prediction_lines(self, pred):
         from attnlab.tasks.classify import class_lines

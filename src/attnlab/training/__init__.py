@@ -6,21 +6,21 @@ progress.py     progress on stderr, in the task's words
 plots.py        loss.png
 distributed.py  DistributedDataParallel set-up through torchrun
 state.py        the RNG states a checkpoint restores
-rundir.py       RunDir: the run directory the Trainer writes (checkpoints, metrics, best/)
 faults.py       fault injection for the tests (a Trainer callback)
 run.py          train a task into a run directory: what `attnlab train` calls
 
 TrainConfig (``attnlab.train_config``) and Metric (``attnlab.metrics``) live below the tasks,
-which state their defaults and figures with them; both are re-exported here.
+which state their defaults and figures with them; both are re-exported here, as is the run
+directory the Trainer writes (``RunDir``, from ``attnlab.rundir``).
 """
 
 from attnlab.metrics import Metric
+from attnlab.rundir import RunDir
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import DistInfo, init_distributed
 from attnlab.training.loop import Trainer, TrainingError, TrainResult
 from attnlab.training.optim import lr_at, make_optimizer
 from attnlab.training.plots import plot_metrics
-from attnlab.training.rundir import RunDir
 
 __all__ = [
     "DistInfo",

@@ -22,6 +22,8 @@ import signal
 import time
 from pathlib import Path
 
+from attnlab.rundir.layout import OPTIMIZER_FILE
+
 
 class Faults:
     """The Trainer callback that injects the faults ``spec`` names (see the module docstring)."""
@@ -54,7 +56,7 @@ class Faults:
         if point == "start" and self.at("disk-full-at-checkpoint", n):
             raise OSError(28, "No space left on device (injected)")
         if point == "optimizer" and self.at("kill-during-checkpoint", n):
-            (staging / "optimizer.safetensors").write_bytes(b"\0" * 100)  # half a file
+            (staging / OPTIMIZER_FILE).write_bytes(b"\0" * 100)  # half a file
             os.kill(os.getpid(), signal.SIGKILL)
         if point == "installed-model" and self.at("kill-during-install", n):
             os.kill(os.getpid(), signal.SIGKILL)

@@ -25,7 +25,7 @@ and on a signal at every step, so they read it back every step.) Every ``eval_in
 steps (and at step 0 and the last step): an evaluation, best/ if it is the best so far, and a
 checkpoint; also a checkpoint whenever ``checkpoint_seconds`` have passed since the last, so a
 run killed early still leaves one. The run directory is one object, ``out_dir``'s
-``attnlab.training.rundir.RunDir``, that the Trainer calls a handful of times: ``start``,
+``attnlab.rundir.RunDir``, that the Trainer calls a handful of times: ``start``,
 ``append_metrics``, ``save_best``, ``save_checkpoint`` (whole or not at all), and
 ``read_checkpoint`` to resume; rank 0 alone writes.
 
@@ -75,11 +75,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnlab.checkpoint import check_state_dict, state_dict_for_saving
 from attnlab.files import RunError
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric, val_loss_metric
 from attnlab.modes import evaluating
+from attnlab.rundir import RunDir
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import (
@@ -100,10 +100,10 @@ from attnlab.training.optim import (
     make_optimizer,
     optimizer_state_dict,
     optimizer_tensors,
+    set_lr,
 )
 from attnlab.training.plots import plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
-from attnlab.training.rundir import RunDir
 from attnlab.training.state import check_rng_state, rng_state, set_rng_state
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -173,8 +173,9 @@ class Trainer:
         self._log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
         self.train_batches = task.train_batches(c.batch_size, c.seed, self.dist.rank,
                                                 self.dist.world_size)  # fmt: skip
-        self.val_batches = task.val_batches(c.batch_size, c.eval_iters)
-        self.train_eval_batches = task.train_eval_batches(c.batch_size, c.eval_iters)
+        rows = c.eval_batch_size or c.batch_size
+        self.val_batches = task.val_batches(rows, c.eval_iters)
+        self.train_eval_batches = task.train_eval_batches(rows, c.eval_iters)
         self.metrics: tuple[Metric, ...] = (val_loss_metric(task.loss_unit), *task.metrics)
         self.best_metric = next(m for m in self.metrics if m.name == task.best)
         self.sharded = c.fsdp and self.dist.enabled
@@ -203,6 +204,8 @@ class Trainer:
         self.finished_early: str | None = None  # why a callback ended the run (finish_early)
         self._counted = 0  # items (task.unit) trained since the last log line
         self._resumed: bool | None = None  # None: load_checkpoint not called yet
+        self._fit_began = time.perf_counter()  # reset when fit starts (elapsed)
+        self._elapsed_before = 0.0  # fit's wall seconds in the runs a resumed one continues
         self.model = self._wrap(self.raw_model)
 
     # -- set-up --------------------------------------------------------------------------------
@@ -282,13 +285,14 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------------
 
     def _gathered(self) -> tuple[dict, dict | None]:
-        """The whole model state dict (tied copies dropped) and optimizer state dict of this
-        process, or gathered from every process's shards (FSDP: all of them call this)."""
+        """The whole model state dict and optimizer state dict of this process, or gathered
+        from every process's shards (FSDP: all of them call this). The run directory stores
+        tied copies once (``RunDir.save_checkpoint``'s ``model``)."""
         if not self.sharded:
-            return state_dict_for_saving(self.raw_model), None
+            return self.raw_model.state_dict(), None
         model_sd = full_state_dict(self.raw_model)
         opt_sd = full_optimizer_state_dict(self.raw_model, self.optimizer)
-        return state_dict_for_saving(self.raw_model, model_sd), opt_sd
+        return model_sd, opt_sd
 
     def save_checkpoint(self) -> None:
         """Write model, optimizer and trainer state of this step as one checkpoint."""
@@ -310,9 +314,11 @@ class Trainer:
             "best": self.best,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "world_size": self.dist.world_size,
+            "elapsed_s": self.elapsed(),
         }
         try:
-            self.run.save_checkpoint(model_tensors, opt_tensors, state, fault=self._on_save)
+            self.run.save_checkpoint(model_tensors, opt_tensors, state, fault=self._on_save,
+                                     model=self.raw_model)  # fmt: skip
         except OSError as e:
             raise TrainingError(
                 f"could not write the checkpoint of step {self.step} in {self.out_dir}: "
@@ -350,9 +356,9 @@ class Trainer:
         if not self.writes:
             return
         if model_tensors is None:
-            model_tensors = state_dict_for_saving(self.raw_model)
+            model_tensors = self.raw_model.state_dict()
         try:
-            self.run.save_best(model_tensors, self.best)
+            self.run.save_best(model_tensors, self.best, model=self.raw_model)
         except OSError as e:
             raise TrainingError(
                 f"could not write the best model of step {self.step}: {e.strerror or e}"
@@ -374,12 +380,11 @@ class Trainer:
             import torch.distributed as dist
 
             sync = dist.barrier
-        found = run.read_checkpoint(sync)
+        found = run.read_checkpoint(sync, model=self.raw_model)  # checked against the model
         if found is None:
             self._resumed = False
             return False
         state, tensors, opt_tensors = found
-        check_state_dict(self.raw_model, tensors, str(run.model_file))
         check_optimizer_tensors(self.optimizer, opt_tensors, str(run.optimizer_file))
         if not self.sharded:
             self.raw_model.load_state_dict(tensors, strict=False)
@@ -404,6 +409,7 @@ class Trainer:
             raise RunError(f"{state_path}: cannot continue from this checkpoint ({what})") from None
         self.step = self.last_saved_step = state["step"]
         self.best = best
+        self._elapsed_before = float(state.get("elapsed_s") or 0.0)
         if self.dist.is_main:  # said even with quiet: which step a run continues from matters
             self._log(f"resumed from the checkpoint of step {self.step} in {run.path}")
         self._resumed = True
@@ -473,8 +479,7 @@ class Trainer:
         """One optimizer update over ``grad_accum`` micro-batches; returns the mean loss, a
         device tensor (read back by ``_flush``)."""
         c = self.config
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr_at(self.step, c)
+        set_lr(self.optimizer, self.step, c)  # each group's share of the schedule's rate
         total = torch.zeros((), device=self.device)
         for micro in range(c.grad_accum):
             batch = self._to_device(next(self.train_batches))
@@ -580,7 +585,12 @@ class Trainer:
             f"Try a lower --lr (now {self.config.lr:g}){dtype_hint}, or more --warmup-iters"
         )
 
+    def elapsed(self) -> float:
+        """Wall seconds spent in ``fit`` so far, those of the runs it resumed included."""
+        return self._elapsed_before + time.perf_counter() - self._fit_began
+
     def _write_metrics(self, row: dict) -> None:
+        row["elapsed_s"] = round(self.elapsed(), 3)  # when it was measured: evaluations included
         self.history.append(row)
         if self.writes:
             self.run.append_metrics(row)
@@ -612,6 +622,7 @@ class Trainer:
 
     def _fit(self, resume: bool) -> TrainResult:
         c = self.config
+        self._fit_began = time.perf_counter()
         resumed = self._open_run(resume)
         self._notify("on_open", resumed)
         start = self.step

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from attnlab.files import atomic_write
 from attnlab.metrics import Metric
-from attnlab.training.rundir import read_metrics
+from attnlab.rundir import read_metrics
 
 
 def loss_figure(rows: list[dict], loss_unit: str, headline: Metric | None = None, title: str = ""):

@@ -34,16 +34,16 @@ from pathlib import Path
 
 import torch
 
-from attnlab import checkpoint as ckpt
+from attnlab import rundir
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
+from attnlab.rundir import RunDir
 from attnlab.runtime import THREADS_PER_CORE_MAX, max_threads, resolve_device, using_threads
 from attnlab.tasks.base import ARCHITECTURE_OPTIONS, InitFrom, Task, task_class, task_for_run
 from attnlab.train_config import TrainConfig
 from attnlab.training.distributed import barrier, init_distributed, shutdown
 from attnlab.training.loop import Trainer, TrainResult
 from attnlab.training.memory import check_fits, size_warnings
-from attnlab.training.rundir import RunDir
 
 RUN_OPTIONS = {"task", "out", "resume", "quiet", "log", "threads", "force", "init_from"}
 # Options that may change when a run is resumed; every other one comes from the run.
@@ -118,7 +118,7 @@ def plan(given: dict) -> TrainPlan:
     if given.get("init_from") and not given.get("resume"):
         init, cls, planned = fine_tune_source(given)  # may set block_size: the source's
     elif given.get("resume") and "task" not in given and given.get("out"):
-        cls = task_for_run(ckpt.read_run_config(given["out"]))  # the run says what it is
+        cls = task_for_run(rundir.read_run_config(given["out"]))  # the run says what it is
     else:
         cls = task_class(given.get("task") or "lm").redirect(given)
     opt_fields = {f.name for f in dataclasses.fields(cls.Options)}
@@ -143,6 +143,12 @@ def plan(given: dict) -> TrainPlan:
         raise ConfigError(as_flags(str(e), names)) from None
     if not options.data and not given.get("resume"):
         raise ConfigError(f"{cls.label} needs --data (see attnlab train --help)")
+    if config.optimizer == "muon" and not cls.self_attention(options):
+        raise ConfigError(
+            f"--optimizer muon updates the matrices of transformer blocks, and this {cls.label} "
+            "model has none (an LSTM's matrices are its recurrent cell's): train it with "
+            "--optimizer adamw"
+        )
     if config.snapshot_every and not cls.self_attention(options):
         raise ConfigError(
             f"--snapshot-every records self-attention heads, and this {cls.label} model has "
@@ -178,10 +184,10 @@ def fine_tune_source(given: dict) -> tuple[InitFrom, type[Task], BaseConfig]:
 
     path = given["init_from"]
     try:
-        checked = ckpt.check_run(path)
+        checked = rundir.check_run(path)
     except OSError as e:
         raise ConfigError(f"--init-from {path}: cannot read it ({e.strerror or e})") from None
-    except ckpt.RunError as e:
+    except rundir.RunError as e:
         raise ConfigError(f"--init-from {e}") from None
     cfg, model = checked.config, checked.model
     what = f"{path} holds a model of kind {model.kind}"
@@ -237,6 +243,11 @@ def check_fsdp(config: TrainConfig) -> None:
             "--fsdp shards the model over several processes: launch them with torchrun "
             "--nproc_per_node N -m attnlab train ... --fsdp"
         )
+    if config.fsdp and config.optimizer == "muon":  # a shard is not the matrix Muon orthogonalises
+        raise ConfigError(
+            "optimizer muon does not work with fsdp: Muon orthogonalises each whole matrix, and "
+            "fsdp holds a shard of it in each process; train with optimizer adamw, or without fsdp"
+        )
     if config.fsdp and config.snapshot_every:  # rank 0 alone would wait for the others' shards
         raise ConfigError(
             "snapshot_every does not work with fsdp yet: a snapshot runs the whole model in one "
@@ -257,13 +268,15 @@ def train(p: TrainPlan, log: Callable[[str], None] | None = None,
 def _locked(p: TrainPlan, log: Callable[[str], None], callbacks: Sequence = ()) -> TrainOutcome:
     """``train`` in the run directory's writer lock, in the process group."""
     device = resolve_device(p.config.device)
+    source = _source(p)  # the run --init-from starts from: read before anything is written
     # One writer per run directory, whatever the task: a second train into p.out is refused
-    # here, naming this process, until it ends (kill -9 too). Rank 0 alone takes it (a new
-    # run's directory, once RunDir.create has made it).
-    with RunDir(p.out, writer=os.environ.get("RANK", "0") == "0") as run_dir:
+    # here, naming this process, until it ends (kill -9 too). Rank 0 alone takes it, and for a
+    # new run makes the directory (refused where one is: continue it with --resume).
+    main = os.environ.get("RANK", "0") == "0"
+    with rundir.writing(p.out, writer=main, new=not p.resume) as run_dir:
         dist = init_distributed(device)
         try:
-            outcome = _train(p, run_dir, dist, device, log, callbacks)
+            outcome = _train(p, run_dir, dist, device, log, callbacks, source)
             # every process leaves together: one that closes its gloo connections while rank 0
             # still writes the run's last files could cut a peer off mid-read (gloo aborts)
             barrier(dist)
@@ -274,27 +287,37 @@ def _locked(p: TrainPlan, log: Callable[[str], None], callbacks: Sequence = ()) 
             shutdown(dist)
 
 
-def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> TrainOutcome:
-    """The body of ``train``, in the process group ``dist``."""
+def _source(p: TrainPlan):
+    """(model, tokenizer) of the run a new run fine-tunes (``--init-from``), read and checked
+    once; None otherwise. Its tokenizer, there when the run was planned, may be gone since."""
+    if p.init_from is None or p.resume:
+        return None
+    model, tokenizer = rundir.open_model(p.init_from.path)
+    if tokenizer is None:
+        raise rundir.RunError(f"--init-from {p.init_from.path}: its tokenizer.json is gone")
+    return model, tokenizer
+
+
+def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks,
+           source=None) -> TrainOutcome:  # fmt: skip
+    """The body of ``train``, in the process group ``dist`` (``source``: see ``_source``)."""
     if p.resume:
         task, config, model = _reopen(p, run_dir, log)
     else:
         task, config = p.task(p.options, seed=p.config.seed), p.config
-        if p.init_from is not None:  # fine-tuning: the run's tokenizer, then its weights
+        if source is not None:  # fine-tuning: the run's tokenizer, then its weights
             task.init = p.init_from
-            task.tokenizer = ckpt.read_tokenizer_files(p.init_from.path)
-            if task.tokenizer is None:  # it was there when planned
-                raise ckpt.RunError(f"--init-from {p.init_from.path}: its tokenizer.json is gone")
+            source, task.tokenizer = source
         if not p.quiet and dist.is_main:
             task.log = log
         beat = _heartbeat(log, p.quiet or not dist.is_main)
-        model = _prepare(task, run_dir, beat) if dist.is_main else None
+        model = _prepare(task, run_dir, beat, source, dist.enabled) if dist.is_main else None
         barrier(dist)
         if model is None:  # the other processes read what rank 0 prepared
-            task.reload(p.out, ckpt.read_tokenizer_files(p.out), {})
+            task.reload(p.out, run_dir.read_tokenizer(), {})
             model = _build(task, config)
             if task.init is not None:  # each process starts where rank 0 does
-                start_from(model, task)
+                start_from(model, task, source)
     if dist.is_main and not p.quiet:
         for line in size_warnings(model, config, task, device):
             log(f"attnlab: warning: {line}")
@@ -304,8 +327,8 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
     if p.resume:  # a checkpoint that cannot be continued: one line, before anything else
         trainer.load_checkpoint()
         if task.model_config().to_dict() != model.config.to_dict():
-            raise ckpt.RunError(
-                f"{p.out / 'config.json'}: its model config is not the one the run's task "
+            raise rundir.RunError(
+                f"{p.out / rundir.CONFIG_FILE}: its model config is not the one the run's task "
                 "options and tokenizer give; it was edited, so it cannot be resumed"
             )
     if dist.is_main and not p.quiet:
@@ -318,7 +341,7 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks) -> Train
     if not result.interrupted and dist.is_main:
         metrics = {k: v for k, v in result.last_eval.items() if k != "lr"}
         extra = {**trainer.run_record(), "metrics": metrics, **final}
-        ckpt.write_run_config(p.out, trainer.raw_model, extra)  # the final figures too
+        rundir.write_run_config(p.out, trainer.raw_model, extra)  # the final figures too
     summary = task.summary(result, final)
     return TrainOutcome(result, task, final, summary, p.out, dist.is_main)
 
@@ -356,21 +379,23 @@ def _heartbeat(log, quiet: bool):
     return (lambda what: contextlib.nullcontext()) if quiet else (lambda what: Heartbeat(what, log))
 
 
-def _prepare(task: Task, run_dir: RunDir, beat):
-    """A new run's directory, data, tokenizer and model (with --init-from, the weights of the
-    run it starts from); bad input leaves nothing behind.
+def _prepare(task: Task, run_dir: RunDir, beat, source=None, shared: bool = False):
+    """A new run's data, tokenizer and model (with --init-from, the weights of the run it
+    starts from, ``source``, copied in), in the directory ``writing`` made; bad input leaves
+    nothing behind. ``shared`` (a torchrun job): the tokenizer is written at once, for the
+    other processes to read (``start`` writes it for a single process, with config.json).
     ``beat(what)`` keeps building a large model from being silent (the data's own steps say
     themselves once the data is checked: no line may come before a data error's)."""
-    run_dir.create()
     try:
         task.prepare(run_dir.path)
-        ckpt.write_tokenizer(run_dir.path, task.tokenizer)
+        if shared:
+            run_dir.write_tokenizer(task.tokenizer)
         torch.manual_seed(task.seed)
         with beat("building the model"):
             model = task.build_model()
         if task.init is not None:  # --init-from: its weights (a run gone since: nothing kept)
             with beat(f"reading the weights of {task.init.path}"):
-                task.log(start_from(model, task))
+                task.log(start_from(model, task, source))
         return model
     except BaseException:
         run_dir.discard(task.data_files)
@@ -383,20 +408,21 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
     out = p.out
     # config.json, the weights' header and the tokenizer must agree before the model config.json
     # describes is built for real: an edited config could otherwise allocate without bound
-    cfg = ckpt.check_run(out).config
+    checked = run_dir.reopen()
+    cfg = checked.config
     cls = task_for_run(cfg)
     if "task" in p.given and cls is not p.task:
-        raise ckpt.RunError(
+        raise rundir.RunError(
             f"{out}: a {cfg.get('task', 'lm')} run ({cfg.get('model_type')}), not --task "
             f"{p.given['task']}; resume it without --task"
         )
     saved = cfg.get("task_options")
     if not isinstance(saved, dict):
-        raise ckpt.RunError(
+        raise rundir.RunError(
             f"{out}: config.json does not record the task's options (an older attnlab wrote "
             "it), so it cannot be resumed; start a new run"
         )
-    state = run_dir.trainer_state()
+    state = checked.state
     saved_train = (state or {}).get("train_config") or cfg.get("train_config") or {}
     model_cfg = cfg.get("config") or {}
     for name in sorted(set(p.given) - RUN_OPTIONS - RESUMABLE - IGNORED_ON_RESUME):
@@ -411,8 +437,8 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
         changes = {k: v for k, v in p.given.items() if k in RESUMABLE}
         config = TrainConfig.from_dict({**saved_train, **changes})
     except (ConfigError, TypeError) as e:
-        raise ckpt.RunError(
-            f"{out / 'config.json'}: cannot resume with these settings ({e})"
+        raise rundir.RunError(
+            f"{out / rundir.CONFIG_FILE}: cannot resume with these settings ({e})"
         ) from None
     task = cls(options, seed=config.seed)
     if cfg.get("init_from") is not None:  # fine-tuned: its model config is the source's
@@ -427,21 +453,23 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
         was = f"was started from {task.init.path}" if task.init else "was not fine-tuned"
         raise ConfigError(f"--init-from cannot change on --resume (the run {was}); drop "
                           "--init-from to continue it")  # fmt: skip
-    task.reload(out, ckpt.read_tokenizer_files(out), cfg)
+    task.reload(out, checked.tokenizer, cfg)
     if state is None:
         log(f"{out}: no checkpoint written yet, starting from step 0 with the run's settings")
-    return task, config, _model_of(cfg, out / "config.json", config.seed)
+    torch.manual_seed(config.seed)  # the model config.json describes, built to be trained
+    return task, config, type(checked.model)(checked.model.config)
 
 
-def start_from(model: torch.nn.Module, task: Task) -> str:
+def start_from(model: torch.nn.Module, task: Task, source: torch.nn.Module | None = None) -> str:
     """Copy the weights of the run ``task.init`` names into ``model`` (built from its config,
     with the task's head and block size), read through the one loader
-    (``checkpoint.open_model``); returns what it did, in one line. Each tensor comes from the
+    (``rundir.open_model``); returns what it did, in one line. Each tensor comes from the
     source's tensor of the same name, a table with one row per position keeps its first
     block_size rows, and a head the source lacks (or that ``task.fresh`` names) keeps the
-    initialisation it was built with."""
+    initialisation it was built with. ``source``: that run's model, where it was read already."""
     init = task.init
-    source, _ = ckpt.open_model(init.path)
+    if source is None:  # read now (the other processes of a torchrun job)
+        source, _ = rundir.open_model(init.path)
     theirs = source.state_dict()
     blocks = (init.config.get("block_size"), getattr(model.config, "block_size", None))
     copied, fresh, cut = set(), [], []
@@ -456,7 +484,7 @@ def start_from(model: torch.nn.Module, task: Task) -> str:
                 their = their[: mine.shape[0]]  # (block_size, C): the first positions
                 cut.append(name)
             if their.shape != mine.shape:
-                raise ckpt.RunError(f"{init.path}: {name} is {tuple(their.shape)}; the model "
+                raise rundir.RunError(f"{init.path}: {name} is {tuple(their.shape)}; the model "
                                     f"it starts needs {tuple(mine.shape)}")  # fmt: skip
             mine.copy_(their)
             copied.add(mine.data_ptr())
@@ -468,18 +496,3 @@ def start_from(model: torch.nn.Module, task: Task) -> str:
     if cut:
         said += f"; position tables cut to the first {blocks[1]}"
     return said + ")"
-
-
-def _model_of(cfg: dict, source: Path, seed: int) -> torch.nn.Module:
-    """The model a run's config.json describes, built to be trained (a RunError if it names an
-    unknown model type or an invalid config)."""
-    try:
-        cls = ckpt.model_class(cfg.get("model_type", ""))
-    except ckpt.RunError as e:
-        raise ckpt.RunError(f"{source}: {e}") from None
-    try:
-        config = cls.config_class.from_dict(cfg.get("config", {}))
-    except (ConfigError, TypeError) as e:
-        raise ckpt.RunError(f"{source}: invalid {cls.__name__} config ({e})") from None
-    torch.manual_seed(seed)
-    return cls(config)

@@ -77,7 +77,7 @@ class Snapshots:
         if not trainer.writes:
             return
         self.run = trainer.run
-        self.done = set(self.run.snapshot_steps())
+        self.done = set(self.run.kept_snapshots)  # what start() kept (a resumed run's)
         self.repeat = repeated_tokens(trainer.raw_model, self.n_probe, self.seed,
                                       PATTERN_TOKENS // 2)  # fmt: skip
 

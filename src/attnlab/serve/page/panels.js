@@ -345,21 +345,24 @@
 
   // -- similarity before and after each block -----------------------------------------------------
   panel({
-    name: "similarity", title: "similarity", help: "cosine similarity of every pair of token vectors before and after each block (attnlab similarity --json)",
+    name: "similarity", title: "similarity", help: "cosine similarity (or the raw dot product) of every pair of token vectors before and after each block (attnlab similarity [--measure dot] --json)",
     views: ["similarity"],
     applies: (r) => r.residual,
     init(ctx) { ctx.state.layer = 0; ctx.state.pick = h("select"); ctx.state.out = h("div");
       ctx.state.pick.onchange = () => { ctx.state.layer = +ctx.state.pick.value; ctx.def.render(ctx); };
-      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "layer ", ctx.state.pick)), ctx.state.out); },
+      ctx.state.measure = h("select", { class: "measure", onchange: () => ctx.def.render(ctx) }, h("option", { value: "cosine", text: "cosine" }), h("option", { value: "dot", text: "dot product" }));
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "layer ", ctx.state.pick), h("label", {}, "measure ", ctx.state.measure)), ctx.state.out); },
     render(ctx) {
       const L = ctx.col.data.similarity.layers, st = ctx.state;
       st.layer = Math.min(st.layer, L.length - 1);
       st.pick.innerHTML = ""; L.forEach((x, i) => st.pick.add(new Option(x.label, String(i)))); st.pick.value = String(st.layer);
-      const x = L[st.layer];
+      const x = L[st.layer], dot = st.measure.value === "dot" && x.dot_before !== undefined;
+      const [B, A, mb, ma] = dot ? [x.dot_before, x.dot_after, x.mean_dot_before, x.mean_dot_after] : [x.before, x.after, x.mean_before, x.mean_after];
+      const o = dot ? { signed: true, decimals: 2, textMax: 32 } : { signed: true, top: 1, decimals: 2, textMax: 32 };  // a dot product has no bound: its own largest
       st.out.innerHTML = "";
       st.out.append(h("div", { class: "row" },
-        h("div", { class: "before" }, h("h3", { text: "before " + x.label + " (mean off-diagonal " + num(x.mean_before, 3) + ")" }), heat(x.before, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 32 })),
-        h("div", { class: "after" }, h("h3", { text: "after " + x.label + " (mean off-diagonal " + num(x.mean_after, 3) + ")" }), heat(x.after, x.tokens, x.tokens, { signed: true, top: 1, decimals: 2, textMax: 32 }))));
+        h("div", { class: "before" }, h("h3", { text: "before " + x.label + " (mean off-diagonal " + num(mb, 3) + ")" }), heat(B, x.tokens, x.tokens, o)),
+        h("div", { class: "after" }, h("h3", { text: "after " + x.label + " (mean off-diagonal " + num(ma, 3) + ")" }), heat(A, x.tokens, x.tokens, o))));
     },
   });
 
@@ -490,6 +493,95 @@
     },
   });
 
+  // -- what if: one piece of the selected head's attention changed at a time ----------------------
+  panel({
+    name: "what_if", title: "what if", help: "the selected head's attention as the model computes it, and with one piece changed at a time: no 1/\u221ad_k scale, no causal mask, a temperature T and 1/T, pads without a padding mask (attnlab what-if --json)",
+    views: ["what_if"], open: false,
+    applies: (r) => r.residual,
+    params: (ctx) => ({ what_if_temperature: +ctx.state.temp.value, what_if_pad: +ctx.state.pad.value }),
+    init(ctx) {
+      const st = ctx.state, again = () => ctx.col.update(["what_if"]);
+      st.temp = h("input", { type: "number", min: 0.01, step: 0.1, value: 2, style: "width:4em", onchange: again });
+      st.pad = h("input", { type: "number", min: 0, max: 256, value: 2, style: "width:4em", onchange: again });
+      st.pick = h("select"); st.pick.onchange = () => ctx.def.render(ctx); st.out = h("div");
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, "change ", st.pick), h("label", {}, "temperature ", st.temp), h("label", {}, "pads ", st.pad)), st.out);
+    },
+    render(ctx) {
+      const w = ctx.col.data.what_if, st = ctx.state, was = st.pick.value;
+      st.pick.innerHTML = ""; w.changes.forEach((c) => st.pick.add(new Option(c.title, c.name)));
+      if (w.changes.some((c) => c.name === was)) st.pick.value = was;
+      const c = w.changes.find((x) => x.name === st.pick.value) || w.changes[0];
+      st.out.innerHTML = "";
+      st.out.append(h("div", { class: "help", text: w.heading + " \u2014 " + w.baseline }),
+        h("div", { class: "help finding", text: c.finding }),
+        h("div", { class: "row" },
+          h("div", { class: "before" }, h("h3", { text: "as it runs" }), heat(w.before, w.rows, w.cols, { top: 1, decimals: 2, textMax: 32 })),
+          h("div", { class: "after", data: { change: c.name } }, h("h3", { text: c.title }), heat(c.after, w.rows, c.cols || w.cols, { top: 1, decimals: 2, textMax: 32 }))));
+    },
+  });
+
+  // -- each decoder step's attention over the source ------------------------------------------------
+  panel({
+    name: "align", title: "source attention", help: "the output decoded and, one row per decoder step (the token fed \u2192 the token output), its weights over the source: an LSTM's alignment, a Transformer's cross-attention (mean over heads and layers); put an LSTM beside a Transformer for the notes' \u201clet's go\u201d \u2192 \u201cvamos\u201d (attnlab align --json)",
+    views: ["align"], open: false,
+    applies: (r) => r.reads === "source",
+    params: (ctx) => ({ align_words: ctx.state.words.checked }),
+    init(ctx) {
+      const st = ctx.state;
+      st.words = h("input", { type: "checkbox", onchange: () => ctx.col.update(["align"]) }); st.out = h("div");
+      ctx.body.append(h("div", { class: "controls" }, h("label", {}, st.words, " words (each word's tokens added up)")), st.out);
+    },
+    render(ctx) {
+      const m = ctx.col.data.align.models[0], out = ctx.state.out;
+      out.innerHTML = "";
+      out.append(h("div", { class: "help", text: m.model + ": " + m.label }), h("div", { class: "output", text: m.output }),
+        heat(m.steps.map((s) => s.weights), m.steps.map((s) => s.fed + " \u2192 " + s.next), m.source, { top: 1, decimals: 2, textMax: 32 }));
+    },
+  });
+
+  // -- attention by hand ---------------------------------------------------------------------------
+  panel({
+    name: "walk", title: "by hand", help: "the words typed as the tokens, with your own X, W_Q, W_K, W_V (rows typed, ';' between them) or random ones of the sizes given, walked through the steps of attention; the switches show what each piece is for (attnlab walk --tokens TEXT --json)",
+    views: ["walk"], open: false,
+    applies: (r) => r.reads !== "image",
+    params(ctx) {
+      const st = ctx.state, p = { hand_m: +st.m.value, hand_d_k: +st.dk.value, hand_d_v: +st.dv.value, hand_seed: +st.seed.value,
+        hand_scale: st.scale.checked, hand_causal: st.causal.checked, hand_temperature: +st.temp.value, hand_pad: +st.pad.value, hand_padding_mask: st.pmask.checked };
+      for (const k of ["x", "wq", "wk", "wv"]) p["hand_" + k] = st[k].value;
+      return p;
+    },
+    init(ctx) {
+      const st = ctx.state, again = () => ctx.col.update(["walk"]), num_ = (v, w) => h("input", { type: "number", min: 0, value: v, style: "width:" + (w || 4) + "em", onchange: again });
+      st.i = 0; st.m = num_(8); st.dk = num_(3); st.dv = num_(3); st.seed = num_(0, 6); st.pad = num_(0);
+      st.temp = h("input", { type: "number", min: 0.01, step: 0.1, value: 1, style: "width:4em", onchange: again });
+      const box = (v) => h("input", { type: "checkbox", checked: v, onchange: again });
+      st.scale = box(true); st.causal = box(true); st.pmask = box(true);
+      for (const k of ["x", "wq", "wk", "wv"]) st[k] = h("textarea", { rows: 2, cols: 28, class: "hand-" + k, placeholder: "random", onchange: again });
+      st.pick = h("select"); st.pick.onchange = () => { st.i = +st.pick.value; ctx.def.render(ctx); };
+      st.out = h("div");
+      ctx.body.append(
+        h("div", { class: "controls" }, h("label", {}, "M ", st.m), h("label", {}, "d_k ", st.dk), h("label", {}, "d_v ", st.dv), h("label", {}, "seed ", st.seed)),
+        h("div", { class: "controls" }, h("label", {}, "X ", st.x), h("label", {}, "W_Q ", st.wq), h("label", {}, "W_K ", st.wk), h("label", {}, "W_V ", st.wv)),
+        h("div", { class: "controls" }, h("label", {}, st.scale, " 1/\u221ad_k scale"), h("label", {}, st.causal, " causal mask"), h("label", {}, "temperature ", st.temp),
+          h("label", {}, "pad ", st.pad), h("label", {}, st.pmask, " padding mask")),
+        h("div", { class: "controls steps" }, st.pick), st.out);
+    },
+    render(ctx) {
+      const w = ctx.col.data.walk, st = ctx.state, steps = w.steps;
+      st.i = Math.min(st.i, steps.length - 1);
+      st.pick.innerHTML = ""; steps.forEach((s, i) => st.pick.add(new Option((i + 1) + ". " + s.title, String(i))));
+      st.pick.value = String(st.i);
+      const s = steps[st.i], out = st.out;
+      out.innerHTML = ""; out.dataset.step = s.name;
+      out.append(h("h3", { text: s.title + (s.shape ? "   (" + s.shape.join(" \u00d7 ") + ")" : "") }), h("div", { class: "help", text: s.meaning }));
+      if (st.i === 0) out.append(h("div", { class: "output", text: w.tokens.map(show).join("  ") + "   (" + w.inputs.source + ")" }));
+      if (s.values) {
+        const V = Array.isArray(s.values[0]) ? s.values : [s.values];
+        out.append(heat(V, s.rows || null, s.cols || null, { signed: true, decimals: 3, textMax: 32 }));
+      }
+    },
+  });
+
   // -- watch it learn ------------------------------------------------------------------------------
   panel({
     name: "learn", title: "watch it learn", help: "what attnlab train has written to this run so far: the loss curve and, with snapshots, every head's scores (attnlab timeline --json); read without the writer's lock, every 2 s while ticked",
@@ -546,5 +638,34 @@
         h("td", { text: f ? String(f.step) : "-" }), h("td", {}, curve(pts, 160, 36))));
     });
     out.append(t);
+    drawMaps(ctx, d.maps, out);
+  }
+  // Each head's attention at each snapshot that kept one (attnlab explore RUN --steps's data:
+  // one byte per weight, round(255 w), base64): the head picked, at the snapshot on the slider
+  // (the newest one, as they land, until the slider is moved back).
+  function drawMaps(ctx, maps, out) {
+    const st = ctx.state, probe = maps && (maps.probes.repeat || maps.probes.sample);
+    if (!probe) return;
+    const heads = probe.heads.filter((hd) => probe.frames.some((f) => f.maps[hd.map]));
+    if (!heads.length) return;
+    if (!heads.some((hd) => hd.name === st.mapHead)) st.mapHead = heads[heads.length - 1].name;
+    const n = probe.frames.length, k = st.frame === undefined || st.frame === null ? n - 1 : Math.min(st.frame, n - 1);
+    const pick = h("select", {}, heads.map((hd) => h("option", { value: hd.name, text: "head " + hd.name })));
+    pick.value = st.mapHead;
+    pick.onchange = () => { st.mapHead = pick.value; drawLearn(ctx); };
+    const slider = h("input", { type: "range", min: "0", max: String(n - 1), value: String(k), class: "snapshot" });
+    slider.oninput = () => { st.frame = +slider.value >= n - 1 ? null : +slider.value; drawLearn(ctx); };  // the last: follow new ones
+    const hd = heads.find((x) => x.name === st.mapHead), frame = probe.frames[k];
+    const rows = (frame.maps[hd.map] || [])[hd.head];
+    out.append(h("h3", { text: "attention map at each snapshot" }),
+      h("div", { class: "controls" }, h("label", {}, "head ", pick), h("label", {}, "snapshot ", slider),
+        h("span", { class: "status learn-map", data: { step: frame.step, head: hd.name, frames: n }, text: "step " + frame.step + " (" + (k + 1) + " of " + n + " snapshots with maps)" })));
+    if (!rows) { out.append(h("div", { class: "help", text: "this snapshot kept no map of " + hd.map })); return; }
+    const bytes = atob(rows), T = probe.T, M = [];
+    for (let i = 0; i < T; i++) { const r = []; for (let j = 0; j < T; j++) r.push(bytes.charCodeAt(i * T + j) / 255); M.push(r); }
+    const last = M[T - 1], tok = probe.tokens || [];
+    out.append(h("div", { class: "learn-heat" }, heat(M, tok, tok, { top: 1, decimals: 2, textMax: 24 })),
+      h("div", { class: "help" }, "the last query (" + show(tok[T - 1] || String(T - 1)) + ") over the keys: ",
+        h("span", { class: "learn-row", text: last.map((v) => num(v, 2)).join(" ") })));
   }
 })();

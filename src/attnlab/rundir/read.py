@@ -1,17 +1,10 @@
-"""Run directories as models: config.json, model.safetensors and the tokenizer, written and
-loaded.
-
-A run directory looks like a Hugging Face model directory:
-    config.json          {"attnlab_format": 1, "model_type": "gpt", "config": {...}, ...}
-    model.safetensors    the weights (tied copies stored once)
-    tokenizer.json       see attnlab.tokenizers (an encoder-decoder adds target_tokenizer.json)
-A training run adds its checkpoint, metrics, best/ and snapshots: those are written and read
-by ``attnlab.training.rundir.RunDir``, the object the Trainer talks to. The pieces under both:
-``attnlab.files`` (atomic writes, the writer lock) and ``attnlab.safetensors_io`` (the header
-read and checked first, then the data).
+"""The verified reader: a run directory's files read, checked against each other, and the model
+they describe built (the files are listed in ``layout``; ``write`` writes them).
 
 Every file is written to a temporary name in the same directory, fsynced, then renamed, so a
 crash never leaves half a file. Only safetensors and JSON are ever read: nothing is unpickled.
+The pieces under the reader and the writer: ``attnlab.files`` (atomic writes, the writer lock)
+and ``attnlab.safetensors_io`` (the header read and checked first, then the data).
 
 A run directory is untrusted input (someone may send you one), so ``load_run`` allocates
 nothing until its files agree with each other (``check_run``):
@@ -32,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,7 +35,18 @@ import torch
 from torch import nn
 
 from attnlab.config import ConfigError
-from attnlab.files import FileChangedError, RunError, atomic_write_json, atomic_write_text
+from attnlab.files import FileChangedError, RunError
+from attnlab.rundir.layout import (
+    CONFIG_FILE,
+    FORMAT_VERSION,
+    LENS_FILE,
+    LENS_META,
+    METRICS_FILE,
+    MODEL_FILE,
+    STATE_FILE,
+    TARGET_TOKENIZER_FILE,
+    TOKENIZER_FILE,
+)
 from attnlab.safetensors_io import (
     PICKLE_SUFFIXES,
     SafetensorsHeader,
@@ -50,13 +55,8 @@ from attnlab.safetensors_io import (
     load_tensors,
     looks_like_pickle,
     read_header,
-    save_tensors,
 )
 from attnlab.tokenizers import PairTokenizer, Tokenizer, TokenizerError, load_tokenizer
-
-FORMAT_VERSION = 1
-
-MODEL_FILE = "model.safetensors"
 
 # ---------------------------------------------------------------------------------------------
 # Models
@@ -118,44 +118,6 @@ def check_state_dict(
             raise RunError(f"{source}: {k} has dtype {t.dtype}, expected {ref.dtype}")
 
 
-def save_model(
-    run_dir: str | Path,
-    model: nn.Module,
-    tokenizer: Tokenizer | None = None,
-    extra: dict | None = None,
-) -> None:
-    """Write config.json, model.safetensors (and tokenizer.json) into ``run_dir``."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    inner = unwrap(model)
-    save_tensors(
-        run_dir / "model.safetensors", state_dict_for_saving(inner), metadata={"format": "pt"}
-    )
-    if tokenizer is not None:
-        write_tokenizer(run_dir, tokenizer)
-    write_run_config(run_dir, inner, extra)
-
-
-def write_tokenizer(run_dir: str | Path, tokenizer) -> None:
-    """tokenizer.json (and target_tokenizer.json for a PairTokenizer, as a seq2seq run has)."""
-    files = getattr(tokenizer, "to_json_files", None)
-    files = files() if files else {"tokenizer.json": tokenizer.to_json()}
-    for name, text in files.items():
-        atomic_write_text(Path(run_dir) / name, text)
-
-
-def write_run_config(run_dir: str | Path, model: nn.Module, extra: dict | None = None) -> None:
-    """Write config.json: format version, model_type, the model's config, and ``extra``."""
-    inner = unwrap(model)
-    cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type}
-    cfg["config"] = inner.config.to_dict()
-    dtype = weights_dtype(inner)
-    if dtype != "float32":  # float32, the default, is not written: older runs read the same
-        cfg["dtype"] = dtype
-    cfg.update(extra or {})
-    atomic_write_json(Path(run_dir) / "config.json", cfg)
-
-
 # the dtypes a run's weights may have (config.json's "dtype", float32 when absent). A
 # bfloat16 run is one imported from bfloat16 weights: it is computed in bfloat16, as
 # transformers computes such a model by default, and held at the size of its file.
@@ -201,7 +163,7 @@ def read_run_config(run_dir: str | Path) -> dict:
                            "give a run directory with model.safetensors")  # fmt: skip
         raise RunError(f"{run_dir}: expected a run directory, got a file")
     pickles = [p.name for p in sorted(run_dir.iterdir()) if looks_like_pickle(p)]
-    path = run_dir / "config.json"
+    path = run_dir / CONFIG_FILE
     if not path.is_file():
         hint = (
             f" (found {pickles[0]}: pickles are refused, attnlab never unpickles)"
@@ -224,7 +186,7 @@ def read_run_config(run_dir: str | Path) -> dict:
         raise RunError(
             f"{path}: unknown attnlab_format {version!r}; this attnlab reads {FORMAT_VERSION}"
         )
-    if not (run_dir / "model.safetensors").is_file():
+    if not (run_dir / MODEL_FILE).is_file():
         hint = (
             f" (found {pickles[0]}: pickles are refused, attnlab never unpickles)"
             if pickles
@@ -235,7 +197,7 @@ def read_run_config(run_dir: str | Path) -> dict:
 
 
 def build_model(
-    cfg: dict, source: str | Path = "config.json", *, device: str | torch.device | None = None
+    cfg: dict, source: str | Path = CONFIG_FILE, *, device: str | torch.device | None = None
 ) -> nn.Module:
     """The model ``cfg`` (a run's config.json, read from ``source``) describes, freshly built.
 
@@ -303,6 +265,7 @@ class CheckedRun:
     header: SafetensorsHeader  # model.safetensors: names, dtypes, shapes, offsets
     model: nn.Module  # the model config.json describes, on the meta device
     tokenizer: Any  # Tokenizer, PairTokenizer (encoder-decoder), ImageTokenizer (ViT) or None
+    state: dict | None = None  # trainer_state.json, where the run was reopened to train
 
 
 def check_run(run_dir: str | Path, cfg: dict | None = None) -> CheckedRun:
@@ -312,7 +275,7 @@ def check_run(run_dir: str | Path, cfg: dict | None = None) -> CheckedRun:
     weights."""
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir) if cfg is None else cfg
-    config_path, weights = run_dir / "config.json", run_dir / "model.safetensors"
+    config_path, weights = run_dir / CONFIG_FILE, run_dir / MODEL_FILE
     header = read_header(weights)
     _check_layer_counts(cfg, header, config_path)
     model = build_model(cfg, config_path, device="meta")
@@ -331,6 +294,14 @@ def imported_weights(cfg: dict) -> bool:
         if isinstance(source, dict) and source.get("format") == "huggingface":
             return True
     return False
+
+
+def imported_from(cfg: dict) -> str | None:
+    """The Hugging Face directory (or name) a run's weights were imported from, if they were."""
+    source = cfg.get("source")
+    if isinstance(source, dict) and source.get("format") == "huggingface":
+        return str(source.get("name_or_path") or source.get("path") or "Hugging Face")
+    return None
 
 
 def _check_layer_counts(cfg: dict, header: SafetensorsHeader, source: Path) -> None:
@@ -475,7 +446,7 @@ def read_tokenizer_files(run_dir: str | Path):
     """The run's tokenizer: tokenizer.json, paired with target_tokenizer.json when there is one
     (an encoder-decoder run); None when the run has no tokenizer."""
     run_dir = Path(run_dir)
-    src, tgt = run_dir / "tokenizer.json", run_dir / "target_tokenizer.json"
+    src, tgt = run_dir / TOKENIZER_FILE, run_dir / TARGET_TOKENIZER_FILE
     if tgt.is_file() and not src.is_file():
         raise RunError(f"{run_dir}: target_tokenizer.json without tokenizer.json")
     try:
@@ -485,3 +456,72 @@ def read_tokenizer_files(run_dir: str | Path):
     except TokenizerError as e:
         raise RunError(str(e)) from None  # it names the file
     return tok
+
+
+# ---------------------------------------------------------------------------------------------
+# What a run holds besides its model
+# ---------------------------------------------------------------------------------------------
+
+
+def has_run_config(run_dir: str | Path) -> bool:
+    """Was a run written at ``run_dir`` (it has a config.json, finished or not)?"""
+    return (Path(run_dir) / CONFIG_FILE).is_file()
+
+
+def is_run(run_dir: str | Path) -> bool:
+    """Is ``run_dir`` an attnlab run directory (its config.json names an attnlab_format)?
+    Unreadable or foreign files say no."""
+    try:
+        cfg = json.loads((Path(run_dir) / CONFIG_FILE).read_text(encoding="utf-8"))
+        return "attnlab_format" in cfg
+    except (OSError, ValueError, TypeError):
+        return False
+
+
+def read_trainer_state(run_dir: str | Path) -> dict | None:
+    """trainer_state.json as a dict; None when the run has no checkpoint yet."""
+    path = Path(run_dir) / STATE_FILE
+    if not path.is_file():
+        return None
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise RunError(f"{path}: cannot read ({e})") from None
+    if not isinstance(state, dict):
+        raise RunError(f"{path}: not a trainer state (expected a JSON object)")
+    return state
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a metrics.jsonl file (a run directory, or the file itself)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.is_file():
+        return []
+    return [
+        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    ]
+
+
+def model_digest(run_dir: str | Path) -> str:
+    """The sha256 of the run's model.safetensors: what a tuned lens was fitted on."""
+    digest = hashlib.sha256()
+    with open(Path(run_dir) / MODEL_FILE, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def read_tuned_lens_meta(run_dir: str | Path) -> dict | None:
+    """tuned_lens.json (what the probes were fitted on); None unless both of the tuned lens's
+    files are there."""
+    run_dir = Path(run_dir)
+    if not (run_dir / LENS_META).is_file() or not (run_dir / LENS_FILE).is_file():
+        return None
+    return read_json_object(run_dir / LENS_META)
+
+
+def read_tuned_lens_probes(run_dir: str | Path) -> dict[str, torch.Tensor]:
+    """tuned_lens.safetensors: each probe's weight and bias by residual point."""
+    return load_tensors(Path(run_dir) / LENS_FILE)

@@ -1,20 +1,16 @@
-"""The run directory of a training run: the one object the Trainer writes it through.
+"""The locked writer: everything attnlab writes into a run directory (the files are listed in
+``layout``), and ``RunDir``, the one object a training run writes its directory through.
 
-A training run's directory is a model directory (``attnlab.checkpoint``: config.json,
-model.safetensors, tokenizer.json) plus:
-    optimizer.safetensors   AdamW moments of the same step as model.safetensors
-    trainer_state.json      step, train config, RNG states, data position, best metric so far
-    best/                   config.json, tokenizer.json, model.safetensors of the best evaluation
-    metrics.jsonl, loss.png one JSON line per log or evaluation; the loss curve
-    snapshots/              attention and head scores every --snapshot-every steps
-
-    with RunDir(out) as run:           # holds the directory's writer lock (attnlab.files)
+    save_model(dir, model, tokenizer, extra)   config.json, model.safetensors, tokenizer.json
+    with writing(out, writer=True) as run:      # the directory's writer lock (attnlab.files)
         run.create()                   # a new run: refuse one already there, make it, lock it
+        run.write_tokenizer(tokenizer) # a new run's tokenizer, as soon as its data has one
+        checked = run.reopen()         # a run to continue: checked, with its trainer state
         history = run.start(model, tokenizer, record, resumed=False, step=0)
-        run.append_metrics(row); run.save_best(tensors, meta)
-        run.save_checkpoint(model_tensors, optimizer_tensors, state)
-        run.read_checkpoint()          # (state, model tensors, optimizer tensors) or None,
-                                       # after finishing or discarding one cut short
+        run.append_metrics(row); run.save_best(tensors, meta, model=model)
+        run.save_checkpoint(model_tensors, optimizer_tensors, state, model=model)
+        run.read_checkpoint(model=model)   # (state, model tensors, optimizer tensors) or None,
+                                           # after finishing or discarding one cut short
 
 How a checkpoint stays whole: its three files are first written into a fresh ``ckpt-tmp/``
 directory (each file fsynced), which is then renamed to ``ckpt-ready/``: the rename is the
@@ -22,7 +18,7 @@ commit point. The files are then moved into place one by one (each move atomic) 
 ``ckpt-ready/`` removed. A crash before the commit leaves the previous checkpoint untouched
 (``ckpt-tmp/`` is discarded by ``recover``); a crash after it is rolled forward by finishing
 the moves. ``model.safetensors`` is always one whole file, and config.json and tokenizer.json
-never change during training, so ``attnlab.checkpoint.load_run`` works at every instant.
+never change during training, so ``attnlab.load_run`` works at every instant.
 
 One process writes a run directory at a time: a ``RunDir`` entered with ``with`` holds the
 directory's ``FileLock``, an OS lock on the directory itself that dies with the process (kill
@@ -34,16 +30,16 @@ other than rank 0) locks and writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from attnlab.checkpoint import MODEL_FILE, write_run_config, write_tokenizer
 from attnlab.files import (
     FileLock,
     RunError,
@@ -51,17 +47,98 @@ from attnlab.files import (
     atomic_write_text,
     fsync_dir,
 )
+from attnlab.rundir.layout import (
+    BEST_DIR,
+    CHECKPOINT_FILES,
+    CONFIG_FILE,
+    CURVE_FILE,
+    FORMAT_VERSION,
+    LENS_FILE,
+    LENS_META,
+    METRICS_FILE,
+    MODEL_FILE,
+    OPTIMIZER_FILE,
+    READY,
+    RUN_FILES,
+    SNAPSHOT_DIR,
+    SNAPSHOT_PREFIX,
+    STAGING,
+    STATE_FILE,
+    TARGET_TOKENIZER_FILE,
+    TOKENIZER_FILE,
+)
+from attnlab.rundir.read import (
+    CheckedRun,
+    check_run,
+    check_state_dict,
+    model_digest,
+    read_metrics,
+    read_tokenizer_files,
+    read_trainer_state,
+    state_dict_for_saving,
+    unwrap,
+    weights_dtype,
+)
 from attnlab.safetensors_io import error_line, load_tensors, read_header, save_tensors
+from attnlab.tokenizers import Tokenizer
 
-OPTIMIZER_FILE = "optimizer.safetensors"
-STATE_FILE = "trainer_state.json"
-METRICS_FILE = "metrics.jsonl"
-CURVE_FILE = "loss.png"
-SNAPSHOT_DIR, SNAPSHOT_PREFIX = "snapshots", "step-"  # snapshots/step-00000250.safetensors
-STAGING, READY = "ckpt-tmp", "ckpt-ready"
-CHECKPOINT_FILES = (OPTIMIZER_FILE, MODEL_FILE, STATE_FILE)  # install order: state last
-# what makes a directory a run (one of these, and starting a new run there is refused)
-RUN_FILES = ("config.json", MODEL_FILE, STATE_FILE, "tokenizer.json", METRICS_FILE)
+# ---------------------------------------------------------------------------------------------
+# A model directory: config.json, the weights, the tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+def save_model(
+    run_dir: str | Path,
+    model: nn.Module,
+    tokenizer: Tokenizer | None = None,
+    extra: dict | None = None,
+) -> None:
+    """Write config.json, model.safetensors (and tokenizer.json) into ``run_dir``."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    inner = unwrap(model)
+    save_tensors(run_dir / MODEL_FILE, state_dict_for_saving(inner), metadata={"format": "pt"})
+    if tokenizer is not None:
+        write_tokenizer(run_dir, tokenizer)
+    write_run_config(run_dir, inner, extra)
+
+
+def write_tokenizer(run_dir: str | Path, tokenizer) -> None:
+    """tokenizer.json (and target_tokenizer.json for a PairTokenizer, as a seq2seq run has)."""
+    files = getattr(tokenizer, "to_json_files", None)
+    files = files() if files else {TOKENIZER_FILE: tokenizer.to_json()}
+    for name, text in files.items():
+        atomic_write_text(Path(run_dir) / name, text)
+
+
+def write_run_config(run_dir: str | Path, model: nn.Module, extra: dict | None = None) -> None:
+    """Write config.json: format version, model_type, the model's config, and ``extra``."""
+    inner = unwrap(model)
+    cfg = {"attnlab_format": FORMAT_VERSION, "model_type": inner.model_type}
+    cfg["config"] = inner.config.to_dict()
+    dtype = weights_dtype(inner)
+    if dtype != "float32":  # float32, the default, is not written: older runs read the same
+        cfg["dtype"] = dtype
+    cfg.update(extra or {})
+    atomic_write_json(Path(run_dir) / CONFIG_FILE, cfg)
+
+
+def write_tuned_lens(run_dir: str | Path, probes: dict[str, torch.Tensor],
+                     meta: dict) -> tuple[Path, Path]:  # fmt: skip
+    """tuned_lens.safetensors (the probes, in float32) and tuned_lens.json (``meta`` and the
+    sha256 of the weights they were fitted on), each written atomically under the directory's
+    writer lock (a training run writing it refuses this). Returns both paths."""
+    run_dir = Path(run_dir)
+    with FileLock(run_dir):
+        meta = {**meta, "model_sha256": model_digest(run_dir)}
+        save_tensors(run_dir / LENS_FILE, {k: v.float() for k, v in probes.items()})
+        atomic_write_json(run_dir / LENS_META, meta)
+    return run_dir / LENS_FILE, run_dir / LENS_META
+
+
+# ---------------------------------------------------------------------------------------------
+# A training run
+# ---------------------------------------------------------------------------------------------
 
 # ``fault(point, staging_dir)``: called while a checkpoint is written (see save_checkpoint)
 Fault = Callable[[str, Path], None]
@@ -78,6 +155,7 @@ class RunDir:
         self.model_file, self.optimizer_file = self.path / MODEL_FILE, self.path / OPTIMIZER_FILE
         self.state_file, self.metrics_file = self.path / STATE_FILE, self.path / METRICS_FILE
         self.curve_file = self.path / CURVE_FILE
+        self.kept_snapshots: list[int] = []  # the snapshots' steps once ``start`` has run
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.path)!r})"
@@ -146,15 +224,32 @@ class RunDir:
         if self.created:
             shutil.rmtree(d, ignore_errors=True)
             return
-        for name in (*names, *RUN_FILES, "target_tokenizer.json", OPTIMIZER_FILE, CURVE_FILE):
+        for name in (*names, *RUN_FILES, TARGET_TOKENIZER_FILE, OPTIMIZER_FILE, CURVE_FILE):
             if (d / name).is_dir() and not (d / name).is_symlink():
                 shutil.rmtree(d / name, ignore_errors=True)
             else:
                 (d / name).unlink(missing_ok=True)
             for tmp in d.glob(f".{name}.*tmp"):
                 tmp.unlink(missing_ok=True)
-        for name in ("best", STAGING, READY, SNAPSHOT_DIR):
+        for name in (BEST_DIR, STAGING, READY, SNAPSHOT_DIR):
             shutil.rmtree(d / name, ignore_errors=True)
+
+    def write_tokenizer(self, tokenizer) -> None:
+        """A new run's tokenizer files, as soon as its data has made them (the other processes
+        of a torchrun job read them from here); ``start`` writes them again with config.json."""
+        write_tokenizer(self.path, tokenizer)
+
+    def read_tokenizer(self):
+        """The run's tokenizer (``read_tokenizer_files``)."""
+        return read_tokenizer_files(self.path)
+
+    def reopen(self) -> CheckedRun:
+        """A run to continue training: its config.json, weights' header and tokenizer checked
+        against each other before anything is allocated (``check_run``: the model it describes
+        is built on the meta device), with its trainer state (None: no checkpoint yet)."""
+        checked = check_run(self.path)
+        checked.state = self.trainer_state()
+        return checked
 
     # -- the Trainer's calls -------------------------------------------------------------------
 
@@ -166,7 +261,8 @@ class RunDir:
         (continue it with resume). Then, by the writer: config.json and the tokenizer files, in
         the directory and in best/ (written once, before the first step, which also proves the
         directory writable before training); the metrics and snapshots after ``step`` removed
-        (a resumed run writes them again), or all of them and the curve for a run from 0."""
+        (a resumed run writes them again), or all of them and the curve for a run from 0.
+        ``kept_snapshots`` then lists the steps of the snapshots kept."""
         if not resumed and self.trainer_state() is not None:
             raise RunError(f"{self.path} already holds a training run; continue it with resume "
                            "(--resume), or choose another directory")  # fmt: skip
@@ -174,7 +270,7 @@ class RunDir:
             return []
         self._check_writable()
         try:
-            for target in (self.path, self.path / "best"):
+            for target in (self.path, self.path / BEST_DIR):
                 target.mkdir(exist_ok=True)
                 write_run_config(target, model, extra)
                 if tokenizer is not None:
@@ -184,6 +280,7 @@ class RunDir:
                            "(nothing was trained)") from None  # fmt: skip
         if resumed:
             self._truncate_snapshots(step)
+            self.kept_snapshots = self.snapshot_steps()
             return self._truncate_metrics(step)
         for path in (self.metrics_file, self.curve_file):
             path.unlink(missing_ok=True)
@@ -192,14 +289,17 @@ class RunDir:
 
     def save_checkpoint(self, model_tensors: dict[str, torch.Tensor],
                         optimizer_tensors: dict[str, torch.Tensor], state: dict,
-                        fault: Fault | None = None) -> None:  # fmt: skip
+                        fault: Fault | None = None, *, model: nn.Module | None = None) -> None:  # fmt: skip
         """Write one checkpoint (model, optimizer, trainer state of ``state["step"]``) whole or
         not at all: staged in ``ckpt-tmp/``, committed by renaming it ``ckpt-ready/``, then
-        installed. An OSError (a full disk) leaves the previous checkpoint in place.
+        installed. An OSError (a full disk) leaves the previous checkpoint in place. Given the
+        ``model`` whose state dict ``model_tensors`` is, its tied copies are stored once.
 
         ``fault(point, staging_dir)`` is called at "start", "optimizer" (model staged) and
         "installed-model" (committed, the model moved into place): where a test injects a
         crash or a full disk (``Trainer`` callbacks' ``on_save``)."""
+        if model is not None:
+            model_tensors = state_dict_for_saving(model, model_tensors)
         d = self.path
         staging, ready = d / STAGING, d / READY
         hook = fault or (lambda point, where: None)
@@ -225,10 +325,14 @@ class RunDir:
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
-    def save_best(self, model_tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        """best/model.safetensors; ``meta`` (step, metric, value) goes into its metadata."""
+    def save_best(self, model_tensors: dict[str, torch.Tensor], meta: dict, *,
+                  model: nn.Module | None = None) -> None:  # fmt: skip
+        """best/model.safetensors; ``meta`` (step, metric, value) goes into its metadata. Given
+        the ``model`` whose state dict ``model_tensors`` is, its tied copies are stored once."""
+        if model is not None:
+            model_tensors = state_dict_for_saving(model, model_tensors)
         meta = {"format": "pt", **{k: str(v) for k, v in meta.items()}}
-        save_tensors(self.path / "best" / MODEL_FILE, model_tensors, meta)
+        save_tensors(self.path / BEST_DIR / MODEL_FILE, model_tensors, meta)
 
     def append_metrics(self, row: dict) -> None:
         with open(self.metrics_file, "a", encoding="utf-8") as f:
@@ -248,16 +352,17 @@ class RunDir:
             fsync_dir(d)
             shutil.rmtree(ready)
         shutil.rmtree(d / STAGING, ignore_errors=True)
-        for tmp in list(d.glob(".*.tmp")) + list((d / "best").glob(".*.tmp")):
+        for tmp in list(d.glob(".*.tmp")) + list((d / BEST_DIR).glob(".*.tmp")):
             tmp.unlink(missing_ok=True)  # a file whose atomic write was cut short
 
     def read_checkpoint(
-        self, sync: Callable[[], None] | None = None
+        self, sync: Callable[[], None] | None = None, *, model: nn.Module | None = None
     ) -> tuple[dict, dict, dict] | None:
         """(trainer state, model tensors, optimizer tensors) of the last checkpoint, once the
         writer has ``recover``-ed it (``sync()`` then runs in every process: a barrier, so
         that the others read what it recovered); None if there is none. The state's step must
-        be a number and the model's weights must be of that step (their metadata says which)."""
+        be a number and the model's weights must be of that step (their metadata says which);
+        given the ``model`` they are for, their names, shapes and dtypes must be its."""
         self.recover()
         if sync is not None:
             sync()
@@ -273,6 +378,8 @@ class RunDir:
             raise RunError(f"{self.path}: model.safetensors is from step {model_step} but "
                            f"trainer_state.json from step {step}")  # fmt: skip
         tensors = load_tensors(self.model_file, header=header)
+        if model is not None:
+            check_state_dict(model, tensors, str(self.model_file))
         return state, tensors, load_tensors(self.optimizer_file)
 
     # -- reading -------------------------------------------------------------------------------
@@ -345,27 +452,18 @@ class RunDir:
             tmp.unlink(missing_ok=True)
 
 
-def read_trainer_state(run_dir: str | Path) -> dict | None:
-    """trainer_state.json as a dict; None when the run has no checkpoint yet."""
-    path = Path(run_dir) / STATE_FILE
-    if not path.is_file():
-        return None
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise RunError(f"{path}: cannot read ({e})") from None
-    if not isinstance(state, dict):
-        raise RunError(f"{path}: not a trainer state (expected a JSON object)")
-    return state
-
-
-def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of a metrics.jsonl file (a run directory, or the file itself)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    if not path.is_file():
-        return []
-    return [
-        json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
-    ]
+@contextlib.contextmanager
+def writing(path: str | Path, *, writer: bool = True, new: bool = False) -> Iterator[RunDir]:
+    """The run directory at ``path``, its writer lock held while the block runs (by the
+    ``writer``: the other processes of a torchrun job lock and write nothing). ``new``: a new
+    run's, made as ``RunDir.create`` makes it (refused where a run is); should the block fail
+    before anything is written there, a directory made for it is removed again."""
+    with RunDir(path, writer=writer) as run:
+        if new and writer:
+            run.create()
+        try:
+            yield run
+        except BaseException:
+            if run.created and run.path.is_dir() and not any(run.path.iterdir()):
+                run.path.rmdir()
+            raise
