@@ -152,7 +152,7 @@ def train_all_in_a_new_process(data: Path, root: Path, threads: str) -> dict[str
 def losses(run: Path) -> list[dict]:
     """Every logged row of metrics.jsonl, less what measures time."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-    timing = ("_per_s", "ms_per_iter", "seconds", "time", "threads")
+    timing = ("_per_s", "ms_per_iter", "seconds", "time", "threads", "elapsed")
     return [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in rows]
 
 

@@ -148,7 +148,7 @@ def busy_machine(monkeypatch):
 def logged(run: Path) -> tuple[dict, list[dict]]:
     """The run's recorded thread choice, and its metrics.jsonl rows less what measures time."""
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line]
-    timing = ("_per_s", "ms_per_iter", "seconds", "time")
+    timing = ("_per_s", "ms_per_iter", "seconds", "time", "elapsed")
     rows = [{k: v for k, v in r.items() if not any(t in k for t in timing)} for r in rows]
     return json.loads((run / "config.json").read_text())["runtime"], rows
 
