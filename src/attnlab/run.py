@@ -427,10 +427,14 @@ class Run:
         """Why head ``head`` (``blocks.1.attn.head0``) attends from position ``query`` to
         ``key`` on ``text``: its score split into (query-side writer, key-side writer) parts
         that sum to the model's score (``interventions.why.split_score``), as plain data."""
+        from attnlab.interventions import InterventionError
         from attnlab.interventions.why import split_score
 
         p = self.subject.prepare(text)
-        return split_score(self.subject, p.args, head, query, key).to_dict()
+        try:
+            return split_score(self.subject, p.args, head, query, key).to_dict()
+        except KeyError as e:  # a name the residual graph does not have
+            raise InterventionError(str(e).strip("'\"")) from None
 
     def lens(self, text: str, *, tuned: bool = False):
         """As ``attnlab lens RUN TEXT``: the logit lens (``tuned``: the run's tuned lens)."""
