@@ -577,3 +577,29 @@ def test_the_why_and_paths_verbs_print_the_run_methods_and_refuse_in_one_line(ch
             code = e.code
         err = capsys.readouterr().err.strip()
         assert code == 2 and words in err and "\n" not in err, (argv, err)
+
+
+def test_the_weights_verb_prints_run_weights_sorted_and_refuses_a_missing_head(char_run, capsys):
+    import json
+
+    from attnlab.cli import main
+    from attnlab.run import load_run
+
+    want = load_run(char_run).weights("blocks.1.attn.head0", 3)
+    argv = ["weights", str(char_run), "--head", "blocks.1.attn.head0", "--top", "3"]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [p["from"] + p["to"] for p in got["composition"]["pairs"]] == [
+        p["from"] + p["to"] for p in want["composition"]["pairs"]]  # fmt: skip
+    assert got["head"]["qk_directions"] == want["head"]["qk_directions"]
+    assert main([*argv, "--rows", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(x) <= 80 and x == x.rstrip() for x in lines)
+    shown = [x.split() for x in lines[2:4]]
+    top2 = sorted(want["composition"]["pairs"], key=lambda p: -max(p["q"], p["k"], p["v"]))[:2]
+    assert [r[:2] for r in shown] == [[p["from"], p["to"]] for p in top2]
+    assert float(shown[0][4]) == pytest.approx(top2[0]["v"], abs=1e-3)
+    assert any(x.startswith("    key side: ") and len(x.split()) == 5 for x in lines)
+    code = main(["weights", str(char_run), "--head", "blocks.7.attn.head0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "no self-attention head 'blocks.7.attn.head0'" in err, err

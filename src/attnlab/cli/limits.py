@@ -222,6 +222,7 @@ BOUNDS: dict = {
     # why: positions from 0 (the split says how many the input has)
     ("why", "query"): INDEX,
     ("why", "key"): INDEX,
+    ("weights", "rows"): _count(10**6, why="rows to show"),
     # circuit
     ("circuit", "k"): _count(INDEX_MAX, why="units; the graph then says how many it has"),
     "fraction": Bound(float, 0.0, 1.0, low_open=True),
