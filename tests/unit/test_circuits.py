@@ -190,6 +190,7 @@ def test_the_naive_gpt_is_the_model():
         torch.testing.assert_close(got, model(ids), atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.slow  # 11-12 s under load 5 (still run in CI)
 def test_exact_patching_and_eap_agree_with_a_naive_per_edge_implementation():
     """Exact: M(corrupt with one edge's term swapped for its clean term) - M(corrupt), one
     naive run per edge; EAP: the term difference times the gradient of M at the reader's input
@@ -450,6 +451,7 @@ def test_a_score_split_into_query_and_key_writers_sums_to_the_models_score(cls, 
         assert float(got.table.abs().max()) > 0
 
 
+@pytest.mark.slow  # 11-12 s under load 5 (still run in CI)
 def test_acdc_prunes_every_edge_once_and_reports_what_it_kept():
     from attnlab.interventions.circuits import find_circuit
     from attnlab.interventions.pairs import induction_pairs
