@@ -423,14 +423,36 @@ class Run:
         return {"metric": metric, **{k: (v.tolist() if hasattr(v, "tolist") else v)
                                      for k, v in out.items()}}  # fmt: skip
 
+    def weights(self, head: str | None = None, top: int = 5) -> dict:
+        """As ``attnlab weights RUN``: the Q-, K- and V-composition scores of every earlier head
+        into every later one beside their random baselines
+        (``interventions.weights.composition_scores``), and with ``head``
+        (``blocks.1.attn.head0``) that head's QK and OV circuits read through a GPT's
+        embeddings and unembedding, ``top`` tokens per singular direction
+        (``head_circuits``). Plain data."""
+        from attnlab.interventions import InterventionError
+        from attnlab.interventions.weights import composition_scores, head_circuits
+
+        out = {"composition": composition_scores(self.subject)}
+        if head is not None:
+            try:
+                out["head"] = head_circuits(self.subject, head, top)
+            except KeyError as e:
+                raise InterventionError(str(e.args[0])) from None
+        return out
+
     def why(self, text: str, head: str, query: int, key: int) -> dict:
         """Why head ``head`` (``blocks.1.attn.head0``) attends from position ``query`` to
         ``key`` on ``text``: its score split into (query-side writer, key-side writer) parts
         that sum to the model's score (``interventions.why.split_score``), as plain data."""
+        from attnlab.interventions import InterventionError
         from attnlab.interventions.why import split_score
 
         p = self.subject.prepare(text)
-        return split_score(self.subject, p.args, head, query, key).to_dict()
+        try:
+            return split_score(self.subject, p.args, head, query, key).to_dict()
+        except KeyError as e:  # a name the residual graph does not have
+            raise InterventionError(str(e.args[0])) from None
 
     def lens(self, text: str, *, tuned: bool = False):
         """As ``attnlab lens RUN TEXT``: the logit lens (``tuned``: the run's tuned lens)."""

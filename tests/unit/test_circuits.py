@@ -190,6 +190,7 @@ def test_the_naive_gpt_is_the_model():
         torch.testing.assert_close(got, model(ids), atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.slow  # 11-12 s under load 5 (still run in CI)
 def test_exact_patching_and_eap_agree_with_a_naive_per_edge_implementation():
     """Exact: M(corrupt with one edge's term swapped for its clean term) - M(corrupt), one
     naive run per edge; EAP: the term difference times the gradient of M at the reader's input
@@ -450,6 +451,7 @@ def test_a_score_split_into_query_and_key_writers_sums_to_the_models_score(cls, 
         assert float(got.table.abs().max()) > 0
 
 
+@pytest.mark.slow  # 11-12 s under load 5 (still run in CI)
 def test_acdc_prunes_every_edge_once_and_reports_what_it_kept():
     from attnlab.interventions.circuits import find_circuit
     from attnlab.interventions.pairs import induction_pairs
@@ -530,3 +532,76 @@ def test_a_heads_qk_and_ov_circuits_through_the_embeddings():
     assert d["qk_tokens"][i][j] == pytest.approx(float(E[i] @ m.qk @ E[j]), rel=1e-9)
     assert len(d["qk_singular_values"]) <= 8  # the rank is at most the head width
     assert d["ov_directions"][0]["output_side"] and d["qk_directions"][0]["key_side"]
+
+
+def test_the_why_and_paths_verbs_print_the_run_methods_and_refuse_in_one_line(char_run, capsys):
+    import json
+    import re
+
+    from attnlab.cli import main
+    from attnlab.run import load_run
+
+    run = load_run(char_run)
+    why = ["why", str(char_run), "abcabc", "--head", "blocks.1.attn.head0", "--query", "5",
+           "--key", "2"]  # fmt: skip
+    assert main([*why, "--json"]) == 0
+    got, want = json.loads(capsys.readouterr().out), run.why("abcabc", "blocks.1.attn.head0", 5, 2)
+    assert got.keys() == want.keys() and got["key_terms"] == want["key_terms"]
+    np.testing.assert_allclose(got["table"], want["table"], rtol=1e-6, atol=1e-9)
+    assert main([*why, "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(x) <= 80 and x == x.rstrip() for x in lines)
+    parts = [float(x.split()[-1]) for x in lines[2:] if not x.startswith(("sum", "("))]
+    total = float(next(x for x in lines if x.startswith("sum")).split()[-1])
+    assert len(parts) == 4 and sum(parts) == pytest.approx(total, abs=2e-4)  # 3 shown + rest
+    paths = ["paths", str(char_run), "--clean", "abcab", "--corrupt", "dbcab", "--target", "c",
+             "--foil", "d", "--sender", "blocks.0.attn.head0", "--receiver", "readout"]  # fmt: skip
+    assert main([*paths, "--json"]) == 0
+    want = run.path_patch("abcab", "dbcab", "c", "blocks.0.attn.head0", ["readout"], foil="d")
+    got = json.loads(capsys.readouterr().out)
+    assert {k: got[k] for k in ("sender", "receivers", "metric")} == {
+        k: want[k] for k in ("sender", "receivers", "metric")}  # fmt: skip
+    for k in ("clean", "corrupt", "patched"):  # the gap is tiny here: compare the metric
+        np.testing.assert_allclose(got[k], want[k], atol=1e-5)
+    assert main(paths) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert all(len(x) <= 80 and x == x.rstrip() for x in out)
+    clean, corrupt, patched = (float(x) for x in re.findall(r"[+-]\d+\.\d+", out[1]))
+    assert [clean, corrupt, patched] == pytest.approx(
+        [want["clean"][0], want["corrupt"][0], want["patched"][0]], abs=2e-4
+    )
+    for argv, words in (([*why[:-1], "99"], "positions"), ([*why[:-1], "-1"], "--key"),
+                        ([*why[:4], "blocks.9.attn.head0", *why[5:]], "no node"),
+                        ([*paths[:-1], "blocks.0.attn.head0.q"], "does not write")):  # fmt: skip
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        err = capsys.readouterr().err.strip()
+        assert code == 2 and words in err and "\n" not in err, (argv, err)
+
+
+def test_the_weights_verb_prints_run_weights_sorted_and_refuses_a_missing_head(char_run, capsys):
+    import json
+
+    from attnlab.cli import main
+    from attnlab.run import load_run
+
+    want = load_run(char_run).weights("blocks.1.attn.head0", 3)
+    argv = ["weights", str(char_run), "--head", "blocks.1.attn.head0", "--top", "3"]
+    assert main([*argv, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert [p["from"] + p["to"] for p in got["composition"]["pairs"]] == [
+        p["from"] + p["to"] for p in want["composition"]["pairs"]]  # fmt: skip
+    assert got["head"]["qk_directions"] == want["head"]["qk_directions"]
+    assert main([*argv, "--rows", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert all(len(x) <= 80 and x == x.rstrip() for x in lines)
+    shown = [x.split() for x in lines[2:4]]
+    top2 = sorted(want["composition"]["pairs"], key=lambda p: -max(p["q"], p["k"], p["v"]))[:2]
+    assert [r[:2] for r in shown] == [[p["from"], p["to"]] for p in top2]
+    assert float(shown[0][4]) == pytest.approx(top2[0]["v"], abs=1e-3)
+    assert any(x.startswith("    key side: ") and len(x.split()) == 5 for x in lines)
+    code = main(["weights", str(char_run), "--head", "blocks.7.attn.head0"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "no self-attention head 'blocks.7.attn.head0'" in err, err

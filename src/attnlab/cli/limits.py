@@ -220,6 +220,10 @@ BOUNDS: dict = {
     "steps": _count(4096, why="a forward and backward pass each; Gauss-Legendre: at most 256"),
     "residual": _rate(1.0),
     "windows": _count(1024, why="every window is scored again for every head"),
+    # why: positions from 0 (the split says how many the input has)
+    ("why", "query"): INDEX,
+    ("why", "key"): INDEX,
+    ("weights", "rows"): _count(10**6, why="rows to show"),
     # circuit
     ("circuit", "k"): _count(INDEX_MAX, why="units; the graph then says how many it has"),
     "fraction": Bound(float, 0.0, 1.0, low_open=True),
