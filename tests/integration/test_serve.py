@@ -280,6 +280,8 @@ def _serve(*args, wait_for: str = "attnlab workbench: "):
     p = subprocess.Popen([sys.executable, "-m", "attnlab", "serve", *map(str, args)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     line = p.stdout.readline()
+    if line.strip() == wait_for.strip():  # into a pipe (80 columns) the address has its own line
+        line = f"{wait_for.strip()} {p.stdout.readline().strip()}\n"
     return p, line
 
 
