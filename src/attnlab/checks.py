@@ -89,13 +89,17 @@ def _perturb_ids(x: Tensor, j: int) -> Tensor:
     return y
 
 
+PROBE_TARGET = 12  # the decoder input an encoder-decoder's probes feed, in tokens
+
+
 class DecoderProbes:
     """What ``attnlab check`` needs from an encoder-decoder (mixed into both models).
 
     Each probe runs the decoder on target ids ``ids`` (B, T) over one fixed random source, so
     perturbing a target token changes nothing but the decoder's input:
-    - ``conformance_forward``: decoder logits (B, T, V), causal in the target;
-    - ``cache_difference``: incremental decoding (``start``/``step``) vs the full pass;
+    - ``probe_forward``: decoder logits (B, T, V), causal in the target;
+    - ``cache_difference``: incremental decoding (its decoder's ``start``/``step``) vs the
+      full pass;
     - ``padding_difference``: padding the source changes no decoder output.
     """
 
@@ -109,22 +113,25 @@ class DecoderProbes:
         src[:, -1] = EOS
         return src.to(next(self.parameters()).device)
 
-    def conformance_inputs(self, batch: int = 2, seed: int = 0, length: int = 12) -> Tensor:
-        """Random target ids (B, T) without <pad>, <bos>-first like a decoder input."""
+    def probe_inputs(self, batch: int = 2, seed: int = 0, length: int = 16) -> Tensor:
+        """Random target ids (B, 12) without <pad>, <bos>-first like a decoder input (12
+        whatever ``length`` is asked: the probes' source is 7 tokens)."""
+        length = PROBE_TARGET
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(EOS + 1, self.config.tgt_vocab_size, (batch, length), generator=g)
         ids[:, 0] = BOS
         return ids.to(next(self.parameters()).device)
 
-    def conformance_forward(self, ids: Tensor) -> Tensor:
+    def probe_forward(self, ids: Tensor) -> Tensor:
         return self(self._probe_source(ids.size(0)), ids)
 
     @torch.no_grad()
     def cache_difference(self, ids: Tensor) -> float:
         src = self._probe_source(ids.size(0))
         full = torch.log_softmax(self(src, ids).float(), dim=-1)  # (B, T, V)
-        state = self.start(src, ids.size(1))
-        steps = [self.step(state, ids[:, t]) for t in range(ids.size(1))]  # T x (B, V)
+        dec = self.decoded_by(self)  # its declared decoder (attnlab.decoding.Decoder)
+        state = dec.start(src, ids.size(1))
+        steps = [dec.step(state, ids[:, t]) for t in range(ids.size(1))]  # T x (B, V)
         return float((torch.stack(steps, dim=1) - full).abs().max())
 
     @torch.no_grad()

@@ -1,10 +1,28 @@
-"""A GPT's side of the decoding protocol of ``attnlab.generation`` (start / step / reorder).
+"""The decoding protocol every model that decodes speaks, and a GPT's decoder.
 
-``GPTDecoder`` decodes a GPT: a KV cache, the window policies past block_size (slide, shift,
-ring: the docstring of ``attnlab.generation`` says what each computes), and ``FastForward``,
-the decode-time restatement of ``GPT.forward``. ``models/gpt.py`` is the architecture alone; it
-names its decoder as data (``GPT.decoded_by``), and ``decoder_for(model)`` reads that name.
-This module imports the models, never the reverse.
+A model kind declares its decoder (``ModelKind.decoded_by``: a ``Decoder`` class), and
+``attnlab.generation`` (sampling, greedy, beam search) speaks only this protocol, never asking
+which kind it decodes:
+
+    dec   = decoder_for(model)               # the decoder the model's kind declares
+    dec.check_window(window, use_cache)      # what it does past its positions
+    state = dec.start(x, max_len, window, use_cache)   # x: a prompt (B, T0), or a source (B, S)
+    logp  = dec.step(state, dec.first_tokens(x))       # tokens (B,) -> next-token log-probs (B, V)
+    dec.reorder(state, index)                # keep / duplicate batch rows (beam search)
+
+and declares its special tokens (``start_id``, ``end_id``, ``never_emit``, ``pad_id``) and how
+text becomes its input and its output text (``encode``, ``decode``). A GPT's decoder
+(``GPTDecoder``, here) continues its prompt: the first step feeds the prompt's last token (the
+rest of the prompt goes through in the same pass), it has no end token, and its steps run a KV
+cache, the window policies past block_size (slide, shift, ring: the docstring of
+``attnlab.generation`` says what each computes) and ``FastForward``, the decode-time
+restatement of ``GPT.forward``. An encoder-decoder's decoders (``attnlab.models.declare``'s
+``SourceDecoder`` and the model modules' subclasses) encode a source at ``start`` and start
+their output from a start id.
+
+This module is one of the pieces models are built from: it imports no model (``models/gpt.py``
+imports it to declare its decoder), so it names the forward pass FastForward restates
+(``RESTATES``) rather than importing it.
 """
 
 from __future__ import annotations
@@ -30,19 +48,113 @@ from attnlab.attention import (
 )
 from attnlab.blocks import Block, FeedForward, GatedFeedForward
 from attnlab.hooks import Hook
-from attnlab.models.gpt import GPT
 from attnlab.norms import RMSNorm, rms_norm
 from attnlab.positional import LearnedPositions, Rotary, RotaryHalf, SinusoidalPositions
 
 WINDOWS = ("slide", "shift", "ring")  # what decoding does past block_size: see attnlab.generation
 
 
-class GPTDecoder:
-    """Decodes a GPT, one token at a time: ``start`` a state, ``step`` tokens into it,
-    ``reorder`` its rows (beam search)."""
+class Decoder:
+    """The decoding protocol: what a model kind declares about decoding it, as a class
+    (``ModelKind.decoded_by``) made for one model. ``generation`` reads nothing else.
 
-    def __init__(self, model: GPT):
+    Data: ``start_id`` (the id an output starts from; None for a decoder that continues its
+    prompt), ``end_id`` (the id that ends an output; None: it runs to its length),
+    ``never_emit`` (ids it never produces), ``pad_id`` (what fills a row after it ended),
+    ``continues_prompt`` (the output continues the input, whose tokens count as already said),
+    ``what`` (how a refusal names the model). Methods: ``start``, ``first_tokens``, ``step``,
+    ``reorder``, ``check_window``, ``encode`` and ``decode`` (text in and out),
+    ``vocab_size`` (the ids a step scores), ``max_positions`` and ``length`` (how far it
+    decodes)."""
+
+    start_id: int | None = None
+    end_id: int | None = None
+    never_emit: tuple[int, ...] = ()
+    pad_id: int = 0
+    continues_prompt: bool = False
+    what: str = "model"
+
+    def __init__(self, model: nn.Module):
         self.model = model
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def start(self, x: Tensor, max_len: int, window: str = "slide", use_cache: bool = True):
+        """A decoding state for ``x`` (B, T) that makes room for ``max_len`` steps."""
+        raise NotImplementedError
+
+    def first_tokens(self, x: Tensor) -> Tensor:
+        """The tokens (B,) the first ``step`` feeds."""
+        raise NotImplementedError
+
+    def step(self, state, tokens: Tensor) -> Tensor:
+        """Feed ``tokens`` (B,) (or (B, T)) -> log-probabilities of the next token (B, V)."""
+        raise NotImplementedError
+
+    def reorder(self, state, index: Tensor) -> None:
+        """Keep rows ``index`` of the batch (beam search)."""
+        raise NotImplementedError
+
+    def path(self, state) -> str:
+        """What the steps run (``attnlab check`` says it)."""
+        return "start/step"
+
+    # -- what it reads and writes ------------------------------------------------------------
+
+    def check_window(self, window: str, use_cache: bool = True) -> None:
+        """ValueError (one line) unless this decoder can read past its positions by ``window``
+        (and without a cache, if ``use_cache`` is False)."""
+        if window not in WINDOWS:
+            raise ValueError(f"unknown window {window!r}; choose from {', '.join(WINDOWS)}")
+
+    def encode(self, tokenizer, text: str) -> list[int]:
+        """The ids ``start`` reads for ``text``."""
+        return tokenizer.encode(text)
+
+    def decode(self, tokenizer, ids: list[int]) -> str:
+        """The text of output ids."""
+        return tokenizer.decode(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        """How many ids a step scores."""
+        return self.model.config.vocab_size
+
+    @property
+    def max_positions(self) -> int | None:
+        """The positions an output may fill (None: no limit)."""
+        return None
+
+    def default_length(self, src_len: int, requested: int | None = None) -> int:
+        """The longest output tried: ``requested``, or twice the input plus 10, within
+        ``max_positions`` (the start id takes one)."""
+        limit = self.max_positions
+        n = requested or 2 * src_len + 10
+        return min(n, limit - 1) if limit else n
+
+    def length(self, src_len: int, requested: int | None, doing: str = "sample") -> int:
+        """How many tokens ``doing`` (sample, beam-search) decodes: ``default_length`` where
+        the decoder can end by itself; a decoder with no end token must be told (ValueError)."""
+        if self.end_id is None:
+            if requested is None:
+                raise ValueError(f"max_new_tokens is needed to {doing} from a {self.what}")
+            return requested
+        return self.default_length(src_len, requested)
+
+    def forbid(self, logp: Tensor) -> Tensor:
+        """``logp`` (B, V) with the ids this decoder never emits at -inf (in place)."""
+        for i in self.never_emit:
+            logp[:, i] = float("-inf")
+        return logp
+
+
+class GPTDecoder(Decoder):
+    """Decodes a GPT, one token at a time: ``start`` a state, ``step`` tokens into it,
+    ``reorder`` its rows (beam search). It continues its prompt and has no special tokens: the
+    first step feeds the prompt's last token, and an output runs to the length it is given."""
+
+    continues_prompt = True
+    what = "GPT"
 
     def start(
         self, prompt: Tensor, max_len: int, window: str = "slide", use_cache: bool = True
@@ -68,6 +180,22 @@ class GPTDecoder:
             cache = model.new_cache(B, min(c.block_size, T0 + max_len), ring=window == "ring")
         run = FastForward(model) if FastForward.applies(model) else self._last_logits
         return DecodeState(ids, T0 - 1, 0, window, cache, run)
+
+    def first_tokens(self, prompt: Tensor) -> Tensor:
+        return prompt[:, -1]  # (B,) the prompt's last token; the rest goes in the same pass
+
+    def path(self, state: DecodeState) -> str:
+        return state.path
+
+    def encode(self, tokenizer, text: str) -> list[int]:
+        """A prompt's ids; an empty prompt starts from a newline (or id 0 without one)."""
+        ids = tokenizer.encode(text)
+        if not ids:  # an empty prompt: start from a newline if the vocabulary has one, else id 0
+            try:
+                ids = tokenizer.encode("\n")[:1]
+            except ValueError:
+                ids = []
+        return ids or [0]
 
     def _last_logits(self, ids: Tensor, cache: list[KVCache] | None) -> Tensor:
         return self.model(ids, cache=cache, logits_to_keep=1)[:, -1]  # (B, V)
@@ -127,29 +255,21 @@ class GPTDecoder:
             logits = state.run(new[:, t : t + 1], cache)
         return logits
 
-    @staticmethod
-    def reorder(state: DecodeState, index: Tensor) -> None:
+    def reorder(self, state: DecodeState, index: Tensor) -> None:
         """Keep rows ``index`` of the batch (beam search)."""
         state.ids = state.ids.index_select(0, index)
         for layer in state.cache or ():
             layer.reorder(index)
 
 
-DECODERS = {"gpt": GPTDecoder}  # what a model class's ``decoded_by`` may name
-
-
-def decoder_for(model: nn.Module):
-    """What speaks the decoding protocol for ``model``: the decoder its class names in
-    ``decoded_by`` (a GPT's: ``GPTDecoder``), or the model itself where it implements start /
-    step / reorder (the encoder-decoders). ValueError (one line) for a model that does not
+def decoder_for(model: nn.Module) -> Decoder:
+    """What speaks the decoding protocol for ``model``: the decoder its kind declares
+    (``ModelKind.decoded_by``), made for it. ValueError (one line) for a model that does not
     generate."""
-    name = getattr(model, "decoded_by", None)
-    if name is not None:
-        return DECODERS[name](model)
-    if getattr(model, "decodes", False):  # declared: it implements start / step / reorder
-        return model
-    raise ValueError(f"a {type(model).__name__} does not generate: decoding needs a GPT or "
-                     "an encoder-decoder (Transformer or LSTM)")  # fmt: skip
+    if model.decoded_by is None:
+        raise ValueError(f"a {type(model).__name__} does not generate: decoding needs a GPT or "
+                         "an encoder-decoder (Transformer or LSTM)")  # fmt: skip
+    return model.decoded_by(model)
 
 
 def window_start(n: int, block: int, window: str) -> int:
@@ -181,6 +301,13 @@ class DecodeState:
     def path(self) -> str:
         """What the steps run: "FastForward", or "forward" where FastForward steps aside."""
         return "FastForward" if isinstance(self.run, FastForward) else "forward"
+
+
+RESTATES = "attnlab.models.gpt.GPT.forward"  # the forward pass FastForward restates, by name
+
+
+def _qualified(fn: Callable) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"
 
 
 # The module kinds FastForward restates (module types exactly: a subclass may change the math).
@@ -271,7 +398,7 @@ class FastForward:
     - ``attnlab check`` runs a model's decoding through it against the full pass.
     """
 
-    def __init__(self, model: GPT):
+    def __init__(self, model: nn.Module):
         c = model.config
         self.layers = []  # per block, per residual step: (attention | None, feed-forward |
         #                   None, norm, post, after, reads the block's input, scale)
@@ -294,12 +421,12 @@ class FastForward:
         self.block_size = c.block_size
 
     @staticmethod
-    def applies(model: GPT) -> bool:
+    def applies(model: nn.Module) -> bool:
         """Only where it restates the model exactly and nothing would see the difference:
         ``GPT.forward`` itself, every module of a kind in ``MIRRORS`` with its class's forward
         (self-attention only, keys and values of one width), eval mode throughout, fused
         attention, no Hook recording or editing, no torch hooks."""
-        if type(model).forward is not GPT.forward:
+        if _qualified(type(model).forward) != RESTATES:
             return False
         for m in model.modules():
             if m is not model and (type(m) not in MIRRORS or "forward" in vars(m)):
@@ -310,7 +437,9 @@ class FastForward:
                 return False
             if isinstance(m, MultiHeadAttention) and m.d_k != m.d_v:
                 return False  # [W_Q; W_K; W_V] is read as H + 2 n_kv heads of one width
-            if getattr(m, "use_fused", True) is False or m._forward_hooks or m._forward_pre_hooks:
+            if isinstance(m, MultiHeadAttention) and not m.use_fused:
+                return False  # forced onto the reference path
+            if m._forward_hooks or m._forward_pre_hooks:
                 return False
         return not (nn.modules.module._global_forward_hooks
                     or nn.modules.module._global_forward_pre_hooks)  # fmt: skip

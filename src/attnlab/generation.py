@@ -1,14 +1,17 @@
 """Decoding, one token at a time, for every generative model: sampling, greedy, beam search.
 
-One protocol, spoken by a GPT's decoder (``attnlab.decoding.GPTDecoder``), the encoder-decoder
-Transformer and the LSTM encoder-decoder (each its own decoder):
+It speaks one protocol, ``attnlab.decoding.Decoder``, which every model that decodes declares
+(``ModelKind.decoded_by``: a GPT's ``GPTDecoder``, an encoder-decoder's ``SourceDecoder``), and
+never asks which kind of model it holds:
     dec   = decoder_for(model)
-    state = dec.start(x, max_len)       # x: a GPT's prompt (B, T0), or a source (B, S) to encode
-    logp  = dec.step(state, tokens)     # feed tokens (B,) -> next-token log-probs (B, V)
+    state = dec.start(x, max_len)       # x: a prompt (B, T0), or a source (B, S) to encode
+    logp  = dec.step(state, dec.first_tokens(x))   # tokens (B,) -> next-token log-probs (B, V)
     dec.reorder(state, index)           # keep / duplicate batch rows (beam search)
-The first step feeds a GPT its prompt's last token (the rest of the prompt goes through in the
-same pass), and an encoder-decoder ``<bos>``. An encoder-decoder's ids 0, 1, 2 are <pad>, <bos>,
-<eos>: it never produces <pad> or <bos>, and a row ends at <eos>. A GPT has no such ids.
+The decoder says what its first step feeds (a GPT: its prompt's last token, the rest of the
+prompt going through in the same pass; an encoder-decoder: its start id, <bos>), the id that
+ends a row (an encoder-decoder's <eos>; a GPT has none, and runs to the length it is given),
+the ids it never produces (an encoder-decoder's <pad> and <bos>), and how text becomes its
+input and its output becomes text.
 
 Sampling turns each step's log-probabilities (B, V) into a next token:
     repetition penalty  (CTRL) a token already in the sequence has its log-probability
@@ -73,13 +76,13 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from attnlab.decoding import WINDOWS, decoder_for
+from attnlab.decoding import WINDOWS, Decoder, decoder_for
 from attnlab.modes import evaluating
-from attnlab.tokenizers import BOS, EOS, PAD  # an encoder-decoder's reserved ids
+from attnlab.tokenizers import PAD  # what pad_ids pads sources with
 
 __all__ = ["WINDOWS", "decoder_for", "SamplingConfig", "generate", "generate_ids", "greedy", "beam_search",
            "beam_generate", "translate", "next_token_logprobs", "Hypothesis", "Sample",
-           "length_penalty", "pad_ids", "encode_prompt"]  # fmt: skip
+           "length_penalty", "pad_ids"]  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -162,51 +165,24 @@ def decoding(fn: Callable) -> Callable:
     return run
 
 
-def is_encoder_decoder(model: nn.Module) -> bool:
-    return bool(getattr(model, "is_encoder_decoder", False))
-
-
 def begin(
-    model: nn.Module, x: Tensor, max_len: int, window: str = "slide", use_cache: bool = True
-) -> tuple[object, object, Tensor]:
-    """The model's decoder, its ``start`` on ``x`` (B, T), and the tokens (B,) its first step
-    feeds."""
-    dec = decoder_for(model)
-    if is_encoder_decoder(model):
-        if window != "slide" or not use_cache:
-            raise ValueError("window policies and --no-cache apply to a GPT's context, "
-                             "not to an encoder-decoder")  # fmt: skip
-        state = dec.start(x, max_len)
-        start = special_ids(model)[0]
-        return dec, state, torch.full((x.size(0),), start, dtype=torch.long, device=x.device)
-    return dec, dec.start(x, max_len, window=window, use_cache=use_cache), x[:, -1]
-
-
-def special_ids(model: nn.Module) -> tuple[int, int, tuple[int, ...]]:
-    """An encoder-decoder's (start id, end id, ids it never emits): attnlab's pair tokenizers'
-    <bos>, <eos> and (<pad>, <bos>) unless the model names its own (T5: <pad>, </s>, none)."""
-    return (
-        getattr(model, "decoder_start_id", BOS),
-        getattr(model, "end_id", EOS),
-        tuple(getattr(model, "never_emit", (PAD, BOS))),
-    )
-
-
-def _forbid_specials(model: nn.Module, logp: Tensor) -> Tensor:
-    for i in special_ids(model)[2]:
-        logp[:, i] = float("-inf")
-    return logp
+    dec: Decoder, x: Tensor, max_len: int, window: str = "slide", use_cache: bool = True
+) -> tuple[object, Tensor]:
+    """The decoder's ``start`` on ``x`` (B, T) (which refuses a window it cannot read), and the
+    tokens (B,) its first step feeds."""
+    return dec.start(x, max_len, window=window, use_cache=use_cache), dec.first_tokens(x)
 
 
 @decoding
 def next_token_logprobs(model: nn.Module, x: Tensor, window: str = "slide") -> Tensor:
     """The protocol's first step alone: log p(next token | prompt) for a GPT's prompts
     ``x`` (B, T) (past block_size, read through ``window``), or log p(first output token |
-    source) for an encoder-decoder's sources (B, S), <pad> and <bos> excluded. -> (B, V)."""
+    source) for an encoder-decoder's sources (B, S), the ids its decoder never emits excluded.
+    -> (B, V)."""
     x = x.to(next(model.parameters()).device)
-    dec, state, tokens = begin(model, x, 1, window)
-    logp = dec.step(state, tokens)  # (B, V)
-    return _forbid_specials(model, logp) if is_encoder_decoder(model) else logp
+    dec = decoder_for(model)
+    state, tokens = begin(dec, x, 1, window)
+    return dec.forbid(dec.step(state, tokens))  # (B, V)
 
 
 def pad_ids(seqs: list[list[int]], pad: int = PAD, device=None) -> Tensor:
@@ -219,17 +195,9 @@ def pad_ids(seqs: list[list[int]], pad: int = PAD, device=None) -> Tensor:
 
 
 def default_max_len(model, src_len: int, max_len: int | None = None) -> int:
-    """Longest output tried: ``max_len`` or twice the source plus 10, within the model's
-    positions (a Transformer's ``config.max_len`` holds <bos> too)."""
-    limit = getattr(model.config, "max_len", None)
-    n = max_len or 2 * src_len + 10
-    return min(n, limit - 1) if limit else n
-
-
-def model_vocab(model: nn.Module) -> int:
-    """Size of the vocabulary a model's step scores."""
-    c = model.config
-    return getattr(c, "tgt_vocab_size", None) or c.vocab_size
+    """Longest output tried: ``max_len`` or twice the source plus 10, within the positions its
+    decoder may fill (a Transformer's ``config.max_len`` holds <bos> too)."""
+    return decoder_for(model).default_length(src_len, max_len)
 
 
 @decoding
@@ -242,8 +210,9 @@ def generate_ids(
     window: str = "slide",
 ) -> Tensor:
     """Sample up to ``cfg.max_new_tokens`` tokens after ``prompt`` (B, T0) (an encoder-decoder:
-    from the source (B, S)); returns the new ids (B, n_new). An encoder-decoder row that has
-    produced <eos> gets <pad> after it, and decoding stops when every row has.
+    from the source (B, S)); returns the new ids (B, n_new). A row that has produced its
+    decoder's end id (an encoder-decoder's <eos>) gets its pad id after it, and decoding stops
+    when every row has.
 
     ``on_step(tokens (B,))`` is called after every step; returning True stops early (stop
     strings are checked there). Rows of a batch are independent but share the prompt length.
@@ -251,39 +220,34 @@ def generate_ids(
     device = next(model.parameters()).device
     x = prompt.to(device)
     B = x.size(0)
-    encdec = is_encoder_decoder(model)
-    steps = cfg.max_new_tokens
-    if encdec:
-        steps = default_max_len(model, x.size(1), steps)
-    elif steps is None:
-        raise ValueError("max_new_tokens is needed to sample from a GPT")
-    dec, state, tokens = begin(model, x, max(steps, 1), window, use_cache)
+    dec = decoder_for(model)
+    steps = dec.length(x.size(1), cfg.max_new_tokens)
+    state, tokens = begin(dec, x, max(steps, 1), window, use_cache)
     generator = None
     if cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(cfg.seed)
     seen = None
     if cfg.repetition_penalty != 1.0:
-        seen = torch.zeros(B, model_vocab(model), dtype=torch.bool, device=device)
-        if not encdec:
+        seen = torch.zeros(B, dec.vocab_size, dtype=torch.bool, device=device)
+        if dec.continues_prompt:  # the prompt's tokens are already in the sequence
             seen.scatter_(1, x, True)
-    done = torch.zeros(B, dtype=torch.bool, device=device) if encdec else None
-    out = torch.full((B, steps), PAD, dtype=torch.long, device=device)  # (B, steps)
+    end = dec.end_id  # None: every row runs to ``steps``
+    done = torch.zeros(B, dtype=torch.bool, device=device)
+    out = torch.full((B, steps), dec.pad_id, dtype=torch.long, device=device)  # (B, steps)
     n = 0
     while n < steps:
-        logp = dec.step(state, tokens)  # (B, V)
-        if encdec:
-            logp = _forbid_specials(model, logp)
+        logp = dec.forbid(dec.step(state, tokens))  # (B, V)
         tokens = next_token(logp, cfg, seen, generator)  # (B,)
-        if encdec:
-            tokens = tokens.masked_fill(done, PAD)
-            done |= tokens == special_ids(model)[1]
+        if end is not None:
+            tokens = tokens.masked_fill(done, dec.pad_id)
+            done |= tokens == end
         out[:, n] = tokens
         n += 1
         if seen is not None:
             seen.scatter_(1, tokens[:, None], True)
         if on_step is not None and on_step(tokens):
             break
-        if encdec and bool(done.all()):
+        if end is not None and bool(done.all()):
             break
     return out[:, :n]
 
@@ -298,11 +262,8 @@ def greedy(
     """
     max_len = default_max_len(model, src.size(1), max_len)
     ids = generate_ids(model, src, SamplingConfig(max_len, temperature=0.0), window=window)
-    rows = ids.tolist()
-    if not is_encoder_decoder(model):
-        return rows
-    end = special_ids(model)[1]
-    return [row[: row.index(end)] if end in row else row for row in rows]
+    end = decoder_for(model).end_id  # None (a GPT): the rows run to max_len
+    return [row[: row.index(end)] if end in row else row for row in ids.tolist()]
 
 
 @dataclasses.dataclass
@@ -340,23 +301,21 @@ def beam_search(
         raise ValueError("beam_search decodes one source at a time: src must be (1, S)")
     if beam < 1:
         raise ValueError(f"beam must be >= 1, got {beam}")
-    encdec = is_encoder_decoder(model)
-    max_len = default_max_len(model, src.size(1), max_len)
-    dec, state, last = begin(model, src, max_len + 1, window, use_cache)
+    dec = decoder_for(model)
+    max_len = dec.default_length(src.size(1), max_len)
+    state, last = begin(dec, src, max_len + 1, window, use_cache)
     alive: list[list[int]] = [[]]
     scores = torch.zeros(1, device=src.device)  # (K,) total log-probabilities of the live beams
     finished: list[Hypothesis] = []
     for step in range(max_len):
-        logp = dec.step(state, last)  # (K, V)
-        if encdec:
-            logp = _forbid_specials(model, logp)
+        logp = dec.forbid(dec.step(state, last))  # (K, V)
         V = logp.size(-1)
         total = (scores[:, None] + logp).view(-1)  # (K * V,)
         top_scores, top_idx = total.topk(min(2 * beam, int(torch.isfinite(total).sum())))
         origins, new_alive, new_scores, new_last = [], [], [], []
         for s, idx in zip(top_scores.tolist(), top_idx.tolist()):
             k, tok = divmod(idx, V)
-            if encdec and tok == special_ids(model)[1]:
+            if tok == dec.end_id:  # never, for a decoder with no end id (a GPT)
                 n = len(alive[k]) + 1
                 finished.append(Hypothesis(alive[k], s, s / length_penalty(n, alpha), True))
             else:
@@ -385,10 +344,10 @@ def translate(model, tokenizer, texts: list[str], beam: int = 1, alpha: float = 
     """Source texts -> translations, greedy (beam = 1, batched) or by beam search."""
     if beam > 1:
         return [row[0].text for row in beam_generate(model, tokenizer, texts, beam, alpha, max_len)]
-    device = next(model.parameters()).device
-    srcs = [tokenizer.encode_source(t) for t in texts]
+    device, dec = next(model.parameters()).device, decoder_for(model)
+    srcs = [dec.encode(tokenizer, t) for t in texts]
     outs = greedy(model, pad_ids(srcs, device=device), max_len)
-    return [tokenizer.decode_target(o) for o in outs]
+    return [dec.decode(tokenizer, o) for o in outs]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,13 +382,9 @@ def generate(
     """
     cfg = cfg or SamplingConfig()
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
-    encdec = is_encoder_decoder(model)
-    if encdec:
-        encoded = [tokenizer.encode_source(p) for p in prompts]
-        decode, end = tokenizer.decode_target, special_ids(model)[1]
-    else:
-        encoded = [encode_prompt(tokenizer, p) for p in prompts]
-        decode, end = tokenizer.decode, None
+    dec = decoder_for(model)
+    encoded = [dec.encode(tokenizer, p) for p in prompts]
+    decode, end = functools.partial(dec.decode, tokenizer), dec.end_id
     jobs = [(i, s) for i in range(len(prompts)) for s in range(num_samples)]
     results: dict[tuple[int, int], Sample] = {}
     by_length: dict[int, list[tuple[int, int]]] = {}
@@ -461,18 +416,15 @@ def beam_generate(
     """Beam search from each prompt (an encoder-decoder: from each source text), one prompt
     at a time: its ``n_best`` hypotheses, best first, as Samples (``text`` the continuation, or
     the output). ``max_new_tokens`` None: an encoder-decoder's default; a GPT needs one."""
-    encdec = is_encoder_decoder(model)
-    if not encdec and max_new_tokens is None:
-        raise ValueError("max_new_tokens is needed to beam-search from a GPT")
+    dec = decoder_for(model)
+    dec.length(1, max_new_tokens, "beam-search")  # a decoder with no end id needs a length
     device = next(model.parameters()).device
-    decode = tokenizer.decode_target if encdec else tokenizer.decode
     out = []
     for p in prompts:
-        ids = tokenizer.encode_source(p) if encdec else encode_prompt(tokenizer, p)
-        x = torch.tensor([ids], dtype=torch.long, device=device)  # (1, T)
+        x = torch.tensor([dec.encode(tokenizer, p)], dtype=torch.long, device=device)  # (1, T)
         hyps = beam_search(model, x, beam, alpha, max_new_tokens, window=window,
                            use_cache=use_cache)  # fmt: skip
-        out.append([Sample(p, decode(h.tokens), h.tokens) for h in hyps[:n_best]])
+        out.append([Sample(p, dec.decode(tokenizer, h.tokens), h.tokens) for h in hyps[:n_best]])
     return out
 
 
@@ -528,14 +480,3 @@ class _StopWatch:
         if self.stream is not None:
             self._emit(text, len(text))
         return text, cut >= 0
-
-
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    """A GPT prompt's ids; an empty prompt starts from a newline (or id 0 without one)."""
-    ids = tokenizer.encode(prompt)
-    if not ids:  # an empty prompt: start from a newline if the vocabulary has one, else id 0
-        try:
-            ids = tokenizer.encode("\n")[:1]
-        except ValueError:
-            ids = []
-    return ids or [0]

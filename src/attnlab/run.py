@@ -208,12 +208,15 @@ class Run:
 
     def generate(self, prompt: str | list[str] = "\n", *, stop=(), num_samples: int = 1,
                  use_cache: bool = True, stream=None, window: str = "slide",
-                 beam: int | None = None, alpha: float = PredictOptions.alpha, **sampling):  # fmt: skip
+                 beam: int | None = None, alpha: float = PredictOptions.alpha,
+                 samples: bool = False, **sampling):  # fmt: skip
         """What ``attnlab generate`` prints: a GPT's continuation of ``prompt`` (an
         encoder-decoder's sampled output for a source text), sampled with ``SamplingConfig``'s
         options and defaults (``max_new_tokens``, ``temperature``, ``top_k``, ``top_p``,
         ``repetition_penalty``, ``seed``), or the best ``num_samples`` of a beam search
-        (``beam=N``). A str for one prompt and one sample; otherwise a list."""
+        (``beam=N``): the one place that choice is made. A str for one prompt and one sample;
+        otherwise a list; ``samples=True``: always the list of ``attnlab.generation.Sample``
+        (each its prompt, text and tokens), each prompt's in turn."""
         from attnlab.generation import SamplingConfig, beam_generate
         from attnlab.generation import generate as sample
 
@@ -228,12 +231,49 @@ class Run:
             rows = beam_generate(self.model, self.tokenizer, prompts, beam, alpha,
                                  cfg.max_new_tokens, n_best=num_samples, window=window,
                                  use_cache=use_cache)  # fmt: skip
-            texts = [s.text for row in rows for s in row]
+            found = [s for row in rows for s in row]
         else:
-            texts = [s.text for s in sample(self.model, self.tokenizer, prompts, cfg, stop=stop,
-                                            num_samples=num_samples, use_cache=use_cache,
-                                            stream=stream, window=window)]  # fmt: skip
+            found = sample(self.model, self.tokenizer, prompts, cfg, stop=stop,
+                           num_samples=num_samples, use_cache=use_cache, stream=stream,
+                           window=window)  # fmt: skip
+        if samples:
+            return found
+        texts = [s.text for s in found]
         return texts[0] if isinstance(prompt, str) and len(texts) == 1 else texts
+
+    def translate(self, texts: str | list[str], *, beam: int | None = None,
+                  alpha: float = PredictOptions.alpha, max_len: int | None = None,
+                  num_samples: int = 1, stop=(), **sampling) -> list[dict]:  # fmt: skip
+        """What ``attnlab translate`` prints: an encoder-decoder's output for each source text,
+        rows {"source", "output"}. Greedy (``predict``'s translation) unless it searches
+        (``beam=N``, the best ``num_samples``) or samples (``temperature`` > 0, a repetition
+        penalty, ``stop`` strings or several samples; ``generate``'s decoding, with
+        ``SamplingConfig``'s other options). ``max_len``: the longest output (default: twice
+        the source + 10)."""
+        import dataclasses
+
+        from attnlab.generation import SamplingConfig
+
+        if self.model.predicts != "decoder-step":
+            raise rundir.RunError(f"{self.path}: not an encoder-decoder run (train one with --task "
+                                "seq2seq); `attnlab predict` answers for any run")  # fmt: skip
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        cfg = SamplingConfig(max_len, **{"temperature": 0.0, **sampling})
+        sampled = cfg.temperature > 0 or cfg.repetition_penalty != 1.0 or bool(stop)
+        if beam is None and not sampled and num_samples == 1:  # greedy: predict's answer
+            preds = self.predict(texts, alpha=alpha, max_len=max_len)
+            return [{"source": t, "output": p["output"]} for t, p in zip(texts, preds)]
+        found = self.generate(texts, stop=stop, num_samples=num_samples, beam=beam, alpha=alpha,
+                              samples=True, **dataclasses.asdict(cfg))  # fmt: skip
+        return [{"source": s.prompt, "output": s.text} for s in found]
+
+    def classify(self, inputs: str | list[str], top_k: int = PredictOptions.top_k):
+        """What ``attnlab classify`` prints: a classifier's ``top_k`` classes of each input (a
+        text; for a ViT an image file or ``test:N``), as ``predict`` gives them."""
+        if self.model.predicts != "class":
+            raise rundir.RunError(f"{self.path}: not a classifier run (train one with --task "
+                                "classify); `attnlab predict` answers for any run")  # fmt: skip
+        return self.predict(inputs, top_k=top_k)
 
     def record(self, text: str):
         """One recorded forward pass over ``text`` (an image path or ``test:N`` for a ViT): the

@@ -12,9 +12,6 @@ from hypothesis import strategies as st
 from attnlab.blocks import FeedForward
 from attnlab.decoding import FastForward, decoder_for
 from attnlab.generation import (
-    BOS,
-    EOS,
-    PAD,
     SamplingConfig,
     apply_repetition_penalty,
     beam_search,
@@ -27,7 +24,7 @@ from attnlab.generation import (
 )
 from attnlab.hooks import record
 from attnlab.models.gpt import GPT, GPTConfig
-from attnlab.tokenizers import CharTokenizer, PairTokenizer
+from attnlab.tokenizers import BOS, EOS, PAD, CharTokenizer, PairTokenizer
 from lm_helpers import tiny_gpt
 
 TOK = CharTokenizer("abcdefghij klmnopqr\n")  # 20 characters for a vocab of 20
@@ -195,7 +192,8 @@ def test_encoder_decoder_samples_follow_the_model_distribution(model):
     cfg = SamplingConfig(1, temperature=1.0, seed=0)
     first = generate_ids(model, src, cfg)[:, 0]
     with torch.no_grad():
-        logp = model.step(model.start(src[:1], 2), torch.tensor([BOS]))[0]
+        dec = decoder_for(model)
+        logp = dec.step(dec.start(src[:1], 2), torch.tensor([BOS]))[0]
     logp[[PAD, BOS]] = float("-inf")
     expected = logp.softmax(-1)
     observed = torch.bincount(first, minlength=expected.numel()).float() / first.numel()

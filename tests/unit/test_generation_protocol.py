@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from attnlab.generation import (
-    BOS,
     SamplingConfig,
     beam_generate,
     beam_search,
@@ -26,7 +25,7 @@ from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.models.vit import ViT, ViTConfig
-from attnlab.tokenizers import CharTokenizer, PairTokenizer
+from attnlab.tokenizers import BOS, CharTokenizer, PairTokenizer
 
 V = 13
 
@@ -85,7 +84,7 @@ def gpt_steps(model, ids: torch.Tensor, prompt_len: int, use_cache: bool = True)
 
 @torch.no_grad()
 def encdec_steps(model, src, tgt_in):
-    dec = decoder_for(model)  # an encoder-decoder is its own decoder
+    dec = decoder_for(model)  # the decoder its kind declares
     state = dec.start(src, tgt_in.size(1))
     return torch.stack([dec.step(state, tgt_in[:, t]) for t in range(tgt_in.size(1))], 1)
 
@@ -266,3 +265,89 @@ def test_decoding_runs_in_eval_mode_and_hands_the_model_back_as_it_came(name):
     beam_search(model, x[:1], beam=2, max_len=4)
     next_token_logprobs(model, x)
     assert all(m.training for m in model.modules())
+
+
+# What would make generation.py ask which kind it holds: an encoder-decoder flag or its
+# special ids, the kinds' capabilities (reads, predicts, kind, model_type), a model's config.
+KIND_WORDS = {"is_encoder_decoder", "encdec", "encoder_decoder", "reads", "predicts", "kind",
+              "model_type", "decoder_start_id", "BOS", "EOS", "tgt_vocab_size", "config",
+              "encode_source", "decode_target"}  # fmt: skip
+KIND_STRINGS = {"gpt", "source", "encoder-decoder", "seq2seq", "decoder-step", "next-token"}
+PLAIN_TYPES = {"str", "int", "float", "bool", "list", "tuple", "dict", "Tensor", "torch"}
+
+
+def _names(node) -> set[str]:
+    import ast
+
+    return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+def test_generation_knows_no_kind():
+    """generation.py speaks the decoding protocol alone (issue 27, item 3): read with ast, it
+    imports no model module, tests no class with isinstance, and names no kind word above (as
+    a name, an attribute, a getattr / hasattr string or a compared string). On main before the
+    protocol it branched on encoder-decoders 7 times and read their special ids by getattr."""
+    import ast
+    from pathlib import Path
+
+    import attnlab.generation
+
+    tree = ast.parse(Path(attnlab.generation.__file__).read_text())
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("attnlab.models"):
+            found.append(f"{n.lineno}: imports {n.module}")
+        elif isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "isinstance":
+            if not (_names(n.args[1]) <= PLAIN_TYPES):  # a class test, not a str / list one
+                found.append(f"{n.lineno}: {ast.unparse(n)}")
+        elif isinstance(n, ast.Name) and n.id in KIND_WORDS:
+            found.append(f"{n.lineno}: {n.id}")
+        elif isinstance(n, ast.Attribute) and n.attr in KIND_WORDS:
+            found.append(f"{n.lineno}: .{n.attr}")
+        elif isinstance(n, ast.Constant) and n.value in KIND_WORDS | KIND_STRINGS:
+            found.append(f"{n.lineno}: {n.value!r}")
+    assert found == []
+
+
+@pytest.mark.parametrize("name", [*GPTS][:1] + [*ENCDECS])
+def test_a_gpt_and_an_encoder_decoder_decode_through_one_protocol(name):
+    """Each kind that decodes declares a decoder of the one protocol (attnlab.decoding.Decoder);
+    no model is its own decoder any more, and the decoder says its special tokens."""
+    from attnlab.decoding import Decoder
+
+    model = {**GPTS, **ENCDECS}[name]()
+    dec = decoder_for(model)
+    assert isinstance(dec, Decoder) and dec is not model and dec.model is model
+    assert not any(hasattr(type(model), m) for m in ("start", "step", "reorder"))
+    if name.startswith("gpt"):
+        assert (dec.start_id, dec.end_id, dec.continues_prompt) == (None, None, True)
+    else:
+        assert (dec.start_id, dec.end_id, dec.never_emit, dec.continues_prompt) == (
+            1,
+            2,
+            (0, 1),
+            False,
+        )
+
+
+@pytest.mark.parametrize("verb", ["generate", "translate", "classify"])
+def test_the_decoding_verbs_call_the_run_method_of_their_name(verb):
+    """`attnlab generate | translate | classify` hand the work to Run.generate | translate |
+    classify (the one place each verb's logic lives, the beam-or-sample choice included): the
+    verb's module calls ``<run>.<verb>(...)`` and no decoding function of attnlab.generation."""
+    import ast
+    from pathlib import Path
+
+    import attnlab.cli
+
+    path = Path(attnlab.cli.__file__).parent / f"{verb}.py"
+    calls = [n.func for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Call)]
+    attrs = {f.attr for f in calls if isinstance(f, ast.Attribute)}
+    assert verb in attrs
+    imported = {
+        a.name
+        for n in ast.walk(ast.parse(path.read_text()))
+        if isinstance(n, ast.ImportFrom) and n.module == "attnlab.generation"
+        for a in n.names
+    }
+    assert not imported & {"generate", "beam_generate", "beam_search", "greedy", "translate"}

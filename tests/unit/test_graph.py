@@ -14,7 +14,7 @@ from attnlab import hooks
 from attnlab.attention import per_head_inputs
 from attnlab.blocks import LAYOUTS, Block, Residual, layout
 from attnlab.decoding import FastForward, decoder_for
-from attnlab.inspect.check import check_residual_graph, random_ids
+from attnlab.inspect.check import check_residual_graph
 from attnlab.models.gpt import GPT, GPTConfig
 from attnlab.models.graph import Walker
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
@@ -41,15 +41,13 @@ def example(cls, cfg: dict):
 
 def inputs(model):
     """Random inputs the model reads (token ids, or its own images), as `attnlab check` makes."""
-    make = getattr(model, "conformance_inputs", None)
-    return make(2, 0) if make is not None else random_ids(model, 2, 12)
+    return model.probe_inputs(2, 0, 12)
 
 
 def recorded(model):
     """A recording of the model on random inputs, run as `attnlab check` runs it."""
-    run = getattr(model, "conformance_forward", None) or model
     with torch.no_grad(), hooks.record(model) as cache:
-        run(inputs(model))
+        model.probe_forward(inputs(model))
     return cache
 
 
@@ -250,7 +248,7 @@ def test_the_graph_check_fails_where_the_model_writes_what_its_graph_does_not_sa
     whose attention adds something its heads do not (here a torch hook on the output
     projection) no longer adds up, and the check says so."""
     model = GPT(GPTConfig(**SMALL)).eval()
-    ids = random_ids(model)
+    ids = model.probe_inputs()
     assert check_residual_graph(model, ids).passed
     handle = model.blocks[1].attn.out_proj.register_forward_hook(lambda m, i, o: o + 0.1)
     try:

@@ -67,13 +67,14 @@ LAYERS: list[tuple[str, list[str]]] = [
     # The run directory (the one package that knows its files): reading and checking config.json,
     # the tokenizer and the weights, building the model they describe, and the locked writer.
     ("rundir", ["attnlab.rundir", "attnlab.rundir.*"]),
-    # Decoding any model: greedy, sampling, beam search, and the GPT's windows and KV cache.
-    ("generation", ["attnlab.generation", "attnlab.decoding"]),
+    # Decoding any model: greedy, sampling, beam search, speaking the decoding protocol alone.
+    ("generation", ["attnlab.generation"]),
     # The architectures and their declarations.
     ("models", ["attnlab.models", "attnlab.models.*"]),
     # What models are built from: attention and its masks, blocks, positions, norms, hook points; the
     # eval-mode context; checks.py, the causality and decoding checks the models' own
-    # conformance methods call.
+    # conformance methods call; decoding.py, the decoding protocol a model declares its decoder
+    # by, and a GPT's decoder (its KV cache, windows and FastForward).
     (
         "components",
         [
@@ -84,6 +85,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "attnlab.hooks",
             "attnlab.modes",
             "attnlab.checks",
+            "attnlab.decoding",
         ],
     ),  # fmt: skip
     # Data: corpora, token files and shards, generated tasks, images (it encodes with the

@@ -7,11 +7,11 @@ import torch
 
 from attnlab.config import ConfigError
 from attnlab.data.tasks import collate, encode_pairs, generate
-from attnlab.generation import BOS, PAD
+from attnlab.decoding import decoder_for
 from attnlab.hooks import record
 from attnlab.inspect.recording import record as inspect_record
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
-from attnlab.tokenizers import CharTokenizer, PairTokenizer
+from attnlab.tokenizers import BOS, PAD, CharTokenizer, PairTokenizer
 
 SCORES = ("dot", "general", "additive")
 
@@ -60,8 +60,9 @@ def test_step_by_step_decoding_matches_teacher_forcing(score):
     model = make(score, n_layer=2)
     src, tgt, _ = random_batch()
     full = torch.log_softmax(model(src, tgt), -1)  # (B, T, V)
-    state = model.start(src, max_len=tgt.size(1))
-    steps = torch.stack([model.step(state, tgt[:, t]) for t in range(tgt.size(1))], 1)
+    dec = decoder_for(model)
+    state = dec.start(src, max_len=tgt.size(1))
+    steps = torch.stack([dec.step(state, tgt[:, t]) for t in range(tgt.size(1))], 1)
     torch.testing.assert_close(steps, full, atol=1e-5, rtol=1e-4)
 
 
@@ -71,12 +72,11 @@ def test_without_attention_the_final_state_is_the_only_context():
     with record(model) as acts:
         model(src, tgt)
     assert not [k for k in acts if "attn" in k]
-    state = model.start(src, max_len=4)
+    dec = decoder_for(model)
+    state = dec.start(src, max_len=4)
     state["enc"] = torch.randn_like(state["enc"])  # every encoder output but the last state
-    torch.testing.assert_close(
-        model.step(state, tgt[:, 0]), model.step(model.start(src, 4), tgt[:, 0])
-    )
-    with_attn = make("dot")
+    torch.testing.assert_close(dec.step(state, tgt[:, 0]), dec.step(dec.start(src, 4), tgt[:, 0]))
+    with_attn = decoder_for(make("dot"))
     s1, s2 = with_attn.start(src, 4), with_attn.start(src, 4)
     s2["enc"] = torch.randn_like(s2["enc"])
     assert not torch.allclose(with_attn.step(s1, tgt[:, 0]), with_attn.step(s2, tgt[:, 0]))

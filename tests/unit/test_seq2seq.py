@@ -11,14 +11,15 @@ import torch.nn.functional as F
 
 from attnlab.checks import find_future_leak
 from attnlab.config import ConfigError
-from attnlab.generation import BOS, EOS, PAD, beam_search, greedy, pad_ids
+from attnlab.decoding import decoder_for
+from attnlab.generation import beam_search, greedy, pad_ids
 from attnlab.hooks import record
 from attnlab.inspect.recording import record as inspect_record
 from attnlab.models.rnn import RNNConfig, RNNSeq2Seq
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer, noam_lr
 from attnlab.run import load_run
 from attnlab.rundir import save_model
-from attnlab.tokenizers import CharTokenizer, PairTokenizer
+from attnlab.tokenizers import BOS, EOS, PAD, CharTokenizer, PairTokenizer
 
 
 def make(norm_first=False, **kw) -> Seq2SeqTransformer:
@@ -89,8 +90,9 @@ def test_incremental_decoding_matches_full_decoding(norm_first):
     model = make(norm_first)
     src, tgt, _ = random_batch(T=9)
     full = model(src, tgt)  # (B, T, V)
-    state = model.start(src, max_len=tgt.size(1))
-    steps = [model.step(state, tgt[:, t]) for t in range(tgt.size(1))]  # (B, V) each
+    dec = decoder_for(model)
+    state = dec.start(src, max_len=tgt.size(1))
+    steps = [dec.step(state, tgt[:, t]) for t in range(tgt.size(1))]  # (B, V) each
     torch.testing.assert_close(
         torch.stack(steps, 1), torch.log_softmax(full, -1), atol=1e-5, rtol=1e-4
     )

@@ -25,7 +25,7 @@ def cmd_classify(args: argparse.Namespace) -> int:
     if run.model.predicts != "class":
         raise UsageError(f"{args.run}: not a classifier run (train one with --task classify); "
                          "`attnlab predict` answers for any run")  # fmt: skip
-    print_predictions(run, run.predict(args.input, top_k=args.top), args.json)
+    print_predictions(run, run.classify(args.input, top_k=args.top), args.json)
     return 0
 
 

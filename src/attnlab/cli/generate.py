@@ -116,9 +116,9 @@ def decoding_settings(args: argparse.Namespace, max_new_tokens: int | None):
 def generate(args: argparse.Namespace) -> int:
     """``attnlab generate RUN TEXT`` (or ``--prompt TEXT``): sample a continuation (or beam-search one); text
     on stdout."""
+    import dataclasses
+
     from attnlab.decoding import decoder_for
-    from attnlab.generation import beam_generate
-    from attnlab.generation import generate as sample
 
     cfg = decoding_settings(args, args.max_new_tokens)
     prompts = [*args.text, *(args.prompt or [])] or ["\n"]
@@ -132,16 +132,7 @@ def generate(args: argparse.Namespace) -> int:
     longest = max(len(tokenizer.encode(p)) for p in prompts)
     rows = len(prompts) * (args.beam if args.beam is not None else args.num_samples)
     check_decoding_memory(model, rows, longest, args.max_new_tokens, use_cache=not args.no_cache)
-    if args.beam is not None:
-        best = beam_generate(model, tokenizer, prompts, args.beam, args.alpha,
-                             args.max_new_tokens, n_best=args.num_samples, window=args.window,
-                             use_cache=not args.no_cache)  # fmt: skip
-        found = [s for row in best for s in row]
-        if args.json:
-            return _print_json(run, found)
-        print(("\n" + "-" * 40 + "\n").join(s.prompt + s.text for s in found))
-        return 0
-    single = len(prompts) == 1 and args.num_samples == 1 and not args.json
+    single = args.beam is None and len(prompts) == 1 and args.num_samples == 1 and not args.json
 
     def stream(piece: str) -> None:
         sys.stdout.write(piece)
@@ -149,17 +140,11 @@ def generate(args: argparse.Namespace) -> int:
 
     if single:
         stream(prompts[0])
-    samples = sample(
-        model,
-        tokenizer,
-        prompts,
-        cfg,
-        stop=args.stop or (),
-        num_samples=args.num_samples,
-        use_cache=not args.no_cache,
-        stream=stream if single else None,
-        window=args.window,
-    )
+    # Run.generate decodes (sampling, or a beam search with --beam): the verb's one logic
+    samples = run.generate(prompts, stop=args.stop or (), num_samples=args.num_samples,
+                           use_cache=not args.no_cache, stream=stream if single else None,
+                           window=args.window, beam=args.beam, alpha=args.alpha, samples=True,
+                           **dataclasses.asdict(cfg))  # fmt: skip
     if single:
         stream("\n")
         return 0

@@ -1,10 +1,11 @@
-"""`attnlab translate RUN TEXT...`: an encoder-decoder run's output for each source text.
-Greedy and beam translations are ``predict``'s (``Seq2Seq.predict``), one output per line;
-sampling is ``attnlab.generation``'s, with ``generate``'s decoding options."""
+"""`attnlab translate RUN TEXT...`: an encoder-decoder run's output for each source text, one
+per line: ``Run.translate`` (greedy as ``predict``, beam search, or sampling with ``generate``'s
+decoding options)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -28,8 +29,7 @@ def translate(args: argparse.Namespace) -> int:
     (--temperature > 0); one line per output on stdout."""
     from attnlab.cli import UsageError
     from attnlab.cli.generate import decoding_settings
-    from attnlab.generation import beam_generate
-    from attnlab.generation import generate as sample
+    from attnlab.models.declare import max_positions
 
     cfg = decoding_settings(args, args.max_len)
     if args.max_len is not None and args.max_len < 1:
@@ -37,7 +37,7 @@ def translate(args: argparse.Namespace) -> int:
     run = _load(args.run, args.device)
     model, tok = run
     texts = args.text if args.text != ["-"] else [ln.rstrip("\n") for ln in sys.stdin]
-    limit = getattr(model.config, "max_len", None)
+    limit = max_positions(model)  # a Transformer's max_len; an LSTM reads any length
     for t in texts:
         if limit and len(tok.encode_source(t)) > limit:
             raise UsageError(f"source of {len(tok.encode_source(t))} tokens is longer than the "
@@ -48,25 +48,14 @@ def translate(args: argparse.Namespace) -> int:
     longest = max((len(tok.encode_source(t)) for t in texts), default=1)
     rows = len(texts) * (args.beam if args.beam is not None else args.num_samples)
     check_decoding_memory(model, rows, longest, default_max_len(model, longest, args.max_len))
-    sampled = cfg.temperature > 0 or cfg.repetition_penalty != 1.0 or args.stop
-    if args.beam is not None:
-        best = beam_generate(model, tok, texts, args.beam, args.alpha, args.max_len,
-                             n_best=args.num_samples)  # fmt: skip
-        lines = [s.text for row in best for s in row]
-        sources = [s.prompt for row in best for s in row]
-    elif sampled or args.num_samples > 1:
-        samples = sample(model, tok, texts, cfg, stop=args.stop or (), num_samples=args.num_samples)
-        lines = [s.text for s in samples]
-        sources = [s.prompt for s in samples]
-    else:  # greedy: predict's answer
-        lines = [p["output"] for p in run.predict(texts, alpha=args.alpha, max_len=args.max_len)]
-        sources = texts
+    sampling = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "max_new_tokens"}
+    rows = run.translate(texts, beam=args.beam, alpha=args.alpha, max_len=args.max_len,
+                         num_samples=args.num_samples, stop=args.stop or (), **sampling)  # fmt: skip
     if args.json:
-        rows = [{"source": src, "output": out} for src, out in zip(sources, lines)]
         print(json.dumps({"about": run.about, "outputs": rows}, ensure_ascii=False))
         return 0
-    for line in lines:
-        print(line)
+    for row in rows:
+        print(row["output"])
     return 0
 
 

@@ -24,16 +24,18 @@ zero, and passes when it is within tolerance:
 A model with half-precision weights (imported from bfloat16) computes in them: its tolerances
 are a few rounding steps of its outputs (``_tolerance``), not float32's.
 
-What a model declares for these is described in ``attnlab.inspect.recording``.
+What a model declares for these (``attnlab.models.declare.ModelKind``): ``causal``,
+``kv_cache``, ``decoded_by``, ``uses_padding`` and ``pad_id``, ``residual``, and its probes:
+``probe_inputs`` (the random inputs every check runs on), ``probe_forward`` (what runs them),
+``cache_difference`` and ``padding_difference`` (a kind's own measures of two checks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
 from attnlab import hooks
 from attnlab.attention import MultiHeadAttention
@@ -121,41 +123,20 @@ def _num(x) -> str:
     return "-" if x is None else f"{x:.3g}"
 
 
-def _forward_fn(model: nn.Module) -> Callable[[Tensor], Tensor]:
-    custom = getattr(model, "conformance_forward", None)
-    if custom is not None:
-        return custom
-    return lambda ids: output_tensor(model(ids))
-
-
-def random_ids(model: nn.Module, batch: int = 2, length: int = 16, seed: int = 0) -> Tensor:
-    """Random token ids (batch, T) in the model's vocabulary, avoiding its pad id."""
-    cfg = getattr(model, "config", None)
-    vocab = int(getattr(cfg, "vocab_size", 0) or 0) or 16
-    limit = max_positions(model)
-    T = min(length, limit) if limit else length
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, vocab, (batch, T), generator=g)
-    pad = getattr(model, "pad_id", None)
-    if pad is not None and vocab > 1:
-        ids = torch.where(ids == pad, (ids + 1) % vocab, ids)
-    return ids.to(next(model.parameters()).device)
-
-
 @torch.no_grad()
 def check_future_leak(model, ids, tol: float = 1e-5) -> CheckResult:
-    if not getattr(model, "causal", False):
+    if not model.causal:
         return CheckResult("future leak", None, None, None, "model is not causal")
-    report = find_future_leak(_forward_fn(model), ids, atol=tol)
+    report = find_future_leak(model.probe_forward, ids, atol=tol)
     detail = str(report)
     return CheckResult("future leak", not report.leaks, report.max_diff, tol, detail)
 
 
 @torch.no_grad()
 def check_kv_cache(model, ids, tol: float = 1e-4) -> CheckResult:
-    custom = getattr(model, "cache_difference", None)  # e.g. an encoder-decoder's own probe
-    if custom is not None:
-        diff = float(custom(ids))
+    diff = model.cache_difference(ids)  # e.g. an encoder-decoder's own probe
+    if diff is not None:
+        diff = float(diff)
         return CheckResult("KV cache == no cache", diff <= tol, diff, tol, "model's own probe")
     if not model.kv_cache:  # declared (attnlab.models.declare)
         return CheckResult("KV cache == no cache", None, None, None, "model has no KV cache")
@@ -182,9 +163,9 @@ def check_decoding(model, ids, tol: float = 1e-4) -> CheckResult:
     name = "decoding == full pass"
     if not model.decodes:
         return CheckResult(name, None, None, None, "model does not decode")
-    if getattr(model, "is_encoder_decoder", False):
-        return CheckResult(name, None, None, None, "an encoder-decoder: the KV cache check")
     dec = decoder_for(model)
+    if not dec.continues_prompt:  # it decodes from a source: its KV cache check steps through it
+        return CheckResult(name, None, None, None, "an encoder-decoder: the KV cache check")
     B, T = ids.shape
     first = max(1, T // 2)
     full = torch.log_softmax(output_tensor(model(ids)).float(), dim=-1)[:, first - 1 :]
@@ -192,8 +173,7 @@ def check_decoding(model, ids, tol: float = 1e-4) -> CheckResult:
     steps = [dec.step(state, ids[:, first - 1])]  # the prompt, in one pass
     steps += [dec.step(state, ids[:, t]) for t in range(first, T)]  # then one token per step
     diff = float((torch.stack(steps, dim=1) - full).abs().max())
-    path = getattr(state, "path", "start/step")
-    detail = f"prompt of {first}, then {T - first} single-token steps ({path})"
+    detail = f"prompt of {first}, then {T - first} single-token steps ({dec.path(state)})"
     return CheckResult(name, diff <= tol, diff, tol, detail)
 
 
@@ -204,7 +184,7 @@ def check_fused_reference(model, ids, tol: float = 1e-4) -> CheckResult:
         return CheckResult(
             "fused == reference attention", None, None, None, "no MultiHeadAttention modules"
         )
-    fn = _forward_fn(model)
+    fn = model.probe_forward
     before = [m.use_fused for m in mhas]
     try:
         for m in mhas:
@@ -224,7 +204,7 @@ def check_fused_reference(model, ids, tol: float = 1e-4) -> CheckResult:
 
 @torch.no_grad()
 def check_recording(model, ids, tol: float = 1e-4) -> CheckResult:
-    fn = _forward_fn(model)
+    fn = model.probe_forward
     plain = fn(ids)
     with hooks.record(model) as cache:
         recorded = fn(ids)
@@ -244,7 +224,7 @@ def check_residual_graph(model, ids, tol: float = 1e-4) -> CheckResult:
         return CheckResult(name, None, None, None, "model has no residual stream")
     graph = model.graph()
     with hooks.record(model) as cache:
-        _forward_fn(model)(ids)
+        model.probe_forward(ids)
     diff = 0.0
     for stack in graph.stacks:
         embed = next(w for w in graph.writers if w.stack == stack and w.kind == "embed")
@@ -262,15 +242,15 @@ def check_residual_graph(model, ids, tol: float = 1e-4) -> CheckResult:
 
 @torch.no_grad()
 def check_padding(model, ids, tol: float = 1e-4, n_pad: int = 3) -> CheckResult:
-    if not getattr(model, "uses_padding", False):
+    if not model.uses_padding:
         return CheckResult("padding invariance", None, None, None, "model does not use padding")
-    custom = getattr(model, "padding_difference", None)
-    if custom is not None:
-        diff = float(custom(ids))
+    diff = model.padding_difference(ids)
+    if diff is not None:
+        diff = float(diff)
         return CheckResult(
             "padding invariance", diff <= tol, diff, tol, "model's own padding probe"
         )
-    pad = getattr(model, "pad_id", None)
+    pad = model.pad_id
     if pad is None:
         return CheckResult(
             "padding invariance", False, None, tol, "uses_padding is set but pad_id is missing"
@@ -279,7 +259,7 @@ def check_padding(model, ids, tol: float = 1e-4, n_pad: int = 3) -> CheckResult:
     B, T = ids.shape
     if limit is not None and T + n_pad > limit:
         ids, T = ids[:, : limit - n_pad], limit - n_pad
-    fn = _forward_fn(model)
+    fn = model.probe_forward
     plain = fn(ids)
     padded = torch.cat(
         [ids, torch.full((B, n_pad), int(pad), dtype=ids.dtype, device=ids.device)], dim=1
@@ -291,7 +271,7 @@ def check_padding(model, ids, tol: float = 1e-4, n_pad: int = 3) -> CheckResult:
 
 @torch.no_grad()
 def check_determinism(model, ids) -> CheckResult:
-    fn = _forward_fn(model)
+    fn = model.probe_forward
     diff = float((fn(ids) - fn(ids)).abs().max())
     return CheckResult(
         "eval determinism", diff == 0.0, diff, 0.0, "two forward passes in eval mode"
@@ -309,15 +289,14 @@ def _tolerance(model: nn.Module, ids, tol: float = 1e-4) -> float:
     dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
     if dtype not in (torch.bfloat16, torch.float16):
         return tol
-    largest = float(_forward_fn(model)(ids).float().abs().max())
+    largest = float(model.probe_forward(ids).float().abs().max())
     return max(tol, HALF_STEPS * torch.finfo(dtype).eps * largest)
 
 
 def check(model: nn.Module, length: int = 16, batch: int = 2, seed: int = 0) -> CheckReport:
     """Run every conformance check on ``model`` (in eval mode; its mode is restored after)."""
     with evaluating(model):
-        make = getattr(model, "conformance_inputs", None)  # e.g. a ViT's random images
-        ids = make(batch, seed) if make is not None else random_ids(model, batch, length, seed)
+        ids = model.probe_inputs(batch, seed, length)  # token ids; a ViT's: random images
         tol = _tolerance(model, ids)
         results = [
             check_future_leak(model, ids),

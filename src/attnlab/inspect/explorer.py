@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.influence import influence, influence_bars
 from attnlab.inspect.recording import InspectError, Recording
 from attnlab.inspect.similarity import layer_label
@@ -151,8 +152,15 @@ def _neuron(rec: Recording, info, model, windows) -> dict:
         "derived": derived,  # the page computes the weights from q, k and ``sees``
         "wcheck": werr,  # max |that softmax - recorded weight| over the map
         "check": err,  # max |q·k/sqrt(d_k) - recorded score| over the map, float64 from float32
-        "rotary": None if module is None else getattr(module, "rotary", None) is not None,
+        "rotary": _rotary(module),
     }
+
+
+def _rotary(module) -> bool | None:
+    """Whether the attention module rotates q and k (None: no module to read)."""
+    if module is None:
+        return None
+    return isinstance(module, MultiHeadAttention) and module.rotary is not None
 
 
 def _softmax_seen(scores, sees):

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
+from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.recording import InspectError
+from attnlab.norms import RMSNorm
 from attnlab.render.display import Result
 from attnlab.training.probes import (
     KIND_NAMES,
@@ -28,17 +30,15 @@ from attnlab.training.probes import (
     ProbeResult,
     head_scores,
     kind_of,
-    probe_forward,
     repeated_tokens,
     run_probe,
     self_attention_maps,
-    vocab_size,
 )
 
 __all__ = ["KIND_NAMES", "PROBE_HALF", "SCORES", "SELF_MAPS", "THRESHOLDS", "HeadsReport",
            "ProbeResult", "composition", "composition_scores", "head_label", "head_matrices",
-           "head_scores", "heads_of_run", "kind_of", "probe_forward", "repeated_tokens",
-           "run_probe", "score_heads", "self_attention_maps", "vocab_size"]  # fmt: skip
+           "head_scores", "heads_of_run", "kind_of", "repeated_tokens", "run_probe",
+           "score_heads", "self_attention_maps"]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -53,10 +53,11 @@ def head_matrices(attn: nn.Module, ln: nn.Module | None = None) -> list[dict[str
     attention (``ln``) is folded into W_Q, W_K and W_V (its centring and scaling per token are
     not); biases are left out. With rotary positions this is W_QK at relative offset 0."""
     H, D, dv = attn.n_heads, attn.d_k, attn.d_v
-    g = H // getattr(attn, "n_kv_heads", H)  # query heads per K/V head (grouped-query)
+    g = H // attn.n_kv_heads  # query heads per K/V head (grouped-query)
     gain = None
     if ln is not None and ln.weight is not None:  # Gemma's RMSNorm multiplies by (1 + w)
-        gain = getattr(ln, "offset", 0.0) + ln.weight.detach().float()
+        offset = ln.offset if isinstance(ln, RMSNorm) else 0.0
+        gain = offset + ln.weight.detach().float()
     out = []
     for h in range(H):
         j = h // g  # the K/V head query head h reads
@@ -94,11 +95,11 @@ def composition(reader: dict[str, Tensor], writer: Tensor) -> dict[str, float]:
 
 def composition_scores(model: nn.Module) -> list[dict] | None:
     """Q/K/V composition of every head of layer l + 1 with every head of layer l, for a model
-    with one stack of blocks (``model.blocks``: a GPT, an encoder, a ViT); None otherwise.
-    Each row: {"writer": "0.1", "reader": "1.0", "Q": q, "K": k, "V": v}."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.ModuleList) or len(blocks) < 2:
+    that declares one stack of blocks (``stacks == ("",)``: a GPT, an encoder, a ViT); None
+    otherwise. Each row: {"writer": "0.1", "reader": "1.0", "Q": q, "K": k, "V": v}."""
+    if tuple(model.stacks) != ("",) or len(model.stack_blocks("")) < 2:
         return None
+    blocks = model.stack_blocks("")
     mats = [head_matrices(b.attn, _reading_norm(b, b.step("attn"))) for b in blocks]
     rows = []
     for layer in range(1, len(mats)):
@@ -243,7 +244,7 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
     if probe is None:
         notes.append("this model reads no token ids: scored on the sample only (no "
                      "duplicate-token or induction score)")  # fmt: skip
-    if getattr(model, "config", None) is not None and getattr(model.config, "pos", "") == "rotary":
+    if any(isinstance(m, MultiHeadAttention) and m.rotary is not None for m in model.modules()):
         notes.append("rotary positions: composition is measured at relative offset 0")
     described = (f"{rep.size(0)} random sequences of {rep.size(1) // 2} tokens, each repeated "
                  "once" if rep is not None else "the sample")  # fmt: skip
@@ -251,7 +252,7 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
         rows, described,
         None if samp is None else (sample_name or f"{sample.size(0)} held-out sequences"),
         probe.loss_first_half if probe else None, probe.loss_repeated_half if probe else None,
-        composition_scores(model), notes, vocab=vocab_size(model) if probe else None,
+        composition_scores(model), notes, vocab=model.probe_vocab_size if probe else None,
     )  # fmt: skip
 
 
@@ -271,11 +272,9 @@ def heads_of_run(run, n: int = 16, seed: int = 0) -> HeadsReport:
             sample = open_task(run_dir, True, run.config, run.tokenizer).sample_inputs(4, 64)
         except Exception as e:  # no data to rebuild (a moved corpus): no sample
             notes.append(f"no held-out sample ({' '.join(str(e).split())[:120]})")
-    if sample is None and repeated_tokens(model, n=1) is None:
-        probe = getattr(model, "conformance_inputs", None)  # a model that reads no token ids
-        if probe is not None:
-            sample = probe(4, seed), False
-            notes.append("scored on 4 random inputs of the model's shape")
+    if sample is None and model.probe_vocab_size is None:  # a model that reads no token ids
+        sample = model.probe_inputs(4, seed), False
+        notes.append("scored on 4 random inputs of the model's shape")
     inputs, ids = sample if sample is not None else (None, True)
     report = score_heads(model, inputs, ids, n=n, seed=seed)
     report.notes += notes

@@ -355,7 +355,8 @@ def context_moved(model, rec: Recording, prefix: str) -> torch.Tensor:
     stream = c[prefix + "resid_pre"][0].double() + c[prefix + "attn.out"][0].double()  # (T, C)
     if prefix + "cross.out" in c:
         cross = c[prefix + "cross.out"][0].double()
-        bias = getattr(_out_proj(model, prefix + "cross"), "bias", None)
+        out = _out_proj(model, prefix + "cross")  # a Linear, or None where there is none
+        bias = out.bias if out is not None else None
         ctx = ctx + (cross - bias.detach().double() if bias is not None else cross)
         stream = stream + cross
     return _norm(ctx) / _norm(stream).clamp_min(1e-12)

@@ -24,19 +24,24 @@ a ``Recording`` and never special-cases a model. A model plugs in by doing three
    (the stack cross-attention reads its keys from), ``kind`` and ``describe()``. A model never
    builds a Recording itself.
 
-3. Declare capabilities as class attributes, read by ``attnlab.inspect.check``:
+3. Declare capabilities and probes (``ModelKind``'s, each with a default), read by
+   ``attnlab.inspect.check`` and the head scores (``attnlab.training.probes``):
 
    ``causal``          True if output t may depend on inputs 0..t only (GPT). Default False.
-   ``uses_padding``    True if the model masks padded keys. It then needs ``pad_id`` (int):
+   ``uses_padding``    True if the model masks padded keys. It then has ``pad_id`` (int):
                        positions whose id equals ``pad_id`` must not change other outputs.
    ``kv_cache``        True with ``new_cache(batch, max_len)`` and ``forward(ids, cache=...)``:
                        incremental decoding, checked against a full forward pass.
-   ``decodes``         True with ``start`` / ``step`` / ``reorder`` (generation's protocol).
-   ``conformance_forward(ids) -> Tensor (B, T, ...)``: optional; what the checks call. Default:
-                       ``model(ids)`` (the first element if it returns a tuple). A seq2seq model
-                       defines it to run the decoder on ``ids`` with a fixed source.
-   ``conformance_inputs(batch, seed) -> Tensor``: optional; the random inputs the checks use
-                       instead of random token ids (a ViT returns random images (B, C, H, W)).
+   ``decoded_by``      its decoder (``attnlab.decoding.Decoder``: start / step / reorder, its
+                       special tokens); ``decodes`` says it has one.
+   ``probe_forward(x) -> Tensor (B, T, ...)``: what the checks and head scores call. Default:
+                       ``model(x)`` (the first element if it returns a tuple). A seq2seq model
+                       runs the decoder on ``x`` with a fixed source.
+   ``probe_inputs(batch, seed, length) -> Tensor``: the random inputs the checks use. Default:
+                       token ids of ``probe_vocab_size`` without ``pad_id`` (a ViT returns
+                       random images (B, C, H, W)).
+   ``cache_difference(ids)``, ``padding_difference(ids)``: a kind's own measures of those two
+                       checks (an encoder-decoder's); None (default): the checks' own.
 
 Labels: for a map named ``<stack>.<...>.attn.weights`` the query AND key tokens are the
 stack's tokens; for ``cross.weights`` the keys are ``tokens[memory_stack]``. A self-attention

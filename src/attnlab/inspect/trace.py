@@ -30,7 +30,10 @@ import numpy as np
 import torch
 
 from attnlab.attention import causal_mask, sliding_window_mask
+from attnlab.blocks import Block
 from attnlab.inspect.recording import InspectError, Recording, record
+from attnlab.norms import RMSNorm
+from attnlab.positional import RotaryHalf
 from attnlab.render.display import (
     TERMINAL_TOKENS,
     Preview,
@@ -278,7 +281,7 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
         add(Step(prefix_name + "positional", "positional encoding", p.shape,
                  "attention alone is blind to order, so a vector for each position is added "
                  "to its token's embedding.", p))  # fmt: skip
-    elif getattr(attn, "rotary", None) is not None:
+    elif attn.rotary is not None:
         add(Step(prefix_name + "positional", "positional encoding (rotary)", (),
                  "positions are not added here: they rotate pairs of channels of Q and K inside "
                  "attention, by position x frequency."))  # fmt: skip
@@ -340,7 +343,7 @@ def _attention_norm(model, prefix: str) -> str | None:
 
 def _norm_words(norm) -> tuple[str, str] | None:
     """(name, what it does) for an RMSNorm (read from its ``offset``); None for a LayerNorm."""
-    if not hasattr(norm, "offset"):
+    if not isinstance(norm, RMSNorm):
         return None
     gain = "(1 + w), its weights stored around 0" if norm.offset else "learned weights w"
     return ("RMS norm", "each row is divided by its root mean square sqrt(mean(x^2) + eps) "
@@ -360,7 +363,7 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
     cross = info.kind == "cross"
     src = "the source tokens (the encoder's output)" if cross else "the same tokens"
     dk, dv = attn.d_k, attn.d_v
-    g = H // getattr(attn, "n_kv_heads", H)  # query heads per K/V head (grouped-query)
+    g = H // attn.n_kv_heads  # query heads per K/V head (grouped-query)
     kv = head // g  # the K/V head this query head reads
     wq = _head_slice(attn.q_proj.weight, head, dk)
     wk, wv = _head_slice(attn.k_proj.weight, kv, dk), _head_slice(attn.v_proj.weight, kv, dv)
@@ -382,9 +385,7 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
     k, v = (_np(c[f"{path}.{x}"][0, kv]) for x in ("k", "v"))
     # said for the modern pieces only (QK-norm, rotate-half rotary), so a GPT-2-style model's
     # trace keeps its JSON; its adjacent-pair rotary is explained at the positional step
-    if getattr(attn, "q_norm", None) is not None or hasattr(
-        getattr(attn, "rotary", None), "rot_dim"
-    ):
+    if attn.q_norm is not None or isinstance(attn.rotary, RotaryHalf):
         how = " and ".join(w for w, on in (
             ("normed per head by an RMSNorm (QK-norm: keeps the scores from growing)",
              attn.q_norm is not None),
@@ -419,7 +420,7 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
         title += ", plus the relative position bias"
         meaning += (" The stack's relative position bias (shown above) is added: entry (i, j) "
                     "gains the learned number of head and distance j - i.")  # fmt: skip
-    cap = getattr(attn, "softcap", None)
+    cap = attn.softcap
     add(Step(n + "scaled_scores", title, scaled.shape, meaning, raw * scale if cap else scaled,
              q_lab, k_lab))  # fmt: skip
     if cap:
@@ -429,8 +430,8 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
                  scaled, q_lab, k_lab))  # fmt: skip
     prefix = path.rsplit(".", 1)[0]  # the block
     block = model.get_submodule(prefix) if prefix else model
-    causal = not cross and bool(getattr(block, "causal", getattr(model, "causal", False)))
-    window = getattr(attn, "window", None)
+    causal = not cross and (block.causal if isinstance(block, Block) else model.causal)
+    window = attn.window
     if causal and window:
         T, S = scaled.shape
         keep = (causal_mask(T, S) & sliding_window_mask(T, S, window)).numpy()
@@ -641,7 +642,7 @@ def _output_steps(steps, model, tokenizer, rec, stack, top_k) -> None:
                  "class (`attnlab embed` pools the vectors into a sentence embedding)."))  # fmt: skip
     elif rec.logits is not None:
         lg = _np(c.get(root + "logits", rec.logits)[0])
-        causal = bool(getattr(model, "causal", False))
+        causal = model.causal
         add(Step("logits", "logits", lg.shape,
                  f"each position scores all {lg.shape[-1]} vocabulary entries"
                  + (" (the LM head: a dot product with every token's embedding)." if causal
@@ -834,7 +835,7 @@ def _lstm_steps(steps, model, rec, src, tgt) -> None:
     add(Step("encoder.states", "encoder states s_1..s_S", enc.shape,
              "the LSTM reads the source left to right; s_j is its state after token j, so it "
              "knows token j and what came before it.", enc))  # fmt: skip
-    score = getattr(model.config, "attention", "none")
+    score = model.config.attention  # an LSTM's score: none, dot, general or additive
     if score == "none":
         add(Step("context", "the context: the encoder's final state", (enc.shape[1],),
                  "the decoder starts from the encoder's last (h, c) and never sees the source "

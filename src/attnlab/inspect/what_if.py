@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from attnlab.attention import MultiHeadAttention
+from attnlab.blocks import Block
 from attnlab.inspect.by_hand import PAD, HandMatrices, Settings, attend, entropy_bits, indented
 from attnlab.inspect.recording import InspectError, Recording
 from attnlab.render.display import Result, heatmap_html, matrix_table, rounded
@@ -332,18 +334,19 @@ def what_if(rec: Recording, model, layer: int | None = None, head: int = 0,
     q = c[f"{path}.q"][0, head].double()  # (T, d_k)
     k, v = c[f"{path}.k"][0, kv].double(), c[f"{path}.v"][0, kv].double()  # (S, d)
     d_k = q.size(-1)
-    scale = attn.scale if getattr(attn, "scale", None) is not None else 1 / math.sqrt(d_k)
+    mha = attn if isinstance(attn, MultiHeadAttention) else None  # its settings, where it has them
+    scale = mha.scale if mha is not None and mha.scale is not None else 1 / math.sqrt(d_k)
     prefix = path.rsplit(".", 1)[0]
     block = model.get_submodule(prefix) if prefix else model
-    causal = not cross and bool(getattr(block, "causal", getattr(model, "causal", False)))
+    causal = not cross and (block.causal if isinstance(block, Block) else model.causal)
     stack_bias = f"{path.split('.')[0]}.position_bias"
     bias = c[stack_bias][0, head].double() if not cross and stack_bias in c else None
     q_lab, k_lab = rec.labels(info.name)
     where = f"layer {info.layer}" if info.layer is not None else info.label
     text = text if text is not None else " ".join(rec.tokens.get(info.query_stack, []))
     result = compare(q, k, v, q_lab, k_lab, scale=float(scale), causal=causal, cross=cross,
-                     window=getattr(attn, "window", None), bias=bias,
-                     cap=getattr(attn, "softcap", None), temperature=temperature, pad=pad,
+                     window=mha.window if mha is not None else None, bias=bias,
+                     cap=mha.softcap if mha is not None else None, temperature=temperature, pad=pad,
                      heading=f"what if: {info.kind}-attention {where}, head {head}, on "
                      f"{text!r}", recorded=c[info.name][0, head].double().numpy())  # fmt: skip
     result.about = rec.about

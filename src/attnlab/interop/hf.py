@@ -213,11 +213,10 @@ def load_hf(hf_dir: str | Path):
         tokenizer, tok_source = family.read_tokenizer(hf_dir, hf, model)
     else:
         tokenizer, tok_source = load_hf_tokenizer(hf_dir, hf)
-    vocab = getattr(model.config, "vocab_size", None)
+    vocab = model.probe_vocab_size  # the token ids it reads (None: images)
     if tokenizer is not None and vocab is not None and tokenizer.vocab_size > vocab:
         raise RunError(
-            f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model "
-            f"only {model.config.vocab_size}"
+            f"{hf_dir}: the tokenizer has {tokenizer.vocab_size} tokens but the model only {vocab}"
         )
     digest = hashlib.sha256()
     for f in files:

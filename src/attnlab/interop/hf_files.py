@@ -141,4 +141,4 @@ def apply_key_map(
 
 
 def _tied_names(model) -> tuple[str, ...]:
-    return tuple(model.tied_weights_keys) if getattr(model.config, "tie_weights", False) else ()
+    return model.tied_now

@@ -19,7 +19,13 @@ ask which model they hold:
                     readout(h, stack) (a residual vector -> logits: the lens);
                     dla_embeddings(cache, position) and dla_readout() (the same readout as
                     parts, for direct logit attribution); output_name(i) and output_id(token)
-    capabilities    causal, uses_padding, decodes (start/step/reorder), notes
+    capabilities    causal, uses_padding and pad_id, decoded_by (its decoder:
+                    ``attnlab.decoding.Decoder``, start/step/reorder, its special tokens, how
+                    text becomes its input) and decodes, notes
+    its probes      what the checks and the head scores run it on: probe_vocab_size (the ids
+                    probe_forward reads), probe_inputs(batch, seed, length), probe_forward(x);
+                    cache_difference(ids) and padding_difference(ids) (a kind's own probes of
+                    `attnlab check`'s cache and padding checks; None: the checks' own)
     walk-through    walkthrough(cache, tokens): the steps of a forward pass a model with no
                     transformer blocks explains itself (``attnlab trace``); class_reads
 
@@ -34,6 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from attnlab.decoding import Decoder
 from attnlab.errors import AttnlabError
 from attnlab.models.graph import ResidualGraph, residual_graph
 from attnlab.registry import Registry
@@ -283,7 +290,10 @@ class ModelKind:
     kind: str = ""
     causal: bool = False  # output t depends on inputs 0..t only (read by `attnlab check`)
     uses_padding: bool = False  # masks padded keys (then ``pad_id`` must not change outputs)
-    decodes: bool = False  # start / step / reorder: generate and beam search run on it
+    pad_id: int | None = None  # the id padding is made of (None: the model reads no padding)
+    # its decoder (start / step / reorder, special tokens, text in and out), a class made for
+    # the model: generate and beam search run on it (``attnlab.decoding``); None: it does not
+    decoded_by: type[Decoder] | None = None
     kv_cache: bool = False  # new_cache(batch, max_len) and forward(ids, cache=...)
     reads: str = "text"  # text | image | source (an encoder-decoder's source text)
     predicts: str = "next-token"  # next-token | masked-token | class | decoder-step | nothing
@@ -322,6 +332,21 @@ class ModelKind:
         "blocks.{i}.resid_post": "the residual stream leaving block i",
         "ln_f": "the final normalised residual stream",
     }
+
+    # parameters that are copies of another when the config ties them (config.tie_weights):
+    # stored once in a checkpoint
+    tied_weights_keys: tuple[str, ...] = ()
+
+    @property
+    def tied_now(self) -> tuple[str, ...]:
+        """The parameters this model holds as copies of another now: ``tied_weights_keys``
+        where its config ties its weights (``tie_weights``), else none."""
+        return tuple(self.tied_weights_keys) if getattr(self.config, "tie_weights", False) else ()
+
+    @property
+    def decodes(self) -> bool:
+        """It declares a decoder: generate and beam search run on it."""
+        return self.decoded_by is not None
 
     def describe(self) -> str:
         return self.kind
@@ -463,6 +488,42 @@ class ModelKind:
         """The "no input" point at ``gradient_site``: zero vectors."""
         return torch.zeros_like(x)
 
+    # -- probes: what `attnlab check` and the head scores run it on ---------------------------
+
+    @property
+    def probe_vocab_size(self) -> int | None:
+        """How many token ids ``probe_forward`` reads (its probes are drawn from them); None
+        for a model that reads no token ids (images)."""
+        return None if self.reads == "image" else self.config.vocab_size
+
+    def probe_inputs(self, batch: int = 2, seed: int = 0, length: int = 16) -> Tensor:
+        """Random inputs for ``probe_forward``: token ids (batch, T) of the probe vocabulary,
+        T = ``length`` within the model's positions, the pad id left out."""
+        vocab = self.probe_vocab_size or 16
+        limit = max_positions(self)
+        T = min(length, limit) if limit else length
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, vocab, (batch, T), generator=g)
+        if self.pad_id is not None and vocab > 1:
+            ids = torch.where(ids == self.pad_id, (ids + 1) % vocab, ids)
+        return ids.to(_device(self))
+
+    def probe_forward(self, x: Tensor) -> Tensor:
+        """One forward pass over probe inputs ``x`` (``probe_inputs``, or token ids (B, T)),
+        its main output (B, T, ...): what the conformance checks compare and the head scores
+        record."""
+        return output_tensor(self(x))
+
+    def cache_difference(self, ids: Tensor) -> float | None:
+        """The kind's own measure of "KV cache == no cache" on probe inputs ``ids``; None: the
+        check's own (``new_cache``, where ``kv_cache``)."""
+        return None
+
+    def padding_difference(self, ids: Tensor) -> float | None:
+        """The kind's own measure of "padding changes no output" on ``ids``; None: the check's
+        own (``pad_id`` appended)."""
+        return None
+
 
 def _device(model: nn.Module):
     return next(model.parameters()).device
@@ -472,13 +533,47 @@ def _row(x: Tensor, pos: int) -> Tensor:
     return x[0, pos] if x.dim() == 3 else x[pos]
 
 
+class SourceDecoder(Decoder):
+    """An encoder-decoder's side of the decoding protocol: ``start`` encodes the source once,
+    the first step feeds the start id, and an output ends at the end id. The ids are attnlab's
+    pair tokenizers' (``attnlab.tokenizers``): <pad> 0, <bos> 1 (the start), <eos> 2 (the end),
+    and <pad> and <bos> are never emitted; a kind with its own vocabulary says its ids (T5).
+    Its text is a source in (``encode_source``) and a target out (``decode_target``). Its
+    positions end at ``max_len`` where its config has one; it reads no window policy."""
+
+    start_id, end_id, never_emit, pad_id = 1, 2, (0, 1), 0
+    what = "encoder-decoder"
+
+    def first_tokens(self, src: Tensor) -> Tensor:
+        return torch.full((src.size(0),), self.start_id, dtype=torch.long, device=src.device)
+
+    def check_window(self, window: str, use_cache: bool = True) -> None:
+        if window != "slide" or not use_cache:
+            raise ValueError("window policies and --no-cache apply to a GPT's context, "
+                             "not to an encoder-decoder")  # fmt: skip
+
+    def encode(self, tokenizer, text: str) -> list[int]:
+        return tokenizer.encode_source(text)
+
+    def decode(self, tokenizer, ids: list[int]) -> str:
+        return tokenizer.decode_target(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.tgt_vocab_size
+
+    @property
+    def max_positions(self) -> int | None:
+        return max_positions(self.model)  # a Transformer's max_len (<bos> included); an LSTM: none
+
+
 class EncoderDecoder(ModelKind):
     """The declaration shared by the encoder-decoders: a source text in, the decoder reading
-    <bos> + its own greedy translation; every decoder step predicts the next output token."""
+    <bos> + its own greedy translation; every decoder step predicts the next output token.
+    Each declares its ``SourceDecoder`` (``decoded_by``)."""
 
     reads = "source"
     predicts = "decoder-step"
-    decodes = True
     stacks = ("encoder", "decoder")
     output_stack = "decoder"
     input_stack = "encoder"
@@ -489,13 +584,15 @@ class EncoderDecoder(ModelKind):
         ("tgt_vocab_size", "tgt_vocab_size", "target_tokenizer.json"),
     )
     gradient_site = "encoder.embed"
-    # the decoder's first input, the id that ends an output, and ids never emitted: attnlab's
-    # pair tokenizers' <bos>, <eos> and (<pad>, <bos>) (``attnlab.tokenizers``); T5 has its own
-    decoder_start_id, end_id, never_emit = 1, 2, (0, 1)
 
     @classmethod
     def default_task(cls, config: dict) -> str | None:
         return "seq2seq"
+
+    @property
+    def probe_vocab_size(self) -> int | None:
+        """Its probes run the decoder (``probe_forward``): the target vocabulary."""
+        return self.config.tgt_vocab_size
 
     @classmethod
     def example_tokenizer(cls, text: str):
@@ -511,7 +608,8 @@ class EncoderDecoder(ModelKind):
         lives above the models), or the same decoder input as ``like``."""
         from attnlab.tokenizers import PAD
 
-        BOS, EOS = self.decoder_start_id, self.end_id
+        dec = self.decoded_by(self)
+        BOS, EOS = dec.start_id, dec.end_id
         if tokenizer is None:
             raise InputError("this run has no tokenizer.json, so it cannot read text")
         dev = _device(self)

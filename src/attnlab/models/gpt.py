@@ -5,7 +5,7 @@ ids (B, T) -> token embedding (B, T, C) + positions -> n_layer causal blocks
 
 ``GPTConfig(mlp=False)`` (the ``attn-only-2l`` preset) makes every block attention-only. This module is the
 architecture; decoding it (the KV cache, the window policies past block_size, FastForward) is
-``attnlab.decoding.GPTDecoder``, which ``GPT.decoded_by`` names.
+``attnlab.decoding.GPTDecoder``, the decoder ``GPT.decoded_by`` declares.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from attnlab import hooks
 from attnlab.attention import KVCache, from_hf_attention_mask, softcap
 from attnlab.blocks import ACTIVATIONS, FFNS, LAYOUTS, Block, Residual, layout_name
 from attnlab.config import BaseConfig, ConfigError
+from attnlab.decoding import GPTDecoder
 from attnlab.hooks import Hook
 from attnlab.models.declare import ModelKind, Unembed, register
 from attnlab.norms import NORMS, make_norm
@@ -272,7 +273,7 @@ class GPT(ModelKind, nn.Module):
 
     config_class = GPTConfig
     model_type = "gpt"
-    decodes = kv_cache = True
+    kv_cache = True
     examples = (  # fmt: skip
         dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0),
         dict(n_layer=2, n_head=2, d_model=16, block_size=32, dropout=0.0, mlp=False, pos="rotary"),
@@ -331,7 +332,7 @@ class GPT(ModelKind, nn.Module):
     tied_weights_keys = ("lm_head.weight",)  # tied to tok_embed.weight when config.tie_weights
     causal = True  # output t depends on ids 0..t only (checked by `attnlab check`)
     uses_padding = False
-    decoded_by = "gpt"  # attnlab.decoding.GPTDecoder: the KV cache, window policies, FastForward
+    decoded_by = GPTDecoder  # the KV cache, window policies and FastForward (attnlab.decoding)
 
     def __init__(self, config: GPTConfig):
         super().__init__()

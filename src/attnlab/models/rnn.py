@@ -40,7 +40,7 @@ from attnlab.attention import padding_mask
 from attnlab.checks import DecoderProbes
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
-from attnlab.models.declare import EncoderDecoder, HeadGroup, InputError, register
+from attnlab.models.declare import EncoderDecoder, HeadGroup, InputError, SourceDecoder, register
 from attnlab.tokenizers import EOS, PAD
 
 ATTENTION = ("none", "dot", "scaled-dot", "general", "additive")
@@ -151,6 +151,29 @@ def _lstm(lstm: nn.LSTM, x: Tensor, state: tuple[Tensor, Tensor]):
     return lstm(x, state)
 
 
+class LSTMDecoder(SourceDecoder):
+    """Decodes the LSTM encoder-decoder: ``start`` encodes the source (its outputs and final
+    (h, c)); each step runs the decoder LSTM on from the state it left."""
+
+    def start(self, src: Tensor, max_len: int, window: str = "slide",
+              use_cache: bool = True) -> dict:  # fmt: skip
+        """Decoding state for ``src`` (B, S): the encoder's outputs and final (h, c) (an LSTM
+        needs no room for ``max_len`` steps)."""
+        self.check_window(window, use_cache)
+        return self.model.encode(src)
+
+    def step(self, state: dict, tokens: Tensor) -> Tensor:
+        """Feed tokens (B,) (or (B, T)) -> log-probabilities of the next (B, V)."""
+        logits = self.model.decode(tokens.reshape(tokens.size(0), -1), state)
+        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+    def reorder(self, state: dict, index: Tensor) -> None:
+        for k in ("enc", "src_mask"):
+            state[k] = state[k].index_select(0, index)
+        for k in ("h", "c"):
+            state[k] = state[k].index_select(1, index)  # (L, B, C)
+
+
 @register
 class RNNSeq2Seq(DecoderProbes, EncoderDecoder, nn.Module):
     """LSTM encoder-decoder; ``config.attention`` picks none, dot, general or additive."""
@@ -226,28 +249,9 @@ class RNNSeq2Seq(DecoderProbes, EncoderDecoder, nn.Module):
         flat = logits.reshape(-1, logits.size(-1)).float()
         return F.cross_entropy(flat, tgt_out.reshape(-1), ignore_index=PAD, label_smoothing=eps)
 
-    # -- incremental decoding: the protocol of attnlab.generation -----------------------------
-
-    is_encoder_decoder = True  # the first step feeds <bos>; an output ends at <eos>
-
-    def start(self, src: Tensor, max_len: int) -> dict:
-        """Decoding state for ``src`` (B, S): the encoder's outputs and final (h, c) (an LSTM
-        needs no room for ``max_len`` steps)."""
-        return self.encode(src)
-
-    def step(self, state: dict, tokens: Tensor) -> Tensor:
-        """Feed tokens (B,) (or (B, T)) -> log-probabilities of the next (B, V)."""
-        logits = self.decode(tokens.reshape(tokens.size(0), -1), state)
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)
-
-    @staticmethod
-    def reorder(state: dict, index: Tensor) -> None:
-        for k in ("enc", "src_mask"):
-            state[k] = state[k].index_select(0, index)
-        for k in ("h", "c"):
-            state[k] = state[k].index_select(1, index)  # (L, B, C)
-
     # -- the declaration (attnlab.models.declare; the rest is EncoderDecoder's) ----------------
+
+    decoded_by = LSTMDecoder
 
     stacks = ()  # no transformer stacks: an LSTM's state is rewritten, not added to
     residual = False

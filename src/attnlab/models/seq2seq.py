@@ -32,7 +32,7 @@ from attnlab.blocks import ACTIVATIONS, Block, block_parameters
 from attnlab.checks import DecoderProbes
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
-from attnlab.models.declare import EncoderDecoder, InputError, Unembed, register
+from attnlab.models.declare import EncoderDecoder, InputError, SourceDecoder, Unembed, register
 from attnlab.positional import POSITIONAL
 from attnlab.tokenizers import EOS, PAD
 
@@ -135,6 +135,34 @@ class _Stack(nn.Module):
         return self.drop(self.hook_embed(x))
 
 
+class Seq2SeqDecoder(SourceDecoder):
+    """Decodes the encoder-decoder Transformer: ``start`` encodes the source once and makes a
+    cache for the decoder's steps; each step runs the decoder on the new tokens only."""
+
+    def start(self, src: Tensor, max_len: int, window: str = "slide",
+              use_cache: bool = True) -> dict:  # fmt: skip
+        """Decoding state for ``src`` (B, S): memory, mask and an empty cache for max_len steps."""
+        self.check_window(window, use_cache)
+        memory, src_mask = self.model.encode(src)
+        return {
+            "memory": memory,
+            "src_mask": src_mask,
+            "cache": self.model.new_cache(src.size(0), max_len),
+        }
+
+    def step(self, state: dict, tokens: Tensor) -> Tensor:
+        """Feed tokens (B,) (or (B, T)) -> log-probabilities of the next (B, V); updates the
+        cache."""
+        tokens = tokens.reshape(tokens.size(0), -1)  # (B, T)
+        logits = self.model.decode(tokens, state["memory"], state["src_mask"], state["cache"])
+        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+
+    def reorder(self, state: dict, index: Tensor) -> None:
+        state["memory"] = state["memory"].index_select(0, index)
+        state["src_mask"] = state["src_mask"].index_select(0, index)
+        state["cache"].reorder(index)
+
+
 @register
 class Seq2SeqTransformer(DecoderProbes, EncoderDecoder, nn.Module):
     """Encoder-decoder Transformer. ``forward(src, tgt)`` gives logits (B, T, tgt_vocab)."""
@@ -233,9 +261,7 @@ class Seq2SeqTransformer(DecoderProbes, EncoderDecoder, nn.Module):
         flat = logits.reshape(-1, logits.size(-1)).float()
         return F.cross_entropy(flat, tgt_out.reshape(-1), ignore_index=PAD, label_smoothing=eps)
 
-    # -- incremental decoding: the protocol of attnlab.generation -----------------------------
-
-    is_encoder_decoder = True  # the first step feeds <bos>; an output ends at <eos>
+    # -- incremental decoding: its decoder (Seq2SeqDecoder) keeps a cache of it -------------
 
     def new_cache(self, batch: int, max_len: int | None = None) -> DecoderCache:
         c, p = self.config, next(self.parameters())
@@ -244,30 +270,9 @@ class Seq2SeqTransformer(DecoderProbes, EncoderDecoder, nn.Module):
                    for _ in self.decoder.blocks]  # fmt: skip
         return DecoderCache(self_kv, [StaticKV() for _ in self.decoder.blocks])
 
-    def start(self, src: Tensor, max_len: int) -> dict:
-        """Decoding state for ``src`` (B, S): memory, mask and an empty cache for max_len steps."""
-        memory, src_mask = self.encode(src)
-        return {
-            "memory": memory,
-            "src_mask": src_mask,
-            "cache": self.new_cache(src.size(0), max_len),
-        }
-
-    def step(self, state: dict, tokens: Tensor) -> Tensor:
-        """Feed tokens (B,) (or (B, T)) -> log-probabilities of the next (B, V); updates the
-        cache."""
-        tokens = tokens.reshape(tokens.size(0), -1)  # (B, T)
-        logits = self.decode(tokens, state["memory"], state["src_mask"], state["cache"])
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)
-
-    @staticmethod
-    def reorder(state: dict, index: Tensor) -> None:
-        state["memory"] = state["memory"].index_select(0, index)
-        state["src_mask"] = state["src_mask"].index_select(0, index)
-        state["cache"].reorder(index)
-
     # -- the declaration (attnlab.models.declare; the rest is EncoderDecoder's) ----------------
 
+    decoded_by = Seq2SeqDecoder
     gradient_note = "baseline: the source positions without their tokens"
     examples = (dict(max_len=32, n_encoder_layers=2, n_decoder_layers=2, n_head=2, d_model=16,
                      dropout=0.0),)  # fmt: skip

@@ -41,7 +41,7 @@ from attnlab.blocks import ACTIVATIONS, Block
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.hooks import Hook
 from attnlab.models.declare import InputError, Unembed, register, text_token_id
-from attnlab.models.seq2seq import DecoderCache, Seq2SeqTransformer
+from attnlab.models.seq2seq import DecoderCache, Seq2SeqDecoder, Seq2SeqTransformer
 from attnlab.norms import RMSNorm
 from attnlab.positional import RelativePositionBias
 
@@ -131,6 +131,25 @@ class _T5Stack(nn.Module):
         return self.hook_out(self.drop(self.ln_f(x)))
 
 
+class T5Decoder(Seq2SeqDecoder):
+    """The Transformer's decoder with the ids of T5's vocabulary: it starts from
+    ``decoder_start_id`` (<pad>), ends at ``eos_id`` (</s>) and may choose any id."""
+
+    never_emit: tuple[int, ...] = ()  # T5's greedy decoding may choose any id
+
+    @property
+    def start_id(self) -> int:
+        return self.model.config.decoder_start_id
+
+    @property
+    def end_id(self) -> int:
+        return self.model.config.eos_id
+
+    @property
+    def pad_id(self) -> int:
+        return self.model.config.pad_id
+
+
 @register
 class T5(Seq2SeqTransformer):
     """T5 encoder-decoder. ``forward(src, tgt)`` gives logits (B, T, vocab_size)."""
@@ -201,19 +220,9 @@ class T5(Seq2SeqTransformer):
         x = x * self.output_scale  # tied output: x d_model^-0.5 (original T5), else 1
         return self.decoder.hook_logits(self.decoder.lm_head(x))  # (B, T, V)
 
-    # -- incremental decoding: the ids of the T5 vocabulary ----------------------------------
-
-    @property
-    def decoder_start_id(self) -> int:
-        return self.config.decoder_start_id
-
-    @property
-    def end_id(self) -> int:
-        return self.config.eos_id
-
-    never_emit: tuple[int, ...] = ()  # T5's greedy decoding may choose any id
-
     # -- the declaration (attnlab.models.declare; the rest is Seq2SeqTransformer's) ------------
+
+    decoded_by = T5Decoder
 
     tokenizer_fields = (("vocab_size", "vocab_size", "tokenizer.json"),)  # one vocabulary
     gradient_note = "baseline: zero source embeddings (T5 has no position vectors)"

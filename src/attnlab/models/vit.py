@@ -307,8 +307,9 @@ class ViT(ModelKind, nn.Module):
     def output_id(self, tokenizer, classes, token: str) -> int:
         return class_id(classes, self.config.n_classes, token)
 
-    def conformance_inputs(self, batch: int = 2, seed: int = 0) -> Tensor:
-        """Random images in [0, 1] (batch, C, H, W) for ``attnlab check``."""
+    def probe_inputs(self, batch: int = 2, seed: int = 0, length: int = 16) -> Tensor:
+        """Random images in [0, 1] (batch, C, H, W) for ``attnlab check`` and the head scores
+        (``length``: the image's size decides it)."""
         c = self.config
         g = torch.Generator().manual_seed(seed)
         x = torch.rand(batch, c.channels, c.image_size, c.image_size, generator=g)

@@ -27,12 +27,14 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from attnlab.config import ConfigError
 from attnlab.files import FileChangedError, RunError
@@ -76,8 +78,18 @@ def model_class(model_type: str) -> type[nn.Module]:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside torch.compile's and DistributedDataParallel's wrappers."""
-    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
-    return getattr(model, "module", model)  # DistributedDataParallel wrapper
+    model = uncompiled(model)
+    if isinstance(model, DistributedDataParallel):
+        model = model.module
+    return model
+
+
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module inside torch.compile's wrapper (``model`` itself where it is not one)."""
+    dynamo = sys.modules.get("torch._dynamo")  # loaded once anything has been compiled
+    if dynamo is not None and isinstance(model, dynamo.eval_frame.OptimizedModule):
+        return model._orig_mod
+    return model
 
 
 def state_dict_for_saving(
@@ -87,12 +99,7 @@ def state_dict_for_saving(
     tied copies dropped (stored once)."""
     model = unwrap(model)
     sd = model.state_dict() if sd is None else sd
-    tied = (
-        getattr(model, "tied_weights_keys", ())
-        if getattr(model.config, "tie_weights", False)
-        else ()
-    )
-    return {k: v for k, v in sd.items() if k not in tied}
+    return {k: v for k, v in sd.items() if k not in model.tied_now}
 
 
 def check_state_dict(
@@ -398,10 +405,13 @@ def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor]) -> nn.Mod
                 setattr(model.get_submodule(owner), leaf, param)
     for module in model.modules():
         if any(b.is_meta for b in module.buffers(recurse=False)):
-            if not hasattr(module, "reset_buffers"):  # a new module: see attnlab.positional
+            try:
+                reset = module.reset_buffers
+            except AttributeError:  # a new module: see attnlab.positional
                 raise TypeError(f"{type(module).__name__} has buffers that are not in the "
-                                "checkpoint, so it needs a reset_buffers() that computes them")  # fmt: skip
-            module.reset_buffers()
+                                "checkpoint, so it needs a reset_buffers() that computes "
+                                "them") from None  # fmt: skip
+            reset()
     left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
     if left or result.unexpected_keys:
         raise RunError(f"weights not assigned: {(left or result.unexpected_keys)[0]!r}")

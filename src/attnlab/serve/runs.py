@@ -152,9 +152,8 @@ def describe(name: str, path: Path) -> dict:
         data = f"imported from {source.get('name_or_path') or source.get('path') or 'Hugging Face'}"
     params = sum(p.numel() for p in model.parameters())
     return {**row, **about(model, cfg), "task": task, "data": data, "parameters": params,
-            "bytes": _weights_bytes(path), "reads": getattr(model, "reads", "text"),
-            "decodes": bool(getattr(model, "decodes", False)),
-            "residual": bool(getattr(model, "residual", False))}  # fmt: skip
+            "bytes": _weights_bytes(path), "reads": model.reads,
+            "decodes": bool(model.decodes), "residual": bool(model.residual)}  # fmt: skip
 
 
 def _line(e: BaseException) -> str:

@@ -37,6 +37,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from attnlab.models.declare import max_positions
 from attnlab.serve.runs import ServeError
 
 RECORDINGS_KEPT = 4  # recordings kept per run: the last few texts typed
@@ -298,7 +299,7 @@ def generate(run, params: dict, cache: dict, text: str) -> str:
     steps = []
     if run.model.causal and run.model.reads == "text" and out:
         ids = run.tokenizer.encode(text + out)
-        block = getattr(run.model.config, "block_size", None) or len(ids)
+        block = max_positions(run.model) or len(ids)
         cut = max(0, len(ids) - block)  # past the block: the last block of tokens, as decoding slid
         rec = run.record(run.tokenizer.decode(ids[cut:]))
         toks = next(iter(rec.tokens.values()))

@@ -465,12 +465,12 @@ class LanguageModel(Task):
     def predict(self, model, inputs, options=None, **given):
         """The ``top_k`` most probable next tokens after each text, with probabilities: the
         decoding protocol's first step (past block_size, the last block_size tokens)."""
-        from attnlab.generation import encode_prompt, next_token_logprobs
+        from attnlab.generation import decoder_for, next_token_logprobs
 
         top_k = predict_options(options, given).top_k
-        out = []
+        dec, out = decoder_for(model), []
         for text in inputs:
-            ids = torch.tensor([encode_prompt(self.tokenizer, text)])  # (1, T)
+            ids = torch.tensor([dec.encode(self.tokenizer, text)])  # (1, T)
             out.append(self._next(text, next_token_logprobs(model, ids)[0], top_k))
         return out
 

@@ -35,7 +35,7 @@ from attnlab.data.tasks import (
 from attnlab.generation import beam_search, greedy, pad_ids
 from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric
-from attnlab.models.declare import model_for
+from attnlab.models.declare import max_positions, model_for
 from attnlab.models.rnn import RNNConfig
 from attnlab.models.seq2seq import Seq2SeqConfig, Seq2SeqTransformer
 from attnlab.modes import evaluating
@@ -313,7 +313,7 @@ class Seq2Seq(Task):
         o = predict_options(options, given)
         device = next(model.parameters()).device
         srcs = [self.tokenizer.encode_source(t) for t in inputs]
-        limit = getattr(model.config, "max_len", None)
+        limit = max_positions(model)  # a Transformer's max_len; an LSTM: none
         for t, s in zip(inputs, srcs):
             if limit and len(s) > limit:
                 raise TokenizerError(f"source of {len(s)} tokens is longer than the model's "

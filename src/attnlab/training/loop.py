@@ -590,7 +590,10 @@ class Trainer:
             finally:
                 set_gradient_sync(self.raw_model, True)
             return
-        inner = getattr(self.model, "_orig_mod", self.model)
+        dynamo = sys.modules.get("torch._dynamo")  # loaded once anything has been compiled
+        inner = self.model  # DistributedDataParallel, maybe inside torch.compile's wrapper
+        if dynamo is not None and isinstance(inner, dynamo.eval_frame.OptimizedModule):
+            inner = inner._orig_mod
         with inner.no_sync():
             yield
 

@@ -57,8 +57,9 @@ def positions(config) -> int:
 
 def run_size(model: nn.Module, batch_size: int, grad_accum: int = 1) -> RunSize:
     """The estimates above for ``model`` trained on micro-batches of ``batch_size``."""
-    cfg = getattr(model, "config", None)
-    return config_run_size(cfg, sum(t.numel() for t in model.parameters()), batch_size, grad_accum)
+    return config_run_size(
+        model.config, sum(t.numel() for t in model.parameters()), batch_size, grad_accum
+    )
 
 
 def config_run_size(cfg, p: int, batch_size: int, grad_accum: int = 1) -> RunSize:

@@ -30,7 +30,6 @@ may import only what is below the training loop).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,7 @@ from torch import Tensor, nn
 
 from attnlab import hooks
 from attnlab.metrics import half_losses
-from attnlab.models.declare import max_positions, output_tensor
+from attnlab.models.declare import max_positions
 from attnlab.modes import evaluating
 
 SCORES = ("previous-token", "duplicate-token", "induction", "first-token", "self", "entropy")
@@ -124,44 +123,22 @@ def kind_of(scores: dict[str, float | None]) -> str | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def vocab_size(model: nn.Module) -> int | None:
-    """The number of token ids the model's probe forward reads (None: it reads no tokens)."""
-    if model.reads == "image":
-        return None  # it is probed with other inputs (a ViT: images)
-    cfg = getattr(model, "config", None)
-    for key in ("tgt_vocab_size", "vocab_size"):
-        v = getattr(cfg, key, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    return None
-
-
-def probe_forward(model: nn.Module) -> Callable[[Tensor], Tensor]:
-    """How a probe input is run through ``model``: its ``conformance_forward`` (an
-    encoder-decoder: the decoder over a fixed source) or ``model(x)``; returns the main output."""
-    custom = getattr(model, "conformance_forward", None)
-    if custom is not None:
-        return custom
-    return lambda x: output_tensor(model(x))
-
-
 def repeated_tokens(model: nn.Module, n: int = 16, seed: int = 0, half: int | None = None):
     """``n`` random sequences r r: (n, 2 * half) token ids from the model's vocabulary (its
     pad id left out), the tokens of r all different when the vocabulary is large enough, so
     that every position of the second half has one previous token, one earlier duplicate and
-    one token after it; None for a model that reads no token ids."""
-    V = vocab_size(model)
+    one token after it; None for a model that reads no token ids. They are drawn from the ids
+    its probe forward reads (``ModelKind.probe_vocab_size``: an encoder-decoder's probe is its
+    decoder's input)."""
+    V = model.probe_vocab_size
     if V is None or V < 2:
         return None
     limit = max_positions(model) or 2 * PROBE_HALF
-    cfg = getattr(model, "config", None)
-    if model.reads == "source":  # an encoder-decoder's probe is its decoder's input
-        limit = getattr(cfg, "max_len", limit)
     half = min(half or PROBE_HALF, limit // 2)
     if half < 2:
         return None
     g = torch.Generator().manual_seed(seed)
-    pad = getattr(model, "pad_id", None)
+    pad = model.pad_id
     ids = torch.tensor([i for i in range(V) if i != pad])  # (V',) the tokens a probe may hold
     if half <= len(ids):  # each row: a random arrangement of the vocabulary, cut to half
         r = ids[torch.rand(n, len(ids), generator=g).argsort(dim=1)[:, :half]]
@@ -195,13 +172,13 @@ def run_probe(model: nn.Module, x: Tensor, ids: bool = True, repeated: bool = Fa
     points = hooks.hook_points(model)
     names = [n for n in points if n.endswith(SELF_MAPS)]
     with evaluating(model), hooks.record(model, names=names) as cache:
-        out = probe_forward(model)(x)
+        out = model.probe_forward(x)
     T = x.size(1) if ids else None
     if T is None:  # images: every square map is over the patches
         maps = {k: v for k, v in cache.items() if v.dim() == 4 and v.size(-1) == v.size(-2)}
     else:
         maps = {k: cache[k] for k in self_attention_maps(cache, T)}
-    causal = bool(getattr(model, "causal", False))
+    causal = model.causal
     scores = {k: head_scores(v, x if ids else None, causal) for k, v in maps.items()}
     result = ProbeResult(maps, scores)
     if repeated and ids and causal and out.dim() == 3 and out.size(1) == T:

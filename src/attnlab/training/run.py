@@ -465,11 +465,13 @@ def start_from(model: torch.nn.Module, task: Task, source: torch.nn.Module | Non
     source's tensor of the same name, a table with one row per position keeps its first
     block_size rows, and a head the source lacks (or that ``task.fresh`` names) keeps the
     initialisation it was built with. ``source``: that run's model, where it was read already."""
+    from attnlab.models.declare import max_positions
+
     init = task.init
     if source is None:  # read now (the other processes of a torchrun job)
         source, _ = rundir.open_model(init.path)
     theirs = source.state_dict()
-    blocks = (init.config.get("block_size"), getattr(model.config, "block_size", None))
+    blocks = (init.config.get("block_size"), max_positions(model))
     copied, fresh, cut = set(), [], []
     with torch.no_grad():
         for name, mine in model.state_dict().items():
