@@ -7,10 +7,12 @@
 The workbench runs as a user starts it (`python -m attnlab serve RUN --port 0`, its own
 process, default threads). A client makes ``--edits`` edits of a 64-token text (one character
 changed each time, as typing does) and, for each, asks for the views of the panels the page
-shows open (prediction, attention, walkthrough, similarity, influence: one request), timing
-the whole round trip over the socket, the JSON read. With ``--browser`` the same edits are
-typed into the page in headless Chromium, and the page's own clock gives the time from the
-edit to every open panel drawn (document.body.dataset.ms). Also the first page load's bytes.
+shows open (prediction, attention, walkthrough, similarity, influence: one request, with the
+page's params: the walkthrough's shown step, the similarity's shown layer), timing the whole
+round trip over the socket, the JSON read, and counting its bytes. With ``--browser`` the same
+edits are typed into the page in headless Chromium, and the page's own clock gives the time
+from the edit to every open panel drawn (document.body.dataset.ms). Also the first page
+load's bytes.
 
 The models have random weights (speed does not depend on them): the baby GPT is GPT preset
 "baby" (4 layers, 4 heads, width 128, block 64) with a character vocabulary of the built-in
@@ -33,6 +35,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VISIBLE = ["predict", "explorer", "trace", "similarity", "influence"]  # the panels open at first
+# what the page sends with them: the walkthrough's first step, its 24 x 24 numbers, the
+# similarity panel's first layer (a server before these params answers every step and layer)
+PARAMS = {"trace_step": 0, "trace_window": 24, "similarity_layer": 0}
 
 
 def build_baby(out: Path) -> tuple[Path, str]:
@@ -77,10 +82,12 @@ def serve(run: Path):
     p = subprocess.Popen([sys.executable, "-m", "attnlab", "serve", str(run), "--port", "0"],
                          env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     line = p.stdout.readline()
-    if not line.startswith("attnlab workbench: "):
+    if line.strip() == "attnlab workbench:":  # into a pipe the address wraps onto its own line
+        line += p.stdout.readline()
+    if not line.startswith("attnlab workbench:") or "http" not in line:
         p.kill()
         raise SystemExit(f"serve did not start: {line}{p.stderr.read()}")
-    return p, line.split(": ", 1)[1].strip()
+    return p, line.split(":", 1)[1].strip()
 
 
 def cpu_s(pid: int) -> float:
@@ -89,14 +96,15 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def post(url: str, token: str, body: dict) -> tuple[float, dict]:
+def post(url: str, token: str, body: dict) -> tuple[float, dict, int]:
     req = urllib.request.Request(url + "/api/views", data=json.dumps(body).encode(),
                                  headers={"X-Attnlab-Token": token,
                                           "Content-Type": "application/json"})  # fmt: skip
     t0 = time.perf_counter()
     with urllib.request.urlopen(req, timeout=600) as r:
-        d = json.loads(r.read())
-    return time.perf_counter() - t0, d
+        raw = r.read()
+        d = json.loads(raw)
+    return time.perf_counter() - t0, d, len(raw)
 
 
 def edits(text: str, n: int, alphabet: str) -> list[str]:
@@ -128,11 +136,13 @@ def measure(name: str, run: Path, text: str, n: int, browser: bool) -> dict:
         name_ = run.name
         texts = edits(text, n + 3, alphabet)  # each one new: none is answered from a cache
         for t in texts[:3]:  # warm-up: the run loaded, first calls made
-            post(base, token, {"run": name_, "input": t, "views": VISIBLE})
-        times, server, cpu = [], [], []
+            post(base, token, {"run": name_, "input": t, "views": VISIBLE, "params": PARAMS})
+        times, server, cpu, sizes = [], [], [], []
         for t in texts[3:]:
             c0 = cpu_s(proc.pid)
-            dt, d = post(base, token, {"run": name_, "input": t, "views": VISIBLE})
+            body = {"run": name_, "input": t, "views": VISIBLE, "params": PARAMS}
+            dt, d, size = post(base, token, body)
+            sizes.append(size)
             cpu.append(1000 * (cpu_s(proc.pid) - c0))
             bad = [k for k, v in d["views"].items() if "serve_error" in v]
             if bad:
@@ -140,6 +150,8 @@ def measure(name: str, run: Path, text: str, n: int, browser: bool) -> dict:
             times.append(dt * 1000)
             server.append(d["ms"])
         out = {"model": name, "tokens": len(text), "edits": n, "page_bytes": page_bytes,
+               "bytes_per_edit": statistics.median(sizes),
+               "view_bytes": {k: len(json.dumps(v)) for k, v in d["views"].items()},
                "http_ms": {"p50": pct(times, 0.5), "p95": pct(times, 0.95), "max": max(times)},
                "server_cpu_ms": {"p50": pct(cpu, 0.5), "p95": pct(cpu, 0.95)},
                "view_ms_p50": {k: statistics.median(s[k] for s in server) for k in VISIBLE}}  # fmt: skip
@@ -197,11 +209,12 @@ def main() -> None:
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
           f"{os.cpu_count()} cores")  # fmt: skip
-    print(f"{'model':>6} {'page KiB':>9} {'HTTP p50':>9} {'p95':>8} {'CPU p50':>8} {'p95':>6} "
+    print(f"{'model':>6} {'page KiB':>9} {'KiB/edit':>9} {'HTTP p50':>9} {'p95':>8} {'CPU p50':>8} {'p95':>6} "
           f"{'browser p50':>12} {'p95':>8}")  # fmt: skip
     for r in rows:
         b = r.get("browser_ms") or {}
-        print(f"{r['model']:>6} {r['page_bytes'] / 1024:>9.1f} {r['http_ms']['p50']:>7.0f}ms "
+        print(f"{r['model']:>6} {r['page_bytes'] / 1024:>9.1f} {r['bytes_per_edit'] / 1024:>9.1f} "
+              f"{r['http_ms']['p50']:>7.0f}ms "
               f"{r['http_ms']['p95']:>6.0f}ms {r['server_cpu_ms']['p50']:>6.0f}ms "
               f"{r['server_cpu_ms']['p95']:>4.0f}ms {b.get('p50', float('nan')):>10.0f}ms "
               f"{b.get('p95', float('nan')):>6.0f}ms")  # fmt: skip

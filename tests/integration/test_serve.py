@@ -73,6 +73,39 @@ def test_every_view_is_the_clis_json_for_the_same_input(server, runs, capsys):
                                             "mean")  # fmt: skip
 
 
+def test_sliced_views_are_the_clis_json_cut_to_what_the_page_shows(server, runs, capsys):
+    """trace_step/trace_window and similarity_layer: one step (one layer) whole, cut from the
+    CLI's --json with its numbers unchanged; the rest named only; bad values refused in one line."""
+    run = runs / "a"
+    t = cli_json(capsys, "trace", run, TEXT, "--layer", "1", "--head", "0")
+    k = next(i for i, s in enumerate(t["steps"]) if isinstance((s.get("values") or [0])[0], list)
+             and len(s["values"]) > 3 and len(s["values"][0]) > 3)  # fmt: skip
+    _, d = views(server, "runs/a", TEXT, ["trace", "similarity"], layer=1, head=0, trace_step=k,
+                 trace_window=3, similarity_layer=1)  # fmt: skip
+    got, want = d["views"]["trace"], t["steps"][k]
+    assert got["step"] == k and len(got["steps"]) == len(t["steps"])
+    assert [s["title"] for s in got["steps"]] == [s["title"] for s in t["steps"]]
+    assert all("values" not in s for i, s in enumerate(got["steps"]) if i != k)
+    assert got["steps"][k]["values"] == [r[:3] for r in want["values"][:3]]
+    assert got["steps"][k]["values_shape"] == [len(want["values"]), len(want["values"][0])]
+    assert {**got["steps"][k], "values": want["values"]} == {**want, "values_shape":
+                                                             got["steps"][k]["values_shape"]}  # fmt: skip
+    assert {x: got[x] for x in ("about", "tokens", "ids", "layer", "head")} == {
+        x: t[x] for x in ("about", "tokens", "ids", "layer", "head")}  # fmt: skip
+    sim, want_sim = d["views"]["similarity"], cli_json(capsys, "similarity", run, TEXT)
+    assert sim["layer"] == 1 and sim["layers"][1] == want_sim["layers"][1]
+    assert [x["mean_after"] for x in sim["layers"]] == [x["mean_after"] for x in want_sim["layers"]]
+    assert "before" not in sim["layers"][0]
+    assert len(json.dumps(sim)) < len(json.dumps(want_sim))
+    _, bad = views(server, "runs/a", TEXT, ["trace", "similarity"], trace_step=999,
+                   similarity_layer="x")  # fmt: skip
+    assert bad["views"]["trace"]["serve_error"].startswith("trace_step must be a whole number in")
+    assert (
+        bad["views"]["similarity"]["serve_error"]
+        == "similarity_layer must be a whole number, got 'x'"
+    )
+
+
 def test_the_explorer_view_is_the_pages_data_that_explore_writes(server, runs, capsys, tmp_path):
     from attnlab.inspect.explorer import explorer_data
     from attnlab.run import load_run
@@ -247,6 +280,8 @@ def _serve(*args, wait_for: str = "attnlab workbench: "):
     p = subprocess.Popen([sys.executable, "-m", "attnlab", "serve", *map(str, args)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     line = p.stdout.readline()
+    if line.strip() == wait_for.strip():  # into a pipe (80 columns) the address has its own line
+        line = f"{wait_for.strip()} {p.stdout.readline().strip()}\n"
     return p, line
 
 

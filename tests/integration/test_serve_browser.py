@@ -148,8 +148,13 @@ def check_walkthrough(b, capsys, run, text):
         f"{tok}={i}".replace(" ", "\u2423") for tok, i in zip(t["tokens"], t["ids"])
     ] or len(line.split()) == len(t["tokens"])
     k = next(i for i, s in enumerate(t["steps"]) if s.get("values") is not None)
-    b.eval("(() => { const p = document.querySelectorAll('.column')[0].querySelector('[data-panel=walkthrough] select');"
-           f"p.value = '{k}'; p.onchange(); }})()")  # fmt: skip
+    after(
+        b,
+        lambda: b.eval(
+            "(() => { const p = document.querySelectorAll('.column')[0].querySelector('[data-panel=walkthrough] select');"
+            f"p.value = '{k}'; p.onchange(); }})()"
+        ),
+    )  # fmt: skip  (the step is fetched)
     values = t["steps"][k]["values"]
     rows = values if isinstance(values[0], list) else [values]
     want = [v for r in rows[:24] for v in r[:24]]

@@ -5,8 +5,9 @@ function (most often a ``Run`` method) that the CLI verb calls, and returning th
     view          the verb whose --json it is
     predict       attnlab predict RUN TEXT
     explorer      attnlab explore RUN TEXT (the data the page embeds), plus each map's head labels
-    trace         attnlab trace RUN TEXT --layer L --head H
-    similarity    attnlab similarity RUN TEXT
+    trace         attnlab trace RUN TEXT --layer L --head H (params ``trace_step``,
+                  ``trace_window``: only the step the page shows, see ``trace_slice``)
+    similarity    attnlab similarity RUN TEXT (param ``similarity_layer``: only that layer)
     influence     attnlab influence RUN TEXT
     lens          attnlab lens RUN TEXT
     dla           attnlab attribute RUN TEXT --method dla --target T (T: the top prediction)
@@ -150,8 +151,37 @@ def trace(run, params: dict, cache: dict, text: str) -> str:
 
     layer, head = _int(params, "layer", 0), _int(params, "head", 0)
     rec = recording(run, cache, text)
-    return _json(trace_(run.model, run.tokenizer, text, layer=layer, head=head, top_k=5,
-                        rec=rec), run)  # fmt: skip
+    result = trace_(run.model, run.tokenizer, text, layer=layer, head=head, top_k=5, rec=rec)
+    if params.get("trace_step") is None:
+        return _json(result, run)
+    result.about = result.about or run.about
+    return dumps(trace_slice(result.to_dict(), params))
+
+
+WINDOW_MAX = 512  # rows and columns of a step's numbers one sliced request may ask for
+
+
+def trace_slice(d: dict, params: dict) -> dict:
+    """The walkthrough as the page shows it: ``trace --json``'s dict ``d`` with only step
+    ``trace_step`` (0-based) whole, its ``values`` cut to the first ``trace_window`` rows and
+    columns (``values_shape``: the uncut rows x columns); every other step keeps its name,
+    title and shape (the page's step list), and ``step`` says which one is whole. The numbers
+    kept are the CLI's, unchanged."""
+    n = len(d["steps"])
+    k = _int(params, "trace_step", 0, 0, n - 1)
+    w = _int(params, "trace_window", 24, 1, WINDOW_MAX)
+    steps = [{"name": s["name"], "title": s["title"], "shape": s["shape"]} for s in d["steps"]]
+    s = dict(d["steps"][k])
+    if s.get("values") is not None:
+        v = s["values"]
+        if v and isinstance(v[0], list):
+            s["values_shape"] = [len(v), len(v[0])]
+            s["values"] = [r[:w] for r in v[:w]]
+        else:
+            s["values_shape"] = [len(v)]
+            s["values"] = v[:w]
+    steps[k] = s
+    return {**d, "steps": steps, "step": k}
 
 
 @view("similarity")
@@ -159,7 +189,27 @@ def similarity(run, params: dict, cache: dict, text: str) -> str:
     """``attnlab similarity RUN TEXT --json``: cosine similarity before and after each block."""
     from attnlab.inspect.similarity import similarity as similarity_
 
-    return _json(similarity_(recording(run, cache, text)), run)
+    result = similarity_(recording(run, cache, text))
+    if params.get("similarity_layer") is None:
+        return _json(result, run)
+    result.about = result.about or run.about
+    d = result.to_dict()
+    d = {"about": result.about, **d} if "about" not in d else d
+    return dumps(similarity_slice(d, params))
+
+
+def similarity_slice(d: dict, params: dict) -> dict:
+    """The similarity panel as the page shows it: ``similarity --json``'s dict ``d`` with only
+    layer ``similarity_layer`` (an index into ``layers``) whole; every other layer keeps its
+    prefix, label and means (the page's layer list), and ``layer`` says which one is whole.
+    The numbers kept are the CLI's, unchanged."""
+    n = len(d["layers"])
+    k = _int(params, "similarity_layer", 0, 0, max(0, n - 1))
+    keep = ("prefix", "label", "mean_before", "mean_after", "mean_dot_before", "mean_dot_after")
+    layers = [{key: ly[key] for key in keep if key in ly} for ly in d["layers"]]
+    if n:
+        layers[k] = d["layers"][k]
+    return {**d, "layers": layers, "layer": k}
 
 
 @view("influence")

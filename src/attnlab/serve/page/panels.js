@@ -311,11 +311,15 @@
   panel({
     name: "walkthrough", title: "walkthrough", help: "one forward pass, one step at a time, with its real numbers: tokens, embeddings, Q, K, V, scores, scale, mask, softmax, weighted sum, heads, W_O, residual, norm, feed-forward, logits (attnlab trace --json, for the selected layer and head)",
     views: ["trace"],
+    // only the step shown, its first 24 x 24 numbers (the server's trace_step, trace_window);
+    // another step is fetched when it is picked
+    params: (ctx) => ({ trace_step: ctx.state.i, trace_window: 24 }),
     init(ctx) {
       const st = ctx.state; st.i = 0;
-      st.prev = h("button", { type: "button", text: "\u25c0", onclick: () => { st.i = Math.max(0, st.i - 1); ctx.def.render(ctx); } });
-      st.next = h("button", { type: "button", text: "\u25b6", onclick: () => { st.i += 1; ctx.def.render(ctx); } });
-      st.pick = h("select"); st.pick.onchange = () => { st.i = +st.pick.value; ctx.def.render(ctx); };
+      const go = (i) => { const n = ctx.col.data.trace ? ctx.col.data.trace.steps.length : 1; st.i = Math.max(0, Math.min(i, n - 1)); ctx.col.update(["trace"]); };
+      st.prev = h("button", { type: "button", text: "\u25c0", onclick: () => go(st.i - 1) });
+      st.next = h("button", { type: "button", text: "\u25b6", onclick: () => go(st.i + 1) });
+      st.pick = h("select"); st.pick.onchange = () => go(+st.pick.value);
       st.where = h("span", { class: "status" }); st.out = h("div");
       ctx.body.append(h("div", { class: "controls steps" }, st.prev, st.pick, st.next, st.where), st.out);
     },
@@ -323,19 +327,21 @@
       const t = ctx.col.data.trace, st = ctx.state;
       const steps = t.steps;
       st.i = Math.min(st.i, steps.length - 1);
+      const k = t.step !== undefined ? t.step : st.i;  // the step the server sent whole
       st.pick.innerHTML = ""; steps.forEach((s, i) => st.pick.add(new Option((i + 1) + ". " + s.title, String(i))));
-      st.pick.value = String(st.i);
-      st.where.textContent = "step " + (st.i + 1) + " of " + steps.length + " \u2014 layer " + t.layer + ", head " + t.head;
-      const s = steps[st.i], out = st.out;
+      st.pick.value = String(k);
+      st.where.textContent = "step " + (k + 1) + " of " + steps.length + " \u2014 layer " + t.layer + ", head " + t.head;
+      const s = steps[k], out = st.out;
       out.innerHTML = "";
       out.dataset.step = s.name;
       out.append(h("h3", { text: s.title + (s.shape ? "   (" + s.shape.join(" \u00d7 ") + ")" : "") }), h("div", { class: "help", text: s.meaning }));
-      if (st.i === 0) out.append(h("div", { class: "output", text: t.tokens.map((x, i) => show(x) + "=" + t.ids[i]).join("  ") }));
+      if (k === 0) out.append(h("div", { class: "output", text: t.tokens.map((x, i) => show(x) + "=" + t.ids[i]).join("  ") }));
       if (s.values) {
         const V = Array.isArray(s.values[0]) ? s.values : [s.values];
         const R = V.slice(0, 24).map((r) => r.slice(0, 24));
         out.append(heat(R, s.rows || (V.length === t.tokens.length ? t.tokens : null), s.cols || null, { signed: true, decimals: 3, textMax: 32 }));
-        if (V.length > 24 || V[0].length > 24) out.append(h("div", { class: "help", text: "showing 24 \u00d7 24 of " + V.length + " \u00d7 " + V[0].length }));
+        const full = s.values_shape ? (s.values_shape.length > 1 ? s.values_shape : [1, s.values_shape[0]]) : [V.length, V[0].length];
+        if (full[0] > 24 || full[1] > 24) out.append(h("div", { class: "help", text: "showing 24 \u00d7 24 of " + full[0] + " \u00d7 " + full[1] }));
         if (s.row_sums) out.append(h("div", { class: "help", text: "each row sums to 1: " + s.row_sums.map((x) => num(x, 3)).join(" ") }));
       }
       const list = s.predictions || s.classes;
@@ -348,15 +354,17 @@
     name: "similarity", title: "similarity", help: "cosine similarity (or the raw dot product) of every pair of token vectors before and after each block (attnlab similarity [--measure dot] --json)",
     views: ["similarity"],
     applies: (r) => r.residual,
+    params: (ctx) => ({ similarity_layer: ctx.state.layer }),  // only the layer shown; another is fetched when picked
     init(ctx) { ctx.state.layer = 0; ctx.state.pick = h("select"); ctx.state.out = h("div");
-      ctx.state.pick.onchange = () => { ctx.state.layer = +ctx.state.pick.value; ctx.def.render(ctx); };
+      ctx.state.pick.onchange = () => { ctx.state.layer = +ctx.state.pick.value; ctx.col.update(["similarity"]); };
       ctx.state.measure = h("select", { class: "measure", onchange: () => ctx.def.render(ctx) }, h("option", { value: "cosine", text: "cosine" }), h("option", { value: "dot", text: "dot product" }));
       ctx.body.append(h("div", { class: "controls" }, h("label", {}, "layer ", ctx.state.pick), h("label", {}, "measure ", ctx.state.measure)), ctx.state.out); },
     render(ctx) {
       const L = ctx.col.data.similarity.layers, st = ctx.state;
       st.layer = Math.min(st.layer, L.length - 1);
-      st.pick.innerHTML = ""; L.forEach((x, i) => st.pick.add(new Option(x.label, String(i)))); st.pick.value = String(st.layer);
-      const x = L[st.layer], dot = st.measure.value === "dot" && x.dot_before !== undefined;
+      const k = ctx.col.data.similarity.layer !== undefined ? ctx.col.data.similarity.layer : st.layer;  // the layer sent whole
+      st.pick.innerHTML = ""; L.forEach((x, i) => st.pick.add(new Option(x.label, String(i)))); st.pick.value = String(k);
+      const x = L[k], dot = st.measure.value === "dot" && x.dot_before !== undefined;
       const [B, A, mb, ma] = dot ? [x.dot_before, x.dot_after, x.mean_dot_before, x.mean_dot_after] : [x.before, x.after, x.mean_before, x.mean_after];
       const o = dot ? { signed: true, decimals: 2, textMax: 32 } : { signed: true, top: 1, decimals: 2, textMax: 32 };  // a dot product has no bound: its own largest
       st.out.innerHTML = "";
