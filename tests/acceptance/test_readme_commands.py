@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import types
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from attnlab.cli import main
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = {"train": ["--max-iters", "12", "--eval-iters", "2", "--quiet"],
-         "experiment": ["--quick", "--seeds", "1"]}  # fmt: skip
+         "experiment": ["--quick", "--seeds", "1"], "serve": ["--port", "0"]}  # fmt: skip
 
 
 def readme_commands() -> list[list[str]]:
@@ -49,6 +50,10 @@ def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys):
     (tmp_path / "out").mkdir()
     commands = readme_commands()
     assert len(commands) >= 30
+    served = []  # serve builds its app on the runs named, binds and prints its address; the
+    # server loop itself (which runs until Ctrl-C) is replaced by one that records the app
+    monkeypatch.setattr("attnlab.serve._uvicorn", lambda app, **kw: types.SimpleNamespace(
+        run=lambda sockets: served.append((app, sockets))))  # fmt: skip
     for args in commands:
         verb = args[1]
         argv = [*args[1:], *SHORT.get(verb, [])]
@@ -56,5 +61,7 @@ def test_every_readme_command_runs_as_written(tmp_path, monkeypatch, capsys):
             code = main(argv)
         except SystemExit as e:
             code = e.code
-        err = capsys.readouterr().err
+        out, err = capsys.readouterr()
+        if verb == "serve":
+            assert served and "token=" in out, (argv, out, err)
         assert code in ((0, 1) if verb == "check" else (0,)), (argv, err[-2000:])
