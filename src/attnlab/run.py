@@ -318,6 +318,38 @@ class Run:
 
         return source_attention(self.record(text), self.tokenizer, layer, head, words, text)
 
+    # -- look inside: what `attnlab trace | similarity | influence` print --------------------
+    # Each returns the result the verb prints (its ``to_json()`` the verb's ``--json``, starting
+    # with ``about``); the verb only parses options, calls the method and prints it.
+
+    def trace(self, text: str, layer: int = 0, head: int = 0, top_k: int = 5):
+        """As ``attnlab trace RUN TEXT``: one forward pass over ``text`` explained step by step
+        for one layer and head, with the model's ``top_k`` predictions (an
+        ``attnlab.inspect.trace.Trace``)."""
+        from attnlab.inspect.trace import trace
+
+        rec = self.record(text)
+        result = trace(self.model, self.tokenizer, text, layer=layer, head=head, top_k=top_k,
+                       rec=rec)  # fmt: skip
+        result.widest = max(map(len, rec.tokens.values()), default=0)
+        return result
+
+    def similarity(self, text: str, layer: int | None = None, measure: str = "cosine"):
+        """As ``attnlab similarity RUN TEXT``: token x token cosine similarity and dot products
+        before and after each block (``measure``: what the terminal shows; None ``layer``:
+        the input and the last output), an ``attnlab.inspect.similarity.Similarity``."""
+        from attnlab.inspect.similarity import similarity
+
+        return similarity(self.record(text), layer=layer, measure=measure)
+
+    def influence(self, text: str, sources: int = 3, top: int = 20):
+        """As ``attnlab influence RUN TEXT``: how far its context moved each token, layer by
+        layer, with the ``sources`` source tokens that moved it most (``top``: rows the
+        terminal shows), an ``attnlab.inspect.influence.Influence``."""
+        from attnlab.inspect.influence import influence
+
+        return influence(self.model, self.record(text), n_sources=sources, top=top)
+
     # -- interventions: what `attnlab ablate | patch | lens | attribute | heads` print -----------
     # Each returns the result the verb prints, its JSON (``result.to_json()``) the verb's
     # ``--json``, starting with ``about``; a notebook draws it (``_repr_html_``). The defaults
