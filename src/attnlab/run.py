@@ -350,6 +350,15 @@ class Run:
 
         return influence(self.model, self.record(text), n_sources=sources, top=top)
 
+    def check(self, length: int = 16, batch: int = 2, seed: int = 0):
+        """As ``attnlab check RUN``: the conformance checks (no future leak, cache == no cache,
+        ...) on ``batch`` random probes of ``length`` tokens, an
+        ``attnlab.inspect.check.CheckReport`` (``ok``: none failed)."""
+        from attnlab.inspect.check import check
+
+        report = check(self.model, length=length, batch=batch, seed=seed)
+        return self._about(report)
+
     # -- interventions: what `attnlab ablate | patch | lens | attribute | heads` print -----------
     # Each returns the result the verb prints, its JSON (``result.to_json()``) the verb's
     # ``--json``, starting with ``about``; a notebook draws it (``_repr_html_``). The defaults
