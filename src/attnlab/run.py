@@ -359,6 +359,25 @@ class Run:
         report = check(self.model, length=length, batch=batch, seed=seed)
         return self._about(report)
 
+    def embed(self, texts: str | list[str], pool: str | None = None,
+              normalize: bool = False) -> list:  # fmt: skip
+        """As ``attnlab embed RUN TEXT...``: each text's sentence embedding from an encoder run,
+        rounded as the verb prints it (one text: one list; several: a list of lists).
+        ``pool``: "mean" or "cls" (None: the run's sentence-transformers setting, else mean)."""
+        from attnlab.embeddings import sentence_embeddings
+
+        if not self.model.sentence_embedding:
+            raise rundir.RunError(f"{self.path}: embed needs an encoder run, not "
+                                  f"{self.model.model_type!r}")  # fmt: skip
+        if self.tokenizer is None:
+            raise rundir.RunError(f"{self.path}: the run has no tokenizer.json")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        pool = pool or self.config.get("sentence_embedding", {}).get("pool", "mean")
+        emb = sentence_embeddings(self.model, self.tokenizer, texts, pool=pool,
+                                  normalize=normalize)  # fmt: skip
+        rows = [[round(float(v), 7) for v in row] for row in emb]
+        return rows[0] if len(rows) == 1 else rows
+
     # -- interventions: what `attnlab ablate | patch | lens | attribute | heads` print -----------
     # Each returns the result the verb prints, its JSON (``result.to_json()``) the verb's
     # ``--json``, starting with ``about``; a notebook draws it (``_repr_html_``). The defaults
