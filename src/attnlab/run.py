@@ -177,6 +177,32 @@ class Run:
         options = self.eval_options(data, options, **given)
         return self.score(self.scoring_task(options), options)
 
+    def eval(self, data: str | None = None, options: EvalOptions | None = None, *,
+             ablate: str | None = None, mode: str = "zero", quiet: bool = True, **given):  # fmt: skip
+        """As ``attnlab eval RUN``: ``evaluate``'s figures (an ``Evaluation``); with ``ablate``
+        ("1.2,0.3", "decoder.0.1", "context"), the same figures on the same data, split and
+        limits with those heads ablated (``mode``: zero, mean or resample), then intact, an
+        ``attnlab.interventions.AblatedEval`` (``quiet=False``: progress on stderr)."""
+        if ablate is None:
+            return self.evaluate(data, options, **given)
+        from attnlab.interventions import ablated_eval
+
+        options = self.eval_options(data, options, **given)
+        if options.data is not None:
+            from attnlab.data import open_corpus
+
+            open_corpus(options.data, options.encoding)  # a missing or binary file: refused now
+        task = self.scoring_task(options)  # nothing to score: refused before anything runs
+        scored = []
+
+        def score():
+            scored.append(self.score(task, options))
+            return scored[-1]
+
+        result = ablated_eval(self.model, score, ablate, mode, quiet=quiet)
+        result.source = scored[-1].data
+        return self._about(result)
+
     def eval_options(self, data: str | None = None, options: EvalOptions | None = None,
                      **given) -> EvalOptions:  # fmt: skip
         """``options`` with ``data`` and the ``given`` fields put in (what ``evaluate`` takes)."""

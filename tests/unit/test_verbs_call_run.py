@@ -18,7 +18,7 @@ from attnlab.run import Run
 # verb -> the Run method it calls (the verb's name, with '-' as '_')
 ON_RUN = ["predict", "generate", "translate", "classify", "what-if", "ablate", "patch",
           "circuit", "lens", "attribute", "heads", "trace", "similarity", "influence", "check",
-          "embed"]  # fmt: skip
+          "embed", "eval"]  # fmt: skip
 
 # the verb's logic lives in one library function of its name, not in Run: no loaded run to act on
 NOT_A_RUN = {
@@ -35,7 +35,6 @@ NOT_A_RUN = {
 NOT_YET = {
     "attention": "the CLI module still picks and renders the maps",
     "explore": "writes the explorer page from the CLI module",
-    "eval": "Run.evaluate is the API; the verb still scores ablated heads itself",
     "align": "calls Run.source_attention per text and joins them itself",
     "walk": "the walkthrough is assembled in the CLI module",
 }
