@@ -360,6 +360,20 @@ class Run:
         result.widest = max(map(len, rec.tokens.values()), default=0)
         return result
 
+    def attention(self, text: str, layer: int | None = None, head: int | None = None, *,
+                  mean: bool = False, map: str | None = None, start: int = 0,
+                  all: bool = False, title: str | None = None):  # fmt: skip
+        """As ``attnlab attention RUN TEXT``: one layer and head's token x token attention
+        (``mean``: the mean over heads; ``map``: maps whose name contains it; ``start``: the
+        first key the terminal shows), an ``attnlab.inspect.attention.AttentionMap``; ``all``:
+        the grid of every layer x head (``--all``), an ``AttentionGrid`` titled ``title``."""
+        from attnlab.inspect.attention import attention, attention_grid
+
+        rec = self.record(text)
+        if all:
+            return attention_grid(rec, name=map, title=title)
+        return attention(rec, layer=layer, head=head, mean=mean, name=map, start=start)
+
     def similarity(self, text: str, layer: int | None = None, measure: str = "cosine"):
         """As ``attnlab similarity RUN TEXT``: token x token cosine similarity and dot products
         before and after each block (``measure``: what the terminal shows; None ``layer``:

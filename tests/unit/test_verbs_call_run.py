@@ -18,7 +18,7 @@ from attnlab.run import Run
 # verb -> the Run method it calls (the verb's name, with '-' as '_')
 ON_RUN = ["predict", "generate", "translate", "classify", "what-if", "ablate", "patch",
           "circuit", "lens", "attribute", "heads", "trace", "similarity", "influence", "check",
-          "embed", "eval"]  # fmt: skip
+          "embed", "eval", "attention"]  # fmt: skip
 
 # the verb's logic lives in one library function of its name, not in Run: no loaded run to act on
 NOT_A_RUN = {
@@ -33,7 +33,6 @@ NOT_A_RUN = {
 
 # act on a run, not moved yet: their logic is still in the CLI module or a library function
 NOT_YET = {
-    "attention": "the CLI module still picks and renders the maps",
     "explore": "writes the explorer page from the CLI module",
     "align": "calls Run.source_attention per text and joins them itself",
     "walk": "the walkthrough is assembled in the CLI module",
