@@ -14,6 +14,17 @@ window, an additive position bias (T5), a norm on q and k (``MultiHeadAttention`
 Each head's query, key and value inputs can also be its own (``per_head_inputs``): the same
 numbers while nothing edits them, but an edit of one head's query input (a circuit's edge into
 that reader) changes that head's queries alone.
+
+How scores become weights (``WEIGHTINGS``, the ``weighting`` of ``reference_attention`` and of
+``MultiHeadAttention``), for a query row s_1 .. s_S of scores over the keys it may see:
+    softmax    w_j = exp(s_j) / sum_k exp(s_k)          every row sums to 1
+    softmax1   w_j = exp(s_j) / (1 + sum_k exp(s_k))    softmax with one more logit fixed at 0,
+               a key that is always there and whose value is zero ("attend to nothing"): a row
+               sums to less than 1 (Miller 2023, "softmax off by one")
+    sigmoid    w_j = sigmoid(s_j)                       each key on its own, no normalisation:
+               a row sums to anything in (0, S) (the sigmoid attention without normalisation of
+               Gu et al. 2025, "When Attention Sink Emerges")
+Only softmax must put a row's whole weight somewhere; the other two can attend to nothing.
 """
 
 from __future__ import annotations
@@ -122,6 +133,31 @@ def softcap(x: Tensor, cap: float) -> Tensor:
     return cap * torch.tanh(x / cap)
 
 
+def softmax_weights(scores: Tensor) -> Tensor:
+    """w_j = exp(s_j) / sum_k exp(s_k) over the last dim (the keys): every row sums to 1."""
+    return torch.softmax(scores, dim=-1)
+
+
+def softmax1_weights(scores: Tensor) -> Tensor:
+    """w_j = exp(s_j) / (1 + sum_k exp(s_k)): softmax over the keys and one extra logit fixed
+    at 0 (a key whose score is always 0 and whose value is zero), so a row sums to less than 1
+    and can give almost nothing to every key. Computed stably: m = max(0, max_k s_k) is taken
+    out of every exponential, the zero logit's included."""
+    m = scores.amax(dim=-1, keepdim=True).clamp_min(0.0)  # (..., T, 1)
+    e = torch.exp(scores - m)  # (..., T, S)
+    return e / (torch.exp(-m) + e.sum(dim=-1, keepdim=True))
+
+
+def sigmoid_weights(scores: Tensor) -> Tensor:
+    """w_j = sigmoid(s_j) = 1 / (1 + exp(-s_j)), each key on its own: no normalisation over the
+    keys, so a row's weights sum to anything between 0 and the number of keys."""
+    return torch.sigmoid(scores)
+
+
+WEIGHTINGS = {"softmax": softmax_weights, "softmax1": softmax1_weights,
+              "sigmoid": sigmoid_weights}  # fmt: skip  # how scores become weights
+
+
 def reference_attention(
     q: Tensor,
     k: Tensor,
@@ -131,16 +167,18 @@ def reference_attention(
     dropout_p: float = 0.0,
     bias: Tensor | None = None,
     cap: float | None = None,
+    weighting: str = "softmax",
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Attention written one step per line. Returns (output, weights, scores).
 
     scores = Q K^T * scale (+ bias) (then cap * tanh(scores / cap)); weights = softmax over the
     keys of the scores the mask allows; output = weights V. ``scale`` defaults to 1/sqrt(d_k);
     ``bias`` (broadcastable to (..., T, S)) is an additive position bias (T5's); ``cap`` a
-    softcap (Gemma 2's). The scores returned are the softmax's input BEFORE the mask (what the
-    mask then hides is still visible to inspection). Masked scores are filled with the dtype's
-    most negative finite number rather than -inf, and masked weights are zeroed after the
-    softmax, so an empty row gives zeros, never NaN.
+    softcap (Gemma 2's); ``weighting`` another function from scores to weights (``WEIGHTINGS``:
+    softmax1, sigmoid), whose rows need not sum to 1. The scores returned are the weighting's
+    input BEFORE the mask (what the mask then hides is still visible to inspection). Masked
+    scores are filled with the dtype's most negative finite number rather than -inf, and masked
+    weights are zeroed after the weighting, so an empty row gives zeros, never NaN.
     """
     scale = 1.0 / math.sqrt(q.size(-1)) if scale is None else scale
     scores = q @ k.transpose(-2, -1)  # (..., T, S) raw similarities Q K^T
@@ -153,9 +191,9 @@ def reference_attention(
     if mask is not None:
         # hide what is not allowed (the most negative finite number, so no row is all -inf)
         masked = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    weights = torch.softmax(masked, dim=-1)  # (..., T, S) each row sums to 1 over the keys
+    weights = WEIGHTINGS[weighting](masked)  # (..., T, S) softmax: each row sums to 1
     if mask is not None:
-        weights = weights.masked_fill(~mask, 0.0)  # an empty row becomes all zeros
+        weights = weights.masked_fill(~mask, 0.0)  # hidden keys weigh 0, an empty row is zeros
     attn = F.dropout(weights, p=dropout_p) if dropout_p > 0 else weights
     out = attn @ v  # (..., T, d_v) weighted sum of the values
     return out, weights, scores
@@ -305,6 +343,65 @@ class RingKVCache(KVCache):
         self.length -= n
 
 
+class SinkKVCache(RingKVCache):
+    """StreamingLLM's cache (Xiao et al. 2023): the keys and values of the first ``sinks``
+    positions (the "attention sinks") kept for good in slots 0 .. sinks - 1, beside a ring of
+    the last w = ``max_len`` - sinks positions in the other slots.
+
+    Positions are the ones the cache gives, not the text's (StreamingLLM's choice, so that no
+    distance exceeds what the model was trained on): while it fills, every key sits at its own
+    position; once the ring has wrapped, the window keeps its true distances to the query and
+    the sinks sit just before the oldest window position, so a query sees sink i at distance
+    ``max_len - 1 - i`` whatever the length. With rotary keys (rotated when written) that means
+    turning the sinks' keys, written at positions 0 .. sinks - 1, down by ``max_len -
+    length`` before each read: ``shift`` (the rotary module's) does it. ``rebase`` moves the
+    ring's positions only; the sinks are placed from their first rotation at every append.
+    """
+
+    def __init__(self, batch: int, max_len: int, n_heads: int, d_k: int, d_v: int, *,
+                 sinks: int, shift, dtype=None, device=None):  # fmt: skip
+        if not 1 <= sinks < max_len:
+            raise ValueError(f"a sink cache of {max_len} slots keeps 1 to {max_len - 1} sinks, "
+                             f"got {sinks}")  # fmt: skip
+        super().__init__(batch, max_len, n_heads, d_k, d_v, dtype=dtype, device=device)
+        self.sinks, self.shift = sinks, shift
+        self.sink_k: Tensor | None = None  # the sinks' keys as written, positions 0 .. sinks - 1
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        n, m = k.size(2), self.sinks
+        if self.written + n <= self.max_len:  # still filling: slots in position order
+            slot = self.written
+        elif n == 1:  # the ring after the sinks: the oldest window slot
+            slot = m + (self.written - m) % (self.max_len - m)
+        else:
+            raise ValueError("a full sink cache takes one position at a time")
+        self.k.narrow(2, slot, n).copy_(k)
+        self.v.narrow(2, slot, n).copy_(v)
+        self.written += n
+        self.length += n
+        if self.sink_k is None and self.written >= m:
+            self.sink_k = self.k[:, :, :m].clone()  # (B, n_kv, sinks, D)
+        if self.written > self.max_len:  # wrapped: the sinks just before the oldest window key
+            self.k[:, :, :m] = self.shift(self.sink_k, self.max_len - self.length)
+        return self.k.narrow(2, 0, self.held), self.v.narrow(2, 0, self.held)
+
+    def clear(self) -> None:
+        super().clear()
+        self.sink_k = None
+
+    def rebase(self, n: int, shift) -> None:
+        """Every window key was rotated at position p; make it p - n (the sinks are placed
+        anew at the next append)."""
+        m = self.sinks
+        self.k[:, :, m : self.held] = shift(self.k[:, :, m : self.held], n)
+        self.length -= n
+
+    def reorder(self, index: Tensor) -> None:
+        super().reorder(index)
+        if self.sink_k is not None:
+            self.sink_k = self.sink_k.index_select(0, index)
+
+
 class StaticKV:
     """Keys and values computed once and reused (cross-attention over an encoder's output)."""
 
@@ -340,6 +437,8 @@ class MultiHeadAttention(nn.Module):
     - ``softcap``: scores become cap * tanh(scores / cap) before the mask (Gemma 2).
     - ``window``: each query sees only the last ``window`` positions, itself included
       (sliding-window attention: Mistral, Gemma 2/3).
+    - ``weighting``: how scores become weights (``WEIGHTINGS``): softmax, or softmax1 and
+      sigmoid, whose rows need not sum to 1 (always computed on the reference path).
     ``forward`` also takes ``position_bias`` (B|1, H, T, S), added to the scaled scores (T5).
 
     Recorded (see ``attnlab.hooks``): q (B, H, T, d_k); k, v (B, n_kv, S, D) as the KV cache
@@ -367,6 +466,7 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
         softcap: float | None = None,
         window: int | None = None,
+        weighting: str = "softmax",
     ):
         super().__init__()
         if d_model <= 0 or n_heads <= 0:
@@ -378,6 +478,9 @@ class MultiHeadAttention(nn.Module):
             raise ValueError(f"n_kv_heads ({n_kv_heads}) must divide n_heads ({n_heads})")
         if (softcap is not None and softcap <= 0) or (window is not None and window <= 0):
             raise ValueError("softcap and window must be positive")
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"unknown weighting {weighting!r}; choose {', '.join(WEIGHTINGS)}")
+        self.weighting = weighting
         self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.d_k = d_k or d_model // n_heads
         self.d_v = d_v or d_model // n_heads
@@ -411,10 +514,18 @@ class MultiHeadAttention(nn.Module):
         g = self.n_heads // self.n_kv_heads
         return x if g == 1 else x.repeat_interleave(g, dim=1)
 
-    def new_cache(self, batch: int, max_len: int, ring: bool = False, dtype=None, device=None):
-        """A KVCache (``RingKVCache`` when ``ring``) sized for this layer: n_kv heads."""
+    def new_cache(self, batch: int, max_len: int, ring: bool = False, dtype=None, device=None,
+                  sinks: int = 0):  # fmt: skip
+        """A KVCache (``RingKVCache`` when ``ring``; a ``SinkKVCache`` keeping the first
+        ``sinks`` positions beside the ring, with rotary positions) sized for this layer."""
+        size = (batch, max_len, self.n_kv_heads, self.d_k, self.d_v)
+        if sinks:
+            if self.rotary is None:
+                raise ValueError("a sink cache places its sinks by rotary positions")
+            return SinkKVCache(*size, sinks=sinks, shift=self.rotary.shift, dtype=dtype,
+                               device=device)  # fmt: skip
         kind = RingKVCache if ring else KVCache
-        return kind(batch, max_len, self.n_kv_heads, self.d_k, self.d_v, dtype=dtype, device=device)
+        return kind(*size, dtype=dtype, device=device)
 
     def _project(self, x: Tensor, kv: Tensor | None, cache) -> tuple[Tensor, Tensor, Tensor]:
         """q (B, H, T, d_k), and k (B, n_kv, S, d_k), v (B, n_kv, S, d_v) with what ``cache``
@@ -488,11 +599,12 @@ class MultiHeadAttention(nn.Module):
         T, S, gqa = q.size(2), k.size(2), self.n_kv_heads != self.n_heads
         p = self.dropout if self.training else 0.0
         recording = self.hook_weights.active or self.hook_scores.active
-        if return_weights or recording or not self.use_fused or self.softcap is not None:
+        reference = self.softcap is not None or self.weighting != "softmax"  # no fused kernel
+        if return_weights or recording or not self.use_fused or reference:
             k, v = self._share(k), self._share(v)  # (B, H, S, D) each query head's K/V head
             mask = self._mask(mask, causal, T, S, x.device)
             z, weights, scores = reference_attention(
-                q, k, v, mask, self.scale, p, position_bias, self.softcap
+                q, k, v, mask, self.scale, p, position_bias, self.softcap, self.weighting
             )
             self.hook_scores(scores)
             weights = self.hook_weights(weights)

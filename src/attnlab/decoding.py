@@ -51,7 +51,24 @@ from attnlab.hooks import Hook
 from attnlab.norms import RMSNorm, rms_norm
 from attnlab.positional import LearnedPositions, Rotary, RotaryHalf, SinusoidalPositions
 
-WINDOWS = ("slide", "shift", "ring")  # what decoding does past block_size: see attnlab.generation
+WINDOWS = ("slide", "shift", "ring", "sinks")  # past block_size: see attnlab.generation
+SINKS = 4  # the first tokens the sinks window keeps, unless "sinks:K" says how many
+
+
+def window_policy(window: str) -> tuple[str, int]:
+    """ "slide" -> ("slide", 0); "sinks" -> ("sinks", 4); "sinks:8" -> ("sinks", 8): the policy
+    and the first tokens it keeps. ValueError (one line) for an unknown one."""
+    name, colon, k = window.partition(":")
+    if name not in WINDOWS or (colon and name != "sinks"):
+        raise ValueError(f"unknown window {window!r}; choose from {', '.join(WINDOWS)} "
+                         "(sinks:K keeps the first K tokens)")  # fmt: skip
+    if name != "sinks":
+        return name, 0
+    if not colon:
+        return name, SINKS
+    if not k.isdigit():
+        raise ValueError(f"window {window!r}: K in sinks:K is a whole number of tokens")
+    return name, int(k)
 
 
 class Decoder:
@@ -104,8 +121,7 @@ class Decoder:
     def check_window(self, window: str, use_cache: bool = True) -> None:
         """ValueError (one line) unless this decoder can read past its positions by ``window``
         (and without a cache, if ``use_cache`` is False)."""
-        if window not in WINDOWS:
-            raise ValueError(f"unknown window {window!r}; choose from {', '.join(WINDOWS)}")
+        window_policy(window)  # ValueError for an unknown one
 
     def encode(self, tokenizer, text: str) -> list[int]:
         """The ids ``start`` reads for ``text``."""
@@ -170,6 +186,7 @@ class GPTDecoder(Decoder):
         """
         model, c = self.model, self.model.config
         self.check_window(window, use_cache)
+        window, sinks = window_policy(window)
         B, T0 = prompt.shape
         if T0 == 0:
             raise ValueError("a GPT needs a prompt of at least one token")
@@ -177,7 +194,9 @@ class GPTDecoder(Decoder):
         ids[:, : T0 - 1] = prompt[:, :-1]
         cache = None
         if use_cache:
-            cache = model.new_cache(B, min(c.block_size, T0 + max_len), ring=window == "ring")
+            size = min(c.block_size, T0 + max_len)
+            sinks = sinks if size < T0 + max_len else 0  # never past the block: a plain cache
+            cache = model.new_cache(B, size, ring=window in RINGS, sinks=sinks)
         run = FastForward(model) if FastForward.applies(model) else self._last_logits
         return DecodeState(ids, T0 - 1, 0, window, cache, run)
 
@@ -203,16 +222,18 @@ class GPTDecoder(Decoder):
     def check_window(self, window: str, use_cache: bool = True) -> None:
         """ValueError (one line) unless this model can decode with ``window``."""
         c = self.model.config
-        if window not in WINDOWS:
-            raise ValueError(f"unknown window {window!r}; choose from {', '.join(WINDOWS)}")
-        if window == "ring" and c.pos != "rotary":
+        window, sinks = window_policy(window)
+        if window in RINGS and c.pos != "rotary":
             raise ValueError(
-                f"the ring window needs rotary positions; this model's are {c.pos}, which a "
-                "kept token would have to change (use the slide or shift window)"
+                f"the {window} window needs rotary positions; this model's are {c.pos}, which "
+                "a kept token would have to change (use the slide or shift window)"
             )
-        if window == "ring" and (not use_cache or c.block_size < 2):
-            raise ValueError("the ring window is a KV-cache layout: it needs the cache and a "
-                             "block_size of at least 2")  # fmt: skip
+        if window in RINGS and (not use_cache or c.block_size < 2):
+            raise ValueError(f"the {window} window is a KV-cache layout: it needs the cache and "
+                             "a block_size of at least 2")  # fmt: skip
+        if window == "sinks" and not 1 <= sinks < c.block_size:
+            raise ValueError(f"the sinks window keeps 1 to {c.block_size - 1} first tokens "
+                             f"beside its window (block_size {c.block_size}), got {sinks}")  # fmt: skip
 
     def step(self, state: DecodeState, tokens: Tensor) -> Tensor:
         """Feed ``tokens`` (B,) (or (B, T)) -> log-probabilities of the next token (B, V)."""
@@ -224,7 +245,7 @@ class GPTDecoder(Decoder):
         new = state.ids[:, state.fed : n]  # (B, T') everything not yet through the model
         state.n = state.fed = n
         block, run = self.model.config.block_size, state.run
-        if state.window == "ring":
+        if state.window in RINGS:
             logits = self._feed_ring(state, new)
         else:
             start = window_start(n, block, state.window)
@@ -260,6 +281,9 @@ class GPTDecoder(Decoder):
         state.ids = state.ids.index_select(0, index)
         for layer in state.cache or ():
             layer.reorder(index)
+
+
+RINGS = ("ring", "sinks")  # the windows whose cache is a ring (each position fed once)
 
 
 def decoder_for(model: nn.Module) -> Decoder:
@@ -338,11 +362,11 @@ def _joined(*layers: nn.Linear) -> tuple[Tensor, Tensor | None]:
 
 def _attention(a: MultiHeadAttention) -> tuple:
     """What a step of self-attention needs: its sizes, [W_Q; W_K; W_V] as one matrix, QK-norm,
-    rotary, scale, W_O, and its softcap and sliding window."""
+    rotary, scale, W_O, its softcap and sliding window, and how its scores become weights."""
     w, bias = _joined(a.q_proj, a.k_proj, a.v_proj)  # ((H + 2 n_kv) D, C)
     qk_norm = a.q_norm and (_norm(a.q_norm), _norm(a.k_norm))
     return ((a.n_heads, a.n_kv_heads, a.d_k), w, bias, qk_norm, a.rotary, a.scale,
-            a.out_proj.weight, a.out_proj.bias, a.softcap, a.window)  # fmt: skip
+            a.out_proj.weight, a.out_proj.bias, a.softcap, a.window, a.weighting)  # fmt: skip
 
 
 def _feed_forward(f: nn.Module) -> tuple:
@@ -497,7 +521,7 @@ class FastForward:
     def _attend(attn: tuple, h: Tensor, cache: KVCache | None, offset: int, trim: bool) -> Tensor:
         """Causal self-attention of h (B, T, C) -> (B, T, C) (T = 1 with ``trim``: the last
         query only), its keys and values appended to ``cache``."""
-        (H, G, D), w, bias, qk_norm, rotary, scale, wo, bo, cap, window = attn  # G K/V heads
+        (H, G, D), w, bias, qk_norm, rotary, scale, wo, bo, cap, window, weighting = attn
         B, T, _ = h.shape
         qkv = F.linear(h, w, bias).view(B, T, H + 2 * G, D).transpose(1, 2)  # (B, H+2G, T, D)
         if qk_norm:  # each head's q and k normed, then rotated
@@ -520,14 +544,14 @@ class FastForward:
             q, T = q[:, :, -1:], 1
         S = k.size(2)
         wm = sliding_window_mask(T, S, window, h.device) if window else None
-        if cap is None:
+        if cap is None and weighting == "softmax":
             z = scaled_dot_product_attention(q, k, v, mask=wm, causal=True, scale=scale,
                                              enable_gqa=G != H)  # (B, H, T, D)  # fmt: skip
-        else:  # Gemma 2: capped scores, step by step (as the model's reference path)
-            g = H // G
+        else:  # Gemma 2's capped scores, or weights other than softmax's: step by step (as the
+            g = H // G  # model's reference path)
             k, v = (k, v) if g == 1 else (k.repeat_interleave(g, 1), v.repeat_interleave(g, 1))
             mask = combine_masks(causal_mask(T, S, device=h.device), wm)
-            z = reference_attention(q, k, v, mask, scale, 0.0, None, cap)[0]
+            z = reference_attention(q, k, v, mask, scale, 0.0, None, cap, weighting)[0]
         return F.linear(z.transpose(1, 2).reshape(B, T, H * D), wo, bo)  # (B, T, C)
 
     @staticmethod

@@ -31,7 +31,7 @@ makes exactly the greedy choices. A GPT has no <eos>: its hypotheses all run to 
 Past the block: window policies of a GPT
 ----------------------------------------
 A GPT has positions for ``block_size`` tokens. With c tokens so far (prompt included) and
-c > block_size, the next token is predicted from a window, by one of three policies:
+c > block_size, the next token is predicted from a window, by one of four policies:
 
 slide (the default)  nanoGPT's: the context is the last block_size tokens, ids[c - block : c],
     at positions 0 .. block - 1, recomputed in one pass at every step (with ``logits_to_keep``
@@ -59,9 +59,18 @@ ring                 rotary positions only: sliding-window attention. Every posi
     (its receptive field reaches n_layer * (block - 1) tokens back), where slide recomputes
     them from the window alone. One position per token, whatever the length. Learned and
     sinusoidal positions are refused: a kept token's position would have to change.
-Within the block all three are the KV cache, and equal to a forward pass over the prompt and
+sinks (``"sinks"``, or ``"sinks:K"``; K = 4 by default) rotary positions only: StreamingLLM's
+    cache (Xiao et al. 2023), ring's with the first K tokens kept for good beside a ring of the
+    last w = block - K (``attnlab.attention.SinkKVCache``). Its definition: in every layer,
+    position t attends to positions 0 .. K-1 and t - w + 1 .. t, each key and value computed
+    once, when fed; a window key at its true distance t - j, sink i at distance
+    min(t, block - 1) - i (positions as the cache holds them: the sinks just before the
+    window, so that no distance exceeds the block). With one layer that is exactly a fresh
+    pass over the first K tokens and the last w. One position per token; learned and
+    sinusoidal positions are refused, as for ring.
+Within the block all four are the KV cache, and equal to a forward pass over the prompt and
 every token since. Without the cache (``use_cache=False``) slide and shift recompute their
-window at every step; ring needs the cache. A GPT's steps run ``attnlab.decoding.FastForward``:
+window at every step; ring and sinks need the cache. A GPT's steps run ``attnlab.decoding.FastForward``:
 forward's math without its per-module overhead, which is about half a one-token step's cost;
 it steps aside for ``forward`` whenever something would see the difference (a recording or an
 edit, hooks, training mode, a module kind it does not restate).

@@ -261,3 +261,22 @@ def half_losses(logits: torch.Tensor, x: torch.Tensor) -> tuple[float, float]:
         logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none"
     )  # (B, 2P - 1): position t predicts x[t + 1]
     return float(nll[:, : P - 1].mean()), float(nll[:, P - 1 :].mean())
+
+
+def icl_positions(T: int) -> tuple[int, int]:
+    """The (early, late) token positions, counted from 1, that ``icl_score`` compares in a
+    context of T tokens: the last token, and the one a tenth of the way in, at least the 2nd
+    (Olsson et al. 2022 compare the 50th and the 500th of 512)."""
+    return max(2, -(-T // 10)), T
+
+
+def icl_score(logits: torch.Tensor, x: torch.Tensor) -> tuple[float, int, int]:
+    """Olsson et al. (2022)'s in-context learning score: the mean loss (nats) of predicting the
+    late token minus that of the early one (``icl_positions``), over the rows of x (B, T) and
+    the model's logits (B, T, V). Negative: the model predicts better later in its context.
+    Returns (score, early, late)."""
+    early, late = icl_positions(x.size(1))
+    nll = F.cross_entropy(
+        logits[:, :-1].float().transpose(1, 2), x[:, 1:], reduction="none"
+    )  # (B, T - 1): column t - 2 is the loss of the t-th token, predicted from the t - 1 before
+    return float(nll[:, late - 2].mean() - nll[:, early - 2].mean()), early, late

@@ -2,9 +2,12 @@
 
 LayerNorm(x) = (x - mean(x)) / sqrt(var(x) + eps) * w + b
 RMSNorm(x)   = x / sqrt(mean(x^2) + eps) * w                (no centring, no bias)
+none(x)      = x                                             (no normalisation at all)
 
 Gemma 1-3 store the RMSNorm weight centred at zero and multiply by (1 + w): the kind
-``rms-gemma``. ``make_norm`` builds any of them by name, so a Block can take a norm kind.
+``rms-gemma``. ``make_norm`` builds any of them by name, so a Block can take a norm kind; ``none``
+(an ``nn.Identity``) leaves the stream as it is, as in the one-layer model of Nanda et al.
+(2023)'s grokking study.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-NORMS = ("layer", "rms", "rms-gemma")  # the kinds ``make_norm`` builds
+NORMS = ("layer", "rms", "rms-gemma", "none")  # the kinds ``make_norm`` builds
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
@@ -51,12 +54,15 @@ class RMSNorm(nn.Module):
 
 def make_norm(kind: str, dim: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
     """A norm over the last dim of width ``dim``: ``layer`` (nn.LayerNorm, with a bias when
-    ``bias``), ``rms`` (RMSNorm, w) or ``rms-gemma`` (RMSNorm, 1 + w). RMS norms have no bias
-    whatever ``bias`` says (a model's one bias switch covers its linear layers too)."""
+    ``bias``), ``rms`` (RMSNorm, w), ``rms-gemma`` (RMSNorm, 1 + w) or ``none`` (an
+    ``nn.Identity``: no norm). RMS norms have no bias whatever ``bias`` says (a model's one bias
+    switch covers its linear layers too)."""
     if kind == "layer":
         return nn.LayerNorm(dim, eps=eps, bias=bias)
     if kind == "rms":
         return RMSNorm(dim, eps)
     if kind == "rms-gemma":
         return RMSNorm(dim, eps, offset=1)
+    if kind == "none":
+        return nn.Identity()
     raise ValueError(f"unknown norm {kind!r}; choose from {', '.join(NORMS)}")

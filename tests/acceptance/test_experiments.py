@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow  # each trains six small models (about 20 to 40 s 
 
 @pytest.mark.timeout(1200)  # six small models each: minutes on a busy machine
 @pytest.mark.parametrize("name", ["pruning", "rollout-and-flow", "attention-vs-importance",
-                                  "attention-vs-contribution"])  # fmt: skip
+                                  "attention-vs-contribution", "grokking",
+                                  "attention-sinks"])  # fmt: skip
 def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path, capsys,
                                                           monkeypatch):  # fmt: skip
     from types import SimpleNamespace

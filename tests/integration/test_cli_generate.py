@@ -35,13 +35,15 @@ def out_of(capsys, *args) -> str:
     return capsys.readouterr().out
 
 
-@pytest.mark.parametrize("window", ["slide", "shift", "ring"])
+@pytest.mark.parametrize("window", ["slide", "shift", "ring", "sinks"])
 def test_generate_past_the_block_with_each_window(runs, capsys, window):
     args = ("generate", runs / "rotary", "--prompt", "ab", "--max-new-tokens", "40", "--seed", "1")
     text = out_of(capsys, *args, "--window", window)
+    if window == "sinks":  # the first tokens it keeps: --sinks K, 4 by default
+        assert out_of(capsys, *args, "--window", window, "--sinks", "4") == text
     assert text.startswith("ab") and len(text) == 2 + 40 + 1  # prompt, 40 characters, newline
     assert out_of(capsys, *args, "--window", window) == text  # the seed decides
-    if window != "ring":  # exact policies: the cache changes nothing
+    if window not in ("ring", "sinks"):  # exact policies: the cache changes nothing
         assert out_of(capsys, *args, "--window", window, "--no-cache") == text
 
 
@@ -78,6 +80,9 @@ def test_translate_greedy_beam_and_sampling(runs, capsys, arch):
     [
         (["generate", "{learned}", "--window", "ring"], "ring window needs rotary positions"),
         (["generate", "{rotary}", "--window", "ring", "--no-cache"], "needs the cache"),
+        (["generate", "{learned}", "--window", "sinks"], "sinks window needs rotary positions"),
+        (["generate", "{rotary}", "--window", "sinks", "--sinks", "999"], "keeps 1 to"),
+        (["generate", "{rotary}", "--window", "ring", "--sinks", "2"], "add --window sinks"),
         (["generate", "{rotary}", "--beam", "2", "--temperature", "0.5"], "drop --temperature"),
         (["generate", "{rotary}", "--beam", "2", "--num-samples", "3"], "more than --beam 2"),
         (["generate", "{rotary}", "--beam", "0"], "--beam must be positive, got 0"),

@@ -165,6 +165,10 @@ MODEL_CASES = {
         ["generate", "run", "All", "--beam", "1024", "--max-new-tokens", "100000000"],
         "GiB this machine may use",
     ),
+    "generate --sinks past the block": (
+        ["generate", "run", "All", "--window", "sinks", "--sinks", str(INDEX_MAX)],
+        "the sinks window",
+    ),
     "trace --layer": (["trace", "run", "All", "--layer", str(INDEX_MAX)], "no layer 2147483647"),
     "trace --head": (["trace", "run", "All", "--head", str(INDEX_MAX)], "no head 2147483647"),
     "attention --layer": (

@@ -144,7 +144,7 @@ def test_snapshots_do_not_change_training(data_dir, whole, tmp_path):
     args[args.index("--snapshot-every") + 1] = "0"
     assert main(args) == 0
     assert RunDir(out).snapshot_steps() == [] and RunDir(whole).snapshot_steps() == [0, 2, 4, 6, 8]
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "ms_per_iter")}
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("tokens_per_s", "ms_per_iter", "elapsed_s")}
                           for r in rows]  # fmt: skip
     assert strip(metrics(out)) == strip(metrics(whole))
 
@@ -219,10 +219,32 @@ def test_timeline_verb_prints_json_and_draws_a_png(whole, tmp_path, capsys):
     tl = timeline(whole)
     assert tl.to_dict()["steps"] == data["steps"]
     for score, f in tl.fastest.items():
-        if score == "in-context loss":
+        if score in ("in-context loss", "icl score"):
             continue
         series = tl.head(f["head"])["scores"][score]
         assert f["step"] in tl.steps and f["to"] == series[tl.steps.index(f["step"])]
+
+
+@pytest.mark.slow
+def test_the_icl_score_of_each_snapshot_is_olssons_on_held_out_windows(whole, capsys):
+    """Olsson et al.'s in-context learning score joins the timeline: at the last snapshot it is
+    the loss of the last token of 32 held-out windows as long as the block minus the loss of
+    the token a tenth of the way in, recomputed here from the run's final model."""
+    from attnlab import load_run
+    from attnlab.metrics import icl_positions, icl_score
+    from attnlab.tasks import open_task
+
+    tl = timeline(whole)
+    run = load_run(whole)
+    block = run.model.config.block_size
+    assert tl.icl_positions == list(icl_positions(block)) == [-(-block // 10), block]
+    x, _ = open_task(whole, with_data=True).sample_inputs(32, 1 << 20)
+    with torch.no_grad():
+        score, _, _ = icl_score(run.model.eval()(x), x)
+    assert len(tl.in_context["icl_score"]) == len(tl.steps)
+    assert tl.in_context["icl_score"][-1] == pytest.approx(score, abs=1e-5)
+    assert main(["timeline", str(whole)]) == 0
+    assert f"ICL score (loss of token {block} minus token" in capsys.readouterr().out
 
 
 def test_timeline_and_heads_refuse_in_one_line(data_dir, tmp_path, capsys):

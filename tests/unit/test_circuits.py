@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from attnlab import hooks
-from attnlab.inspect.check import random_ids
 from attnlab.interventions.circuits import bootstrap, faithfulness
 from attnlab.interventions.edges import Circuits, Edges, graph_of, score_batch
 from attnlab.interventions.pairs import Batch, metric_values
@@ -40,11 +39,11 @@ def args_of(model, seed: int, tgt=None) -> tuple:
     """Random forward-pass arguments of ``model`` (B rows): ids, images, or an encoder-decoder's
     source and decoder input (``tgt``: the decoder input to share)."""
     if len(model.stacks) > 1:
-        ids = random_ids(model, B, 7, seed)
-        return (ids, random_ids(model, B, 5, 99) if tgt is None else tgt)
+        ids = model.probe_inputs(B, seed, 7)
+        return (ids, model.probe_inputs(B, 99, 5) if tgt is None else tgt)
     if model.reads == "image":
-        return (model.conformance_inputs(B, seed) * (1 + 4 * seed),)  # far apart
-    return (random_ids(model, B, 7, seed),)
+        return (model.probe_inputs(B, seed) * (1 + 4 * seed),)  # far apart
+    return (model.probe_inputs(B, seed, 7),)
 
 
 def random_batch(model, metric: str = "logit-diff") -> Batch:

@@ -236,7 +236,7 @@ FIELDS = {
     "mlp": st.booleans(),  # False: attention-only blocks
     # the modern-decoder pieces (Llama, Mistral, Qwen, Gemma, NeoX): _valid makes the drawn
     # combination one GPTConfig accepts
-    "norm": st.sampled_from(["layer", "rms", "rms-gemma"]),
+    "norm": st.sampled_from(["layer", "rms", "rms-gemma", "none"]),
     "ffn": st.sampled_from(["mlp", "gated"]),
     "n_kv_heads": st.sampled_from([None, 1, 2]),  # 2: GQA where n_head is 4, else MHA
     "head_dim": st.sampled_from([None, 6]),
@@ -257,6 +257,8 @@ FIELDS = {
     "post_norms": st.booleans(),
     "embed_scale": st.booleans(),
     "layout": st.sampled_from([None, "pre", "post", "parallel", "four-norm"]),
+    "attention": st.sampled_from(["softmax", "softmax1", "sigmoid"]),
+    "zero_init": st.booleans(),
 }  # fmt: skip
 
 
@@ -268,7 +270,7 @@ def _valid(fields: dict) -> dict:
     a layout named stands for all of those flags."""
     if fields["norm"] != "layer":
         fields["norm_first"] = True
-    fields["qk_norm"] = fields["qk_norm"] and fields["norm"] != "layer"
+    fields["qk_norm"] = fields["qk_norm"] and fields["norm"] in ("rms", "rms-gemma")
     if fields["pos"] != "rotary":
         fields["rotary"] = "pairs"
     if fields["rotary"] != "half":

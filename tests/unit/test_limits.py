@@ -288,3 +288,22 @@ def test_plan_refuses_threads_past_the_cores_as_the_cli_does(monkeypatch):
     with pytest.raises(ConfigError, match=r"--threads must be at most 8 \(4 per core"):
         plan({"data": "x.txt", "threads": 100000})
     assert plan({"data": "x.txt", "threads": 8}).threads == 8
+
+
+@pytest.mark.parametrize("text", ["x", "1,1", "-1", str(2**32), ",".join(map(str, range(11)))])
+def test_experiment_seeds_past_what_a_generator_takes_or_too_many_are_refused(text, capsys):
+    """--seeds is a list, not a numeric option the walk finds: its bounds are checked here."""
+    from attnlab.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["experiment", "grokking", "--out", "never", "--seeds", text])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "--seeds" in err[0], err
+
+
+def test_experiment_seeds_within_the_bounds_are_read():
+    from attnlab.cli.experiment import SEEDS_MAX, seeds
+    from attnlab.cli.limits import SEED_MAX
+
+    assert seeds(f"0,{SEED_MAX}") == [0, SEED_MAX]
+    assert len(seeds(",".join(map(str, range(SEEDS_MAX))))) == SEEDS_MAX

@@ -9,6 +9,8 @@ import json
 
 from attnlab.cli import Verb, register
 
+SEEDS_MAX = 10  # each seed trains every model of the experiment again
+
 
 def seeds(text: str) -> list[int]:
     """'1,2,3' -> [1, 2, 3] (argparse turns the error into exit 2)."""
@@ -20,6 +22,11 @@ def seeds(text: str) -> list[int]:
         ) from None
     if not out or any(s < 0 for s in out) or len(set(out)) != len(out):
         raise argparse.ArgumentTypeError(f"expected distinct non-negative integers, got {text!r}")
+    from attnlab.cli.limits import SEED_MAX
+
+    if max(out) > SEED_MAX or len(out) > SEEDS_MAX:
+        raise argparse.ArgumentTypeError(f"expected at most {SEEDS_MAX} seeds, each at most "
+                                         f"{SEED_MAX}, got {text!r}")  # fmt: skip
     return out
 
 

@@ -121,11 +121,12 @@ def generate(args: argparse.Namespace) -> int:
     from attnlab.decoding import decoder_for
 
     cfg = decoding_settings(args, args.max_new_tokens)
+    window = _window(args)
     prompts = [*args.text, *(args.prompt or [])] or ["\n"]
     run = _load_gpt(args.run, args.device)
     model, tokenizer = run.model, run.tokenizer
     try:
-        decoder_for(model).check_window(args.window, use_cache=not args.no_cache)
+        decoder_for(model).check_window(window, use_cache=not args.no_cache)
     except ValueError as e:
         raise UsageError(str(e)) from None
     # unknown characters: a one-line error naming them, before any output
@@ -143,7 +144,7 @@ def generate(args: argparse.Namespace) -> int:
     # Run.generate decodes (sampling, or a beam search with --beam): the verb's one logic
     samples = run.generate(prompts, stop=args.stop or (), num_samples=args.num_samples,
                            use_cache=not args.no_cache, stream=stream if single else None,
-                           window=args.window, beam=args.beam, alpha=args.alpha, samples=True,
+                           window=window, beam=args.beam, alpha=args.alpha, samples=True,
                            **dataclasses.asdict(cfg))  # fmt: skip
     if single:
         stream("\n")
@@ -155,6 +156,18 @@ def generate(args: argparse.Namespace) -> int:
             print("-" * 40)
         print(s.prompt + s.text)
     return 0
+
+
+def _window(args: argparse.Namespace) -> str:
+    """The window policy as the decoder reads it: ``sinks:K`` for --window sinks --sinks K."""
+    from attnlab.decoding import SINKS
+
+    if args.sinks is not None and args.window != "sinks":
+        raise UsageError("--sinks is the number of first tokens --window sinks keeps: add "
+                         "--window sinks, or drop --sinks")  # fmt: skip
+    if args.window == "sinks":
+        return f"sinks:{args.sinks if args.sinks is not None else SINKS}"
+    return args.window
 
 
 def _print_json(run, samples) -> int:
@@ -187,12 +200,16 @@ Past block_size tokens, --window says what the next token is predicted from:
          slots. One token per step at any length, but past the block it approximates slide:
          from the second layer on, a kept token's key and value are the ones computed when
          it was fed, when it saw tokens that have since left the window.
-Within the block all three are the KV cache, equal to recomputing the whole context.
+  sinks  rotary positions only: StreamingLLM's (Xiao et al. 2023) ring that also keeps the
+         first --sinks tokens (default 4, the "attention sinks"): each token attends to them
+         and to the last block_size - K, with positions as the cache holds them (the sinks
+         just before the window). One token per step, as ring.
+Within the block all four are the KV cache, equal to recomputing the whole context.
 """
 
 
 def add(sub) -> None:
-    from attnlab.decoding import WINDOWS
+    from attnlab.decoding import SINKS, WINDOWS
     from attnlab.generation import SamplingConfig
 
     g = sub.add_parser(
@@ -214,6 +231,9 @@ def add(sub) -> None:
     )
     add_sampling_options(a, temperature=SamplingConfig.temperature)
     a("--window", choices=WINDOWS, default="slide", help="what to read past block_size (above)")
+    a("--sinks", type=int, metavar="K",
+      help=f"--window sinks: how many first tokens it keeps (default {SINKS}; at most "
+      "block_size - 1)")  # fmt: skip
     a(
         "--no-cache",
         action="store_true",

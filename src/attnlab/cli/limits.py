@@ -198,6 +198,7 @@ BOUNDS: dict = {
     "top_p": Bound(float, 0.0, 1.0, low_open=True),
     "repetition_penalty": _rate(100.0, low_open=True),
     "num_samples": _count(2**16),
+    "sinks": _count(SIZE_MAX, why="first tokens kept; the model then says how many fit"),
     "beam": BEAM,
     "alpha": ALPHA,
     # eval

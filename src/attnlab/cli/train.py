@@ -135,7 +135,9 @@ def add(sub) -> None:
       help="a text file, a directory of .txt files, a built-in corpus (shakespeare), a "
       "label<TAB>text or source<TAB>target file, a generated task (dates, copy, reverse, sort, "
       "addition), repeating random tokens (--task induction: repeat, "
-      "repeat:vocab=64,min_period=8,max_period=40) or images (digits, DIR/<label>/*.png)")  # fmt: skip
+      "repeat:vocab=64,min_period=8,max_period=40), modular addition (--task modular: add, "
+      "add:p=113,frac=0.3, frac the share of the p^2 pairs trained on) or images (digits, "
+      "DIR/<label>/*.png)")  # fmt: skip
     a("--out", help="run directory to write (default: runs/<data name>)")
     a("--encoding", help="text encoding of the data files")
     a("--token-cache", metavar="DIR",
@@ -159,6 +161,10 @@ def add(sub) -> None:
       help="--task lm: feed-forward network (swiglu: Llama's, geglu: Gemma's)")  # fmt: skip
     a("--kv-heads", type=int,
       help="--task lm: K/V heads, each shared by n_head / kv_heads query heads (GQA; 1: MQA)")  # fmt: skip
+    a("--attention", choices=["softmax", "softmax1", "sigmoid"],
+      help="--task lm: how a head's scores become weights: softmax; softmax1, softmax with an "
+      "extra logit fixed at 0; sigmoid, each key on its own, unnormalised (rows of softmax1 and "
+      "sigmoid need not sum to 1)")  # fmt: skip
     a("--qk-norm", action=argparse.BooleanOptionalAction,
       help="--task lm: an RMSNorm on each head's queries and keys (Qwen3, Gemma 3, the "
       "speedrun)")  # fmt: skip

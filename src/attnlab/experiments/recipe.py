@@ -35,10 +35,11 @@ class Context:
     log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True)
     models: list[dict] = field(default_factory=list)  # every model trained, judged (judge())
 
-    def train(self, name: str, given: dict):
+    def train(self, name: str, given: dict, callbacks=()):
         """A run trained with ``attnlab train``'s options ``given`` into OUT/runs/NAME, loaded
         (an ``attnlab.run.Run``). A finished run already there with the same options is reused,
-        so a second call of the experiment only measures again."""
+        so a second call of the experiment only measures again. ``callbacks`` watch the
+        training (the Trainer's; a reused run is not trained, so they see nothing)."""
         from attnlab import rundir
         from attnlab.run import load_run
         from attnlab.training.run import plan, train
@@ -58,7 +59,7 @@ class Context:
             raise ExperimentError(f"{path} holds another run (or an unfinished one): give the "
                                   "experiment a new --out")  # fmt: skip
         t = time.time()
-        outcome = train(p, log=self.log)
+        outcome = train(p, log=self.log, callbacks=callbacks)
         self.log(f"experiment: trained {name} in {time.time() - t:.0f} s: {outcome.summary}")
         return self._judged(name, given, load_run(path, self.device))
 

@@ -3,7 +3,8 @@ over heads), as a terminal table, a notebook heatmap, JSON, or a PNG; and the gr
 layer x head.
 
 Row i is the query token, column j the key token; row i holds how much token i reads from each
-token j, so every row sums to 1 (a causal model's row i is zero right of the diagonal).
+token j, so every row sums to 1 (a causal model's row i is zero right of the diagonal); a model
+with sigmoid or softmax1 attention (``GPTConfig.attention``) has rows that need not.
 """
 
 from __future__ import annotations

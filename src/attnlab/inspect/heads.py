@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.recording import InspectError
+from attnlab.models.declare import max_positions
 from attnlab.norms import RMSNorm
 from attnlab.render.display import Result
 from attnlab.training.probes import (
@@ -242,8 +243,11 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
             rows.append(row)
     notes = []
     if probe is None:
-        notes.append("this model reads no token ids: scored on the sample only (no "
-                     "duplicate-token or induction score)")  # fmt: skip
+        why = ("this model reads no token ids" if model.probe_vocab_size is None else
+               f"its {max_positions(model)} positions hold no repeated sequence of 2 or more "
+               "tokens")  # fmt: skip
+        notes.append(f"{why}: scored on the sample only (no duplicate-token or induction "
+                     "score)")  # fmt: skip
     if any(isinstance(m, MultiHeadAttention) and m.rotary is not None for m in model.modules()):
         notes.append("rotary positions: composition is measured at relative offset 0")
     described = (f"{rep.size(0)} random sequences of {rep.size(1) // 2} tokens, each repeated "
@@ -252,7 +256,7 @@ def score_heads(model: nn.Module, sample: Tensor | None = None, sample_ids: bool
         rows, described,
         None if samp is None else (sample_name or f"{sample.size(0)} held-out sequences"),
         probe.loss_first_half if probe else None, probe.loss_repeated_half if probe else None,
-        composition_scores(model), notes, vocab=vocab_size(model) if probe else None,
+        composition_scores(model), notes, vocab=model.probe_vocab_size if probe else None,
     )  # fmt: skip
 
 

@@ -11,6 +11,13 @@ The step where a series changed fastest is the midpoint of its change:
 from its first value to its highest (for a score) or lowest (for the in-context loss, the loss
 on the repeated half of the probe r r). Olsson et al. (2022) saw both at the same step, the
 phase change in which induction heads form.
+
+Their in-context learning score is here too, where the snapshots hold it (a causal language
+model; ``attnlab.metrics.icl_score``): the loss of the last token of a held-out window as long
+as the block minus the loss of the token a tenth of the way in (the positions are in
+``icl_positions``; Olsson et al. took the 500th and the 50th), averaged over 32 windows. It
+falls (more negative: later tokens predicted better) as induction heads form; its fastest fall
+is ``fastest["icl score"]``.
 """
 
 from __future__ import annotations
@@ -72,12 +79,13 @@ class Timeline(Result):
     evals: list[dict]  # metrics.jsonl evaluation rows
     fastest: dict = field(default_factory=dict)
     probe: str = "repeat"
+    icl_positions: list[int] | None = None  # [early, late] tokens of the ICL score
 
     def to_dict(self) -> dict:
         return {
             "run": self.run, "probe": self.probe, "every": self.every, "steps": self.steps,
             "heads": self.heads, "in_context": self.in_context, "fastest": self.fastest,
-            "loss": self.loss, "evals": self.evals,
+            "loss": self.loss, "evals": self.evals, "icl_positions": self.icl_positions,
         }  # fmt: skip
 
     def head(self, name: str) -> dict:
@@ -110,14 +118,21 @@ class Timeline(Result):
                 cells += ["-" if v is None else f"{v:.2f}", "-" if f is None else str(f["step"])]
             t.add_row(h["name"], *cells)
         parts = [head, t]
+        icl = (f"ICL score (loss of token {self.icl_positions[1]} minus token "
+               f"{self.icl_positions[0]})") if self.icl_positions else "ICL score"  # fmt: skip
         for key, what in (("induction", "induction score"), ("previous-token", "previous-token score"),
-                          ("in-context loss", "in-context loss (repeated half)")):  # fmt: skip
+                          ("in-context loss", "in-context loss (repeated half)"),
+                          ("icl score", icl)):  # fmt: skip
             f = self.fastest.get(key)
             if f:
                 who = f" (head {f['head']})" if "head" in f else ""
-                verb = "fell" if key == "in-context loss" else "rose"
+                verb = "fell" if key in ("in-context loss", "icl score") else "rose"
                 parts.append(Text(f"{what}{who} {verb} fastest at step {f['step']}: "
                                   f"{f['from']:.3f} -> {f['to']:.3f}"))  # fmt: skip
+        scores = [v for v in self.in_context.get("icl_score") or [] if v is not None]
+        if scores and not self.fastest.get("icl score"):
+            parts.append(Text(f"{icl}: {scores[0]:.3f} at the first snapshot, {scores[-1]:.3f} "
+                              "at the last"))  # fmt: skip
         return Group(*parts)
 
     # -- the figure ----------------------------------------------------------------------------
@@ -129,9 +144,10 @@ class Timeline(Result):
         import matplotlib.pyplot as plt
 
         shown = [s for s in FIGURE_SCORES if any(h["scores"].get(s) for h in self.heads)][:3]
-        fig, axes = plt.subplots(1 + len(shown), 1, figsize=(7.5, 2.1 * (1 + len(shown)) + 0.4),
-                                 sharex=True)  # fmt: skip
-        axes = list(axes) if len(shown) else [axes]
+        icl = [math.nan if v is None else v for v in self.in_context.get("icl_score") or []]
+        rows = 1 + bool(icl) + len(shown)
+        fig, axes = plt.subplots(rows, 1, figsize=(7.5, 2.1 * rows + 0.4), sharex=True)
+        axes = list(axes) if rows > 1 else [axes]
         ax = axes[0]
         if self.loss:
             ax.plot([r["step"] for r in self.loss], [r["train_loss"] for r in self.loss],
@@ -150,8 +166,16 @@ class Timeline(Result):
                 for a in axes:
                     a.axvline(f["step"], color=color, ls="--", lw=0.8)
         ax.set_title(f"{Path(self.run).name}: loss and head scores over training", fontsize=10)
+        if icl:  # Olsson et al.'s in-context learning score
+            a = axes[1]
+            early, late = self.icl_positions or ("early", "late")
+            a.plot(self.steps, icl, color="#9467bd", lw=1.6,
+                   label=f"loss of token {late} minus token {early}")  # fmt: skip
+            a.axhline(0, color="0.5", lw=0.6)
+            a.set_ylabel("ICL score\n(nats)", fontsize=8)
+            a.legend(fontsize=7, loc="upper right", frameon=False)
         cmap = plt.get_cmap("tab10")
-        for a, score in zip(axes[1:], shown):
+        for a, score in zip(axes[1 + bool(icl) :], shown):
             for i, h in enumerate(self.heads):
                 ys = h["scores"].get(score)
                 if ys:
@@ -261,12 +285,15 @@ def timeline(run_dir: str | Path, probe: str = "repeat") -> Timeline:
                      for score, vals in series.items()}  # fmt: skip
             heads.append({"name": f"{label}.{h}", "layer": layer, "head": h, "map": name,
                           "scores": series, "fastest_rise": rises})  # fmt: skip
-    in_context = {k: [m.get(k) for m, _ in rows] for k in ("loss_first_half", "loss_repeated_half")}
+    in_context = {k: [m.get(k) for m, _ in rows]
+                  for k in ("loss_first_half", "loss_repeated_half", "icl_score")}  # fmt: skip
+    positions = next((m["icl_positions"] for m, _ in rows if m.get("icl_positions")), None)
     metrics = read_metrics(run_dir)
     loss = [{"step": r["step"], "train_loss": r["train_loss"]} for r in metrics
             if "train_loss" in r and "val_loss" not in r]  # fmt: skip
     evals = [r for r in metrics if "val_loss" in r]
-    tl = Timeline(str(run_dir), steps, every, heads, in_context, loss, evals, probe=probe)
+    tl = Timeline(str(run_dir), steps, every, heads, in_context, loss, evals, probe=probe,
+                  icl_positions=positions)  # fmt: skip
     tl.fastest = _fastest(tl)
     return tl
 
@@ -287,4 +314,8 @@ def _fastest(tl: Timeline) -> dict:
                           min_change=MIN_RISE)  # fmt: skip
     if fall:
         out["in-context loss"] = fall
+    icl = fastest_change(tl.steps, tl.in_context.get("icl_score") or [], rise=False,
+                         min_change=MIN_RISE)  # fmt: skip
+    if icl:
+        out["icl score"] = icl
     return out

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from attnlab.attention import causal_mask, sliding_window_mask
+from attnlab.attention import MultiHeadAttention, causal_mask, sliding_window_mask
 from attnlab.blocks import Block
 from attnlab.inspect.recording import InspectError, Recording, record
 from attnlab.norms import RMSNorm
@@ -335,6 +335,10 @@ def _input_steps(steps, model, rec, stack, info, toks, ids, prefix_name="", what
                  "attention.", x))  # fmt: skip
 
 
+NO_NORM = ("no norm", "this model has no norm here (an identity): the row is the residual "
+           "stream as it is")  # fmt: skip
+
+
 def _attention_norm(model, prefix: str) -> str | None:
     """The name of the norm in front of self-attention in the block at ``prefix`` ("blocks.0."),
     as the block declares it (None: post-norm, attention reads the stream itself)."""
@@ -343,7 +347,11 @@ def _attention_norm(model, prefix: str) -> str | None:
 
 
 def _norm_words(norm) -> tuple[str, str] | None:
-    """(name, what it does) for an RMSNorm (read from its ``offset``); None for a LayerNorm."""
+    """(name, what it does) for an RMSNorm (read from its ``offset``) or no norm at all (an
+    identity: ``GPTConfig(norm="none")``, or a post-norm model's final position); None for a
+    LayerNorm."""
+    if isinstance(norm, torch.nn.Identity):
+        return NO_NORM
     if not isinstance(norm, RMSNorm):
         return None
     gain = "(1 + w), its weights stored around 0" if norm.offset else "learned weights w"
@@ -455,13 +463,26 @@ def _attention_steps(steps, model, rec, info, head, prefix_name="") -> None:
         add(Step(n + "no_mask", "no mask", (), why + "."))
     w = _np(c[f"{path}.weights"][0, head])
     sums = w.sum(-1)
-    add(Step(n + "weights", "softmax over the keys", w.shape,
-             f"each row becomes probabilities: row sums are {sums.min():.6f}..{sums.max():.6f}, "
-             "i.e. every row sums to 1.", w, q_lab, k_lab,
+    weighting = attn.weighting if isinstance(attn, MultiHeadAttention) else "softmax"
+    if weighting == "softmax":
+        title, meaning = "softmax over the keys", (
+            f"each row becomes probabilities: row sums are {sums.min():.6f}..{sums.max():.6f}, "
+            "i.e. every row sums to 1.")  # fmt: skip
+    else:  # rows that need not sum to 1 (attnlab.attention.WEIGHTINGS)
+        title, how = {
+            "softmax1": ("softmax with an extra zero logit", "exp(s) / (1 + sum of exp(s)): the "
+                         "extra logit, fixed at 0, takes the rest of each row's weight"),
+            "sigmoid": ("sigmoid of each score", "sigmoid(s), each key on its own, with no "
+                        "normalisation over the keys"),
+        }[weighting]  # fmt: skip
+        meaning = (f"each weight is {how}: row sums are {sums.min():.6f}..{sums.max():.6f}, "
+                   "so a row need not sum to 1.")  # fmt: skip
+    add(Step(n + "weights", title, w.shape, meaning, w, q_lab, k_lab,
              extra={"row_sums": rounded(sums, 6)}))  # fmt: skip
     z = _np(c[f"{path}.z"][0, head])
     add(Step(n + "z", "weights x V", z.shape,
-             "each token's new vector is the weighted average of the value vectors it attends "
+             "each token's new vector is the weighted "
+             f"{'average' if weighting == 'softmax' else 'sum'} of the value vectors it attends "
              "to.", z))  # fmt: skip
     zall = c[f"{path}.z"][0]  # (H, N, d_v)
     concat = _np(zall.transpose(0, 1).reshape(zall.size(1), -1))  # (N, H * d_v)
@@ -598,7 +619,8 @@ def _ffn_steps(steps, model, rec, prefix, n, s, block) -> None:
         h = _np(c[prefix + s.norm][0])
         rms = _norm_words(block.get_submodule(s.norm))
         add(Step(n + "ln2", f"{rms[0] if rms else 'layer norm'} before the feed-forward network",
-                 h.shape, "normalised again before the position-wise MLP.", h))  # fmt: skip
+                 h.shape, NO_NORM[1] + ": the MLP reads it." if rms == NO_NORM
+                 else "normalised again before the position-wise MLP.", h))  # fmt: skip
     if prefix + "mlp.hidden" in c:
         hid = _np(c[prefix + "mlp.hidden"][0])
         if prefix + "mlp.gate" in c:  # a gated FFN: down(act(gate(x)) * up(x))
@@ -627,8 +649,10 @@ def _output_steps(steps, model, tokenizer, rec, stack, top_k) -> None:
     if root + "ln_f" in c:
         hf = _np(c[root + "ln_f"][0])
         rms = _norm_words(model.final_norm())
-        add(Step("ln_f", f"final {rms[0] if rms else 'layer norm'}", hf.shape,
-                 "the last residual stream, normalised.", hf))  # fmt: skip
+        add(Step("ln_f", "no final norm" if rms == NO_NORM else
+                 f"final {rms[0] if rms else 'layer norm'}", hf.shape,
+                 "the last residual stream, as it is (no norm after the last layer)."
+                 if rms == NO_NORM else "the last residual stream, normalised.", hf))  # fmt: skip
     predicts = model.predicts  # what the model's head makes of its last hidden state
     if predicts == "masked-token":
         _masked_lm_steps(steps, tokenizer, rec, top_k)

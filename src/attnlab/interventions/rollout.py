@@ -6,7 +6,9 @@ input on through the residual connection. Both methods therefore use, per layer 
 
     A'_l = 0.5 * A_l + 0.5 * I          (the residual identity term, weight ``residual``)
 
-with A_l the layer's attention averaged over its heads (rows sum to 1, so rows of A'_l do too).
+with A_l the layer's attention averaged over its heads (rows sum to 1, so rows of A'_l do too;
+a model whose rows need not, sigmoid or softmax1 attention, has each row divided by its sum
+first: the share of the row on each key).
 
 Rollout multiplies them: R = A'_L ... A'_2 A'_1, and R[i, j] is the share of output i that
 comes from input j along all paths, each path weighted by the product of its edges.
@@ -201,6 +203,8 @@ def attention_paths(
     with edited(subject.model, {}, names) as (cache, _):
         subject.logits(p)
     attn = np.stack([cache[n][0].double().mean(0).numpy() for n in names])  # (L, T, T)
+    sums = attn.sum(-1, keepdims=True)  # 1 for softmax rows; anything for sigmoid or softmax1
+    attn = np.divide(attn, sums, out=np.zeros_like(attn), where=sums > 0)
     tokens = p.stack_tokens[stack]  # a classifier's output is one position of its input
     T = attn.shape[-1]
     if position is None:

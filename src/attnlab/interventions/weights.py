@@ -29,6 +29,7 @@ from torch import Tensor
 
 from attnlab.interventions.edges import graph_of
 from attnlab.interventions.subjects import InterventionError, Subject
+from attnlab.models.graph import norm_gain
 
 
 @dataclass
@@ -41,12 +42,7 @@ class HeadMaps:
 
 
 def _gain(model, norm: str, C: int) -> Tensor:
-    if not norm:
-        return torch.ones(C, dtype=torch.float64)
-    m = model.get_submodule(norm)
-    w = getattr(m, "weight", None)
-    g = torch.ones(C, dtype=torch.float64) if w is None else w.detach().double()
-    return g + float(getattr(m, "offset", 0.0))
+    return norm_gain(model.get_submodule(norm) if norm else None, C)
 
 
 def head_maps(subject: Subject) -> list[HeadMaps]:

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
-from attnlab.attention import KVCache, from_hf_attention_mask, softcap
+from attnlab.attention import WEIGHTINGS, KVCache, from_hf_attention_mask, softcap
 from attnlab.blocks import ACTIVATIONS, FFNS, LAYOUTS, Block, Residual, layout_name
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.decoding import GPTDecoder
@@ -75,6 +75,8 @@ class GPTConfig(BaseConfig):
     embed_scale: bool = False  # token embeddings times sqrt(d_model) (Gemma)
     layout: str | None = None  # a block layout registered by name (attnlab.blocks.layout);
     #       None: the one norm_first, parallel and post_norms describe
+    attention: str = "softmax"  # how scores become weights: softmax, softmax1 or sigmoid, whose
+    #       rows need not sum to 1 (attnlab.attention.WEIGHTINGS)
     # The GPU speedrun's initialisation: each block's output projections (attention's W_O, the
     # feed-forward's last matrix) start at zero, and so does an untied head: every block
     # starts as the identity and the first logits are uniform
@@ -96,6 +98,7 @@ class GPTConfig(BaseConfig):
         self._one_of("norm", NORMS)
         self._one_of("ffn", FFNS)
         self._one_of("rotary", ROTARY_LAYOUTS)
+        self._one_of("attention", tuple(WEIGHTINGS))
         if self.n_head % (self.n_kv_heads or self.n_head):
             raise ConfigError(f"n_kv_heads ({self.n_kv_heads}) must divide n_head ({self.n_head})")
         if (self.rotary != "pairs" or self.rot_dim or self.rope_scaling) and self.pos != "rotary":
@@ -224,9 +227,10 @@ def _decoder_blocks(c: GPTConfig) -> nn.ModuleList:
     for i in range(c.n_layer):
         window = c.window_of(i)
         attn = dict(n_kv_heads=c.n_kv_heads, qkv_bias=c.qkv_bias, out_bias=c.out_bias,
-                    qk_norm=(c.norm if c.norm != "layer" else "rms") if c.qk_norm else None,
+                    qk_norm=(c.norm if c.norm in ("rms", "rms-gemma") else "rms") if c.qk_norm else None,
                     qk_norm_eps=c.ln_eps,
-                    scale=c.attn_scale, softcap=c.attn_softcap, window=window)  # fmt: skip
+                    scale=c.attn_scale, softcap=c.attn_softcap, window=window,
+                    weighting=c.attention)  # fmt: skip
         if c.head_dim is not None:
             attn.update(d_k=c.head_dim, d_v=c.head_dim)
         rot = rotary.get("sliding" if window else "full", rotary.get("full"))
@@ -378,14 +382,15 @@ class GPT(ModelKind, nn.Module):
         return n
 
     def new_cache(
-        self, batch: int, max_len: int | None = None, ring: bool = False
+        self, batch: int, max_len: int | None = None, ring: bool = False, sinks: int = 0
     ) -> list[KVCache]:
         """One preallocated KV cache per layer, for incremental decoding (``ring``: a
-        ``RingKVCache``, which keeps the last ``max_len`` positions)."""
+        ``RingKVCache``, which keeps the last ``max_len`` positions; ``sinks``: a
+        ``SinkKVCache``, which keeps the first ``sinks`` beside a ring of the last ones)."""
         c, p = self.config, next(self.parameters())
         max_len = max_len or c.block_size
         return [
-            b.attn.new_cache(batch, max_len, ring, dtype=p.dtype, device=p.device)
+            b.attn.new_cache(batch, max_len, ring, dtype=p.dtype, device=p.device, sinks=sinks)
             for b in self.blocks
         ]
 
@@ -459,7 +464,8 @@ class GPT(ModelKind, nn.Module):
         if c.pos == "rotary" and c.rotary == "half":
             out.append("rotate-half rotary" + (f" on {c.rot_dim} channels" if c.rot_dim else ""))
         if c.norm != "layer":
-            out.append({"rms": "RMSNorm", "rms-gemma": "RMSNorm times (1 + w)"}[c.norm])
+            out.append({"rms": "RMSNorm", "rms-gemma": "RMSNorm times (1 + w)",
+                        "none": "no norms"}[c.norm])  # fmt: skip
         if c.ffn == "gated":
             out.append(f"gated feed-forward ({c.activation})")
         elif c.mlp and c.activation == "relu2":
@@ -470,6 +476,9 @@ class GPT(ModelKind, nn.Module):
             )
         if c.qk_norm:
             out.append("QK-norm")
+        if c.attention != "softmax":
+            out.append({"softmax1": "softmax with an extra zero logit",
+                        "sigmoid": "sigmoid attention (no normalisation)"}[c.attention])  # fmt: skip
         if c.sliding_window:
             out.append(
                 f"sliding window {c.sliding_window}" + (" on some layers" if c.layer_types else "")

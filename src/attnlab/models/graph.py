@@ -321,6 +321,14 @@ def rms_gain(ln: RMSNorm, u: Tensor) -> Tensor:
     )
 
 
+def norm_gain(ln: nn.Module | None, C: int) -> Tensor:
+    """(C,) the per-channel gain a norm multiplies by, in float64: gamma for a LayerNorm,
+    offset + w for an RMSNorm, ones for no norm (None or a module with no weight)."""
+    w = None if ln is None else getattr(ln, "weight", None)
+    g = torch.ones(C, dtype=torch.float64) if w is None else w.detach().double()
+    return g + (float(ln.offset) if isinstance(ln, RMSNorm) else 0.0)
+
+
 def _rows(x: Tensor, select) -> Tensor:
     return x if select is None else select(x)
 

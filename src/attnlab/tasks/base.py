@@ -168,7 +168,8 @@ def imported_task(cfg: dict) -> str:
 # them (its block size may shrink) and its config.json does not record them
 ARCHITECTURE_OPTIONS = ("preset", "arch", "n_layer", "n_head", "d_model", "pos", "norm", "ffn",
                         "kv_heads", "qk_norm", "tokenizer", "vocab_size", "min_freq",
-                        "src_tokenizer", "tgt_tokenizer", "patch_size", "score")  # fmt: skip
+                        "src_tokenizer", "tgt_tokenizer", "patch_size", "score",
+                        "attention")  # fmt: skip
 
 
 @dataclasses.dataclass

@@ -37,7 +37,7 @@ from attnlab.train_config import TrainConfig
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
 # the modern-decoder pieces, and the speedrun's (each None unless given: the preset's)
 DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm", "activation", "tie_weights", "zero_init",
-                   "softcap", "bias")  # fmt: skip
+                   "softcap", "bias", "attention")  # fmt: skip
 
 # How a preset is trained when it is not the TrainConfig default. ``fast``: the quickest way
 # found to val <= 1.88 on tiny Shakespeare (nanoGPT's CPU run reaches 1.886 in 2000 steps at lr
@@ -162,6 +162,7 @@ class LMOptions(BaseConfig):
     ffn: str | None = None  # mlp, swiglu or geglu
     kv_heads: int | None = None  # K/V heads shared by groups of query heads (GQA)
     qk_norm: bool | None = None  # an RMSNorm on each head's queries and keys
+    attention: str | None = None  # softmax (default), softmax1 or sigmoid (attnlab.attention)
     activation: str | None = None  # the feed-forward's: gelu (GPT-2), relu2 (ReLU squared), ...
     tie_weights: bool | None = None  # the head is the token embedding (GPT-2); False: its own
     zero_init: bool | None = None  # output projections and an untied head start at zero
@@ -213,6 +214,8 @@ class LMOptions(BaseConfig):
             if self.softcap < 0:
                 raise ConfigError(f"softcap must be >= 0 (0: none), got {self.softcap}")
             fields["final_softcap"] = self.softcap or None
+        if self.attention is not None:
+            fields["attention"] = self.attention
         try:
             return GPTConfig(vocab_size=vocab_size, **fields)
         except ConfigError as e:

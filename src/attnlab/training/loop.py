@@ -42,6 +42,9 @@ Callbacks (``callbacks=``) see the run without the loop knowing what they do: ea
     on_metrics(trainer, row)    each row as it is added to metrics.jsonl (a log line or an
                                 evaluation; every process, written or not)
     on_close(trainer)           once the loop has ended, however it ended
+A callback may end the run early, cleanly (early stopping): ``trainer.finish_early(why)`` during
+an evaluation (``on_metrics`` of its row) makes that evaluation the run's last, as if
+``max_iters`` had been reached there: it is saved and the run is finished, not interrupted.
 Training snapshots (``attnlab.training.snapshots``), the TensorBoard log
 (``attnlab.training.tracking``) and the tests' fault injection (``attnlab.training.faults``)
 are three. A callback must not draw from the global RNGs, so that a run with callbacks trains
@@ -203,6 +206,7 @@ class Trainer:
         self._eval_seconds = 0.0  # how long the last evaluation took (the time left counts it)
         self._stop: str | None = None  # the signal that asked to stop (this process)
         self._stop_all: str | None = None  # ... as agreed by every process
+        self.finished_early: str | None = None  # why a callback ended the run (finish_early)
         self._counted = 0  # items (task.unit) trained since the last log line
         self._resumed: bool | None = None  # None: load_checkpoint not called yet
         self._fit_began = time.perf_counter()  # reset when fit starts (elapsed)
@@ -671,7 +675,7 @@ class Trainer:
                     if at_eval and not (resumed and self.step == start):
                         self._evaluate_and_save(progress)
                         self._timed = None  # an evaluation is not a training step's time
-                    if self.step >= c.max_iters:
+                    if self.step >= c.max_iters or (at_eval and self.finished_early):
                         break
                     self._maybe_compile()
                     if self._timed is None:
@@ -695,6 +699,15 @@ class Trainer:
         return TrainResult(self.step, self._last_loss, last_eval.get("val_loss"), self.best,
                            self._stop_all, self.out_dir, self.history, last_eval,
                            self.val_on)  # fmt: skip
+
+    def finish_early(self, why: str) -> None:
+        """End the run at the evaluation now under way (a callback's ``on_metrics``), saved and
+        finished as if it were the last step; ``why`` is logged. Every process must call it at
+        the same evaluation (a callback that reads the evaluation's figures does)."""
+        if self.finished_early is None:
+            self.finished_early = why
+            if self.dist.is_main and not self.quiet:
+                self._log(f"finishing early at step {self.step}: {why}")
 
     def _notify(self, event: str, *args) -> None:
         for cb in self.callbacks:

@@ -350,6 +350,9 @@ def _train(p: TrainPlan, run_dir: RunDir, dist, device, log, callbacks,
     return TrainOutcome(result, task, final, summary, p.out, dist.is_main)
 
 
+ICL_WINDOWS = 32  # held-out windows the snapshots' in-context learning score is averaged over
+
+
 def _callbacks(task: Task, config: TrainConfig, log: str | None = None) -> list:
     """What watches the run besides the loop: snapshots when ``snapshot_every`` asks, an
     experiment tracker when ``log`` names one."""
@@ -364,7 +367,10 @@ def _callbacks(task: Task, config: TrainConfig, log: str | None = None) -> list:
 
     sample = task.sample_inputs(4, PATTERN_TOKENS)
     inputs, ids = sample if sample is not None else (None, True)
-    return [*out, Snapshots(config.snapshot_every, inputs, ids, seed=config.seed)]
+    windows = task.sample_inputs(ICL_WINDOWS, 1 << 20)  # as long as the block: the ICL score
+    context = windows[0] if windows is not None and windows[1] else None
+    return [*out, Snapshots(config.snapshot_every, inputs, ids, seed=config.seed,
+                            context=context)]  # fmt: skip
 
 
 def _build(task: Task, config: TrainConfig):

@@ -12,6 +12,10 @@ probes and writes ``snapshots/step-NNNNNNNN.safetensors`` into the run directory
              (``attnlab.inspect.heads.repeated_tokens``; a model that reads no token ids has none)
     sample   a few held-out inputs of the task (``Task.sample_inputs``; None: no sample)
 
+and, for a causal language model given ``context`` (held-out windows as long as its block,
+``Task.sample_inputs``), Olsson et al.'s in-context learning score on them
+(``attnlab.metrics.icl_score``: the loss of the last token minus that of the token a tenth of
+the way in), in the metadata as ``icl_score`` with its positions (``icl_positions``);
 and stores, per self-attention map:
     scores.<probe>.<map>    (H, K) float32   every head's scores (``attnlab.inspect.heads``;
                                               NaN where a score is undefined)
@@ -46,19 +50,21 @@ from attnlab.training.probes import SCORES, ProbeResult, repeated_tokens, run_pr
 
 PATTERN_BUDGET = 4 * 2**20  # bytes of attention patterns per run, at most
 PATTERN_TOKENS = 48  # longest probe sequence whose pattern is stored
+ICL_MIN_TOKENS = 8  # the shortest context the in-context learning score is taken over
 
 
 class Snapshots:
     """The Trainer callback that takes snapshots (see the module docstring)."""
 
     def __init__(self, every: int, sample: torch.Tensor | None = None, sample_ids: bool = True,
-                 n_probe: int = 8, seed: int = 0):  # fmt: skip
+                 n_probe: int = 8, seed: int = 0, context: torch.Tensor | None = None):  # fmt: skip
         if every <= 0:
             raise ValueError(f"snapshot interval must be positive, got {every}")
         self.every = every
         self.sample = None if sample is None else sample[:, :PATTERN_TOKENS]
         self.sample_ids = sample_ids
         self.n_probe, self.seed = n_probe, seed
+        self.context = context if sample_ids else None  # (n, T) token ids for the ICL score
         self.repeat: torch.Tensor | None = None
         self.run = None  # the Trainer's RunDir
         self.done: set[int] = set()
@@ -118,6 +124,7 @@ class Snapshots:
             if r.loss_repeated_half is not None:
                 meta["loss_first_half"] = r.loss_first_half
                 meta["loss_repeated_half"] = r.loss_repeated_half
+        meta.update(self.in_context(model))
         if self.repeat is not None:
             meta["tokens"]["repeat"] = self.repeat[0].tolist()
         if self.sample is not None and self.sample_ids:
@@ -125,6 +132,24 @@ class Snapshots:
         self.run.write_snapshot(step, tensors, meta)
         self.done.add(step)
         return meta
+
+    @torch.no_grad()
+    def in_context(self, model) -> dict:
+        """{"icl_score", "icl_positions"} on ``context`` for a causal model whose output is
+        next-token logits (B, T, V); {} otherwise."""
+        from attnlab.metrics import icl_score
+        from attnlab.modes import evaluating
+
+        x = self.context
+        if x is None or x.size(1) < ICL_MIN_TOKENS or not model.causal:
+            return {}
+        x = x.to(next(model.parameters()).device)
+        with evaluating(model):
+            out = model(x)
+        if not (torch.is_tensor(out) and out.dim() == 3 and out.size(1) == x.size(1)):
+            return {}
+        score, early, late = icl_score(out, x)
+        return {"icl_score": score, "icl_positions": [early, late]}
 
     def _keep_every(self, results: dict[str, ProbeResult], max_iters: int) -> int:
         per = sum(w[0].numel() * 2 for r in results.values() for w in r.maps.values())
