@@ -177,6 +177,32 @@ class Run:
         options = self.eval_options(data, options, **given)
         return self.score(self.scoring_task(options), options)
 
+    def eval(self, data: str | None = None, options: EvalOptions | None = None, *,
+             ablate: str | None = None, mode: str = "zero", quiet: bool = True, **given):  # fmt: skip
+        """As ``attnlab eval RUN``: ``evaluate``'s figures (an ``Evaluation``); with ``ablate``
+        ("1.2,0.3", "decoder.0.1", "context"), the same figures on the same data, split and
+        limits with those heads ablated (``mode``: zero, mean or resample), then intact, an
+        ``attnlab.interventions.AblatedEval`` (``quiet=False``: progress on stderr)."""
+        if ablate is None:
+            return self.evaluate(data, options, **given)
+        from attnlab.interventions import ablated_eval
+
+        options = self.eval_options(data, options, **given)
+        if options.data is not None:
+            from attnlab.data import open_corpus
+
+            open_corpus(options.data, options.encoding)  # a missing or binary file: refused now
+        task = self.scoring_task(options)  # nothing to score: refused before anything runs
+        scored = []
+
+        def score():
+            scored.append(self.score(task, options))
+            return scored[-1]
+
+        result = ablated_eval(self.model, score, ablate, mode, quiet=quiet)
+        result.source = scored[-1].data
+        return self._about(result)
+
     def eval_options(self, data: str | None = None, options: EvalOptions | None = None,
                      **given) -> EvalOptions:  # fmt: skip
         """``options`` with ``data`` and the ``given`` fields put in (what ``evaluate`` takes)."""
@@ -317,6 +343,80 @@ class Run:
         from attnlab.inspect.source_attention import source_attention
 
         return source_attention(self.record(text), self.tokenizer, layer, head, words, text)
+
+    # -- look inside: what `attnlab trace | similarity | influence` print --------------------
+    # Each returns the result the verb prints (its ``to_json()`` the verb's ``--json``, starting
+    # with ``about``); the verb only parses options, calls the method and prints it.
+
+    def trace(self, text: str, layer: int = 0, head: int = 0, top_k: int = 5):
+        """As ``attnlab trace RUN TEXT``: one forward pass over ``text`` explained step by step
+        for one layer and head, with the model's ``top_k`` predictions (an
+        ``attnlab.inspect.trace.Trace``)."""
+        from attnlab.inspect.trace import trace
+
+        rec = self.record(text)
+        result = trace(self.model, self.tokenizer, text, layer=layer, head=head, top_k=top_k,
+                       rec=rec)  # fmt: skip
+        result.widest = max(map(len, rec.tokens.values()), default=0)
+        return result
+
+    def attention(self, text: str, layer: int | None = None, head: int | None = None, *,
+                  mean: bool = False, map: str | None = None, start: int = 0,
+                  all: bool = False, title: str | None = None):  # fmt: skip
+        """As ``attnlab attention RUN TEXT``: one layer and head's token x token attention
+        (``mean``: the mean over heads; ``map``: maps whose name contains it; ``start``: the
+        first key the terminal shows), an ``attnlab.inspect.attention.AttentionMap``; ``all``:
+        the grid of every layer x head (``--all``), an ``AttentionGrid`` titled ``title``."""
+        from attnlab.inspect.attention import attention, attention_grid
+
+        rec = self.record(text)
+        if all:
+            return attention_grid(rec, name=map, title=title)
+        return attention(rec, layer=layer, head=head, mean=mean, name=map, start=start)
+
+    def similarity(self, text: str, layer: int | None = None, measure: str = "cosine"):
+        """As ``attnlab similarity RUN TEXT``: token x token cosine similarity and dot products
+        before and after each block (``measure``: what the terminal shows; None ``layer``:
+        the input and the last output), an ``attnlab.inspect.similarity.Similarity``."""
+        from attnlab.inspect.similarity import similarity
+
+        return similarity(self.record(text), layer=layer, measure=measure)
+
+    def influence(self, text: str, sources: int = 3, top: int = 20):
+        """As ``attnlab influence RUN TEXT``: how far its context moved each token, layer by
+        layer, with the ``sources`` source tokens that moved it most (``top``: rows the
+        terminal shows), an ``attnlab.inspect.influence.Influence``."""
+        from attnlab.inspect.influence import influence
+
+        return influence(self.model, self.record(text), n_sources=sources, top=top)
+
+    def check(self, length: int = 16, batch: int = 2, seed: int = 0):
+        """As ``attnlab check RUN``: the conformance checks (no future leak, cache == no cache,
+        ...) on ``batch`` random probes of ``length`` tokens, an
+        ``attnlab.inspect.check.CheckReport`` (``ok``: none failed)."""
+        from attnlab.inspect.check import check
+
+        report = check(self.model, length=length, batch=batch, seed=seed)
+        return self._about(report)
+
+    def embed(self, texts: str | list[str], pool: str | None = None,
+              normalize: bool = False) -> list:  # fmt: skip
+        """As ``attnlab embed RUN TEXT...``: each text's sentence embedding from an encoder run,
+        rounded as the verb prints it (one text: one list; several: a list of lists).
+        ``pool``: "mean" or "cls" (None: the run's sentence-transformers setting, else mean)."""
+        from attnlab.embeddings import sentence_embeddings
+
+        if not self.model.sentence_embedding:
+            raise rundir.RunError(f"{self.path}: embed needs an encoder run, not "
+                                  f"{self.model.model_type!r}")  # fmt: skip
+        if self.tokenizer is None:
+            raise rundir.RunError(f"{self.path}: the run has no tokenizer.json")
+        texts = [texts] if isinstance(texts, str) else list(texts)
+        pool = pool or self.config.get("sentence_embedding", {}).get("pool", "mean")
+        emb = sentence_embeddings(self.model, self.tokenizer, texts, pool=pool,
+                                  normalize=normalize)  # fmt: skip
+        rows = [[round(float(v), 7) for v in row] for row in emb]
+        return rows[0] if len(rows) == 1 else rows
 
     # -- interventions: what `attnlab ablate | patch | lens | attribute | heads` print -----------
     # Each returns the result the verb prints, its JSON (``result.to_json()``) the verb's

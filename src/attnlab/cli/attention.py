@@ -1,5 +1,5 @@
 """`attnlab attention RUN TEXT`: the token x token attention matrix of a layer and head, or
-(``--all --png``) the grid of every layer x head (``attnlab.inspect.attention``)."""
+(``--all --png``) the grid of every layer x head (``Run.attention``)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,17 @@ import json
 import sys
 
 from attnlab.cli import UsageError, Verb, int_at_least, output_file, register
-from attnlab.cli.common import print_result, record, run_and_text, wrote
+from attnlab.cli.common import load, print_result, run_and_text, wrote
 
 
 def cmd_attention(args) -> int:
-    from attnlab.inspect.attention import attention, attention_grid
-
     if args.all and args.png is None:
         raise UsageError("--all draws the grid of every layer x head into --png FILE; give --png")
     png = output_file(args.png, ".png", "--png")
-    _, _, rec = record(args)
+    run = load(args)
     if args.all:  # the grid's summary, not one head's table: the picture is the result
-        grid = attention_grid(rec, name=args.map, title=f"{args.run}: {args.text!r}")
+        grid = run.attention(args.text, map=args.map, all=True,
+                             title=f"{args.run}: {args.text!r}")  # fmt: skip
         grid.save_png(png)
         if args.json:
             sys.stdout.write(
@@ -31,9 +30,8 @@ def cmd_attention(args) -> int:
             print(f"{png}: attention grid, {grid.summary()}")
         wrote(png, "attention grid (every layer x head)")
         return 0
-    amap = attention(
-        rec, layer=args.layer, head=args.head, mean=args.mean, name=args.map, start=args.start
-    )
+    amap = run.attention(args.text, layer=args.layer, head=args.head, mean=args.mean,
+                         map=args.map, start=args.start)  # fmt: skip
     if png is not None:  # written before anything is printed: a failed write prints only itself
         amap.save_png(png)
     print_result(amap, args.json)

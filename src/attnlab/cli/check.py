@@ -1,5 +1,5 @@
 """`attnlab check RUN`: conformance checks on random inputs (no future leak, cache == no
-cache, ...); exit 1 if any fails (``attnlab.inspect.check``)."""
+cache, ...); exit 1 if any fails (``Run.check``)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,12 @@ from attnlab.cli.limits import check_forward_memory, config_field
 
 
 def cmd_check(args) -> int:
-    from attnlab.inspect.check import check
-
     run = load(args)
     model = run.model
     longest = config_field(model.config, "block_size", "max_len") or args.length
     check_forward_memory(model.config, next(model.parameters()).device, args.batch,
                          min(args.length, longest), "--batch", record=True)  # fmt: skip
-    report = check(model, length=args.length, batch=args.batch, seed=args.seed)
-    report.about = run.about
+    report = run.check(length=args.length, batch=args.batch, seed=args.seed)
     print_result(report, args.json)
     return 0 if report.ok else 1
 

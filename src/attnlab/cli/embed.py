@@ -1,29 +1,20 @@
 """`attnlab embed RUN TEXT...`: the sentence embedding of each text from an encoder run, as
-JSON on stdout (``attnlab.embeddings``)."""
+JSON on stdout (``Run.embed``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from attnlab.cli import UsageError, Verb, register
+from attnlab.cli import Verb, register
 
 
 def embed(args: argparse.Namespace) -> int:
-    from attnlab.embeddings import sentence_embeddings
     from attnlab.run import load_run
 
-    run = load_run(args.run, args.device)
-    model, tokenizer = run
-    if not model.sentence_embedding:
-        raise UsageError(f"{args.run}: embed needs an encoder run, not {model.model_type!r}")
-    if tokenizer is None:
-        raise UsageError(f"{args.run}: the run has no tokenizer.json")
-    default = run.config.get("sentence_embedding", {})
-    pool = args.pool or default.get("pool", "mean")
-    emb = sentence_embeddings(model, tokenizer, args.text, pool=pool, normalize=args.normalize)
-    rows = [[round(float(v), 7) for v in row] for row in emb]
-    print(json.dumps(rows[0] if len(rows) == 1 else rows))
+    rows = load_run(args.run, args.device).embed(args.text, pool=args.pool,
+                                                 normalize=args.normalize)  # fmt: skip
+    print(json.dumps(rows))
     return 0
 
 

@@ -1,5 +1,6 @@
 """`attnlab eval RUN [--data FILE]`: the task's figures on the run's held-out split or a file,
-for every kind of run (``Run.evaluate``); ``--ablate L.H``: intact and with those heads ablated.
+for every kind of run (``Run.eval``: ``Run.evaluate``'s figures); ``--ablate L.H``: intact and
+with those heads ablated (``Run.eval`` with ``ablate``).
 
     attnlab eval runs/language --png confusion.png        # accuracy, P/R/F1, confusion matrix
 """
@@ -33,7 +34,7 @@ def eval_(args: argparse.Namespace) -> int:
     from attnlab.heartbeat import Heartbeat
 
     with Heartbeat(f"scoring {args.data or args.run}"):  # a big file: a line every 2 s
-        ev = run.evaluate(options=options)
+        ev = run.eval(options=options)
     if png is not None:
         ev.save_png(png)
     if args.json:
@@ -59,28 +60,15 @@ def _check_batch(run, batch_size: int) -> None:
 
 def _eval_ablated(args: argparse.Namespace, options) -> int:
     """``eval RUN --ablate L.H[,...] [--mode M]``: ``eval``'s own figures (the same data, split,
-    batches and limits: ``Run.evaluate`` with the same options), intact and with those heads
-    ablated (``attnlab.interventions.ablated_eval``), in ``eval``'s words."""
-    from attnlab.interventions import ablated_eval
+    batches and limits), intact and with those heads ablated (``Run.eval`` with ``ablate``), in
+    ``eval``'s words."""
     from attnlab.render.display import console
 
     if args.png is not None:
         raise UsageError("--png draws eval's confusion matrix; it does not apply to --ablate")
     run = open_run(args.run, args.device)
     _check_batch(run, options.batch_size)
-    if args.data is not None:
-        from attnlab.data import open_corpus
-
-        open_corpus(args.data, args.encoding)  # a missing or binary file: refused before scoring
-    task = run.scoring_task(options)  # nothing to score: refused before anything runs
-    scored = []
-
-    def score():
-        scored.append(run.score(task, options))
-        return scored[-1]
-
-    result = ablated_eval(run.model, score, args.ablate, args.mode, quiet=False)
-    result.source, result.about = scored[-1].data, run.about
+    result = run.eval(options=options, ablate=args.ablate, mode=args.mode, quiet=False)
     if args.json:
         print(result.to_json())
     else:

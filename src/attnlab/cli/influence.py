@@ -1,19 +1,16 @@
 """`attnlab influence RUN TEXT`: how far its context moved each token, layer by layer
-(``attnlab.inspect.influence``)."""
+(``Run.influence``)."""
 
 from __future__ import annotations
 
 from attnlab.cli import Verb, int_at_least, output_file, register
-from attnlab.cli.common import print_result, record, run_and_text, wrote
+from attnlab.cli.common import load, print_result, run_and_text, wrote
 
 
 def cmd_influence(args) -> int:
-    from attnlab.inspect.influence import influence
-
     out = output_file(args.csv, ".csv", "--csv")
     png = output_file(args.png, ".png", "--png")
-    model, _, rec = record(args)
-    result = influence(model, rec, n_sources=args.sources, top=args.top)
+    result = load(args).influence(args.text, sources=args.sources, top=args.top)
     if out is not None:  # written before anything is printed
         result.to_csv(out)
     if png is not None:

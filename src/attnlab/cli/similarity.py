@@ -1,18 +1,15 @@
 """`attnlab similarity RUN TEXT`: token x token cosine similarity (or raw dot products) before
-and after each block (``attnlab.inspect.similarity``)."""
+and after each block (``Run.similarity``)."""
 
 from __future__ import annotations
 
 from attnlab.cli import Verb, int_at_least, output_file, register
-from attnlab.cli.common import first_key, print_result, record, run_and_text, wrote
+from attnlab.cli.common import first_key, load, print_result, run_and_text, wrote
 
 
 def cmd_similarity(args) -> int:
-    from attnlab.inspect.similarity import similarity
-
     png = output_file(args.png, ".png", "--png")
-    _, _, rec = record(args)
-    result = similarity(rec, layer=args.layer, measure=args.measure)
+    result = load(args).similarity(args.text, layer=args.layer, measure=args.measure)
     result.start = first_key(args.start, max(len(ly.tokens) for ly in result.layers))
     if png is not None:  # written before anything is printed
         result.save_png(png)

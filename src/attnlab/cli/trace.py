@@ -1,19 +1,14 @@
-"""`attnlab trace RUN TEXT`: one forward pass explained step by step (``attnlab.inspect.trace``)."""
+"""`attnlab trace RUN TEXT`: one forward pass explained step by step (``Run.trace``)."""
 
 from __future__ import annotations
 
 from attnlab.cli import Verb, int_at_least, register
-from attnlab.cli.common import first_key, print_result, record, run_and_text
+from attnlab.cli.common import first_key, load, print_result, run_and_text
 
 
 def cmd_trace(args) -> int:
-    from attnlab.inspect.trace import trace
-
-    model, tokenizer, rec = record(args)
-    result = trace(
-        model, tokenizer, args.text, layer=args.layer, head=args.head, top_k=args.top, rec=rec
-    )
-    result.start = first_key(args.start, max(map(len, rec.tokens.values()), default=0))
+    result = load(args).trace(args.text, layer=args.layer, head=args.head, top_k=args.top)
+    result.start = first_key(args.start, result.widest)
     print_result(result, args.json)
     return 0
 

@@ -97,6 +97,7 @@ class Trace(Result):
     steps: list[Step]
     about: dict = field(default_factory=dict)
     start: int = 0  # first key column of the token x token tables in the terminal
+    widest: int = 0  # the most tokens of any stack recorded: the keys --start may pick from
 
     def step(self, name: str) -> Step:
         for s in self.steps:
