@@ -44,7 +44,7 @@ def add(sub) -> None:
     nonneg = int_at_least(0)
     p = sub.add_parser(
         "align",
-        help="each decoder step's attention over the source, encoder-decoders side by side",
+        help=VERB.help,
         description="For each encoder-decoder run: the output it decodes for TEXT and, one row "
         "per decoder step (the token fed -> the token output), its weights over the source: an "
         "LSTM's alignment, a Transformer's cross-attention (mean over heads and layers unless "
@@ -62,4 +62,11 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_align)
 
 
-VERB = register(Verb("align", 145, add))
+VERB = register(
+    Verb(
+        "align",
+        145,
+        add,
+        help="each decoder step's attention over the source, encoder-decoders side by side",
+    )
+)

@@ -45,7 +45,7 @@ def cmd_circuit(args) -> int:
 
 
 def add(sub) -> None:
-    p = sub.add_parser("circuit", help="edge attribution and circuits on clean/corrupt pairs",
+    p = sub.add_parser("circuit", help=VERB.help,
                        description="Score every edge (writer -> a head's q/k/v input, a "
                        "feed-forward's input, the logits) on clean/corrupt pairs, take the "
                        "top k as a circuit and measure how much of the clean - corrupt gap it "
@@ -86,4 +86,6 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_circuit)
 
 
-VERB = register(Verb("circuit", 175, add))
+VERB = register(
+    Verb("circuit", 175, add, help="edge attribution and circuits on clean/corrupt pairs")
+)

@@ -36,7 +36,7 @@ def add(sub) -> None:
 
     p = sub.add_parser(
         "serve",
-        help="the live workbench: a local web page to explore, poke and watch runs",
+        help=VERB.help,
         description="Start a local web application on the runs given (run directories, or "
         "directories of runs): type a text and see the prediction, every head, the Q·K neuron "
         "view, similarity, influence and the walkthrough of one forward pass update; click a "
@@ -57,4 +57,12 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_serve)
 
 
-VERB = register(Verb("serve", 230, add, json=False))
+VERB = register(
+    Verb(
+        "serve",
+        230,
+        add,
+        help="the live workbench: a local web page to explore, poke and watch runs",
+        json=False,
+    )
+)

@@ -102,7 +102,7 @@ def cmd_walk(args) -> int:
 def add(sub) -> None:
     p = sub.add_parser(
         "walk",
-        help="attention by hand: your own X, W_Q, W_K, W_V (or random ones), step by step",
+        help=VERB.help,
         description="Walk hand-sized matrices through attention with their real numbers, as "
         "trace walks a model: X, Q = X W_Q, K = X W_K, V = X W_V, Q K^T, the scale, the mask, "
         "the softmax and the weighted sum, each with its shape. Give X (N x M), W_Q and W_K "
@@ -154,4 +154,12 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_walk)
 
 
-VERB = register(Verb("walk", 55, add, runs="nothing"))
+VERB = register(
+    Verb(
+        "walk",
+        55,
+        add,
+        help="attention by hand: your own X, W_Q, W_K, W_V (or random ones), step by step",
+        runs="nothing",
+    )
+)

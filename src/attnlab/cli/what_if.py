@@ -35,8 +35,7 @@ def add(sub) -> None:
     nonneg = int_at_least(0)
     p = sub.add_parser(
         "what-if",
-        help="one head's attention with the scale, the causal mask, a temperature or padding "
-        "changed",
+        help=VERB.help,
         description="Recompute one head's attention from its recorded Q, K and V as the model "
         "computes it, then with one piece changed at a time: no 1/sqrt(d_k) scale, no causal "
         "mask, a softmax temperature T and 1/T, and padding (the text batched with a longer "
@@ -60,4 +59,11 @@ def add(sub) -> None:
     p.set_defaults(func=cmd_what_if)
 
 
-VERB = register(Verb("what-if", 65, add))
+VERB = register(
+    Verb(
+        "what-if",
+        65,
+        add,
+        help="one head's attention with the scale, the causal mask, a temperature or padding changed",
+    )
+)
