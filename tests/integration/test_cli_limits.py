@@ -51,6 +51,23 @@ BASE = {
     "what-if": ["what-if", "run", "All"],
     "align": ["align", "run", "All"],
     "serve": ["serve", "run"],
+    "circuit": ["circuit", "run", "--induction", "8"],
+    "why": ["why", "run", "All", "--head", "blocks.0.attn.head0", "--query", "1", "--key", "0"],
+    "paths": [
+        "paths",
+        "run",
+        "--clean",
+        "All",
+        "--corrupt",
+        "Alk",
+        "--target",
+        "l",
+        "--sender",
+        "blocks.0.attn.head0",
+        "--receiver",
+        "logits",
+    ],
+    "weights": ["weights", "run"],
 }
 
 
