@@ -211,10 +211,11 @@ def load_tensors(
     return tensors
 
 
-def nonfinite(tensors: dict[str, torch.Tensor], chunk: int = 1 << 24) -> tuple[str, int] | None:
+def nonfinite(tensors: dict[str, torch.Tensor], chunk: int = 1 << 20) -> tuple[str, int] | None:
     """(the first tensor holding NaN or an infinity, how many values of all the tensors are
     not finite), or None when every floating-point value is finite. Read in chunks of
-    ``chunk`` values, so a large tensor costs no second copy of itself."""
+    ``chunk`` values (two 1 MB masks at a time), so a large tensor costs no second copy of
+    itself."""
     first, count = None, 0
     for name, t in tensors.items():
         if not t.is_floating_point():

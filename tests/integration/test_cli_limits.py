@@ -183,7 +183,7 @@ MODEL_CASES = {
         "GiB this machine may use",
     ),
     "generate --sinks past the block": (
-        ["generate", "run", "All", "--window", "sinks", "--sinks", str(INDEX_MAX)],
+        ["generate", "run", "All", "--window", "sinks", "--sinks", str(2**20)],
         "the sinks window",
     ),
     "trace --layer": (["trace", "run", "All", "--layer", str(INDEX_MAX)], "no layer 2147483647"),

@@ -160,7 +160,7 @@ def test_head_importance_without_an_input_uses_the_held_out_split(capsys, traine
     d = json.loads(out)
     recorded = json.loads((run / "config.json").read_text())["metrics"]["val_loss"]
     assert d["baseline"] == pytest.approx(recorded, abs=1e-5)
-    assert "held-out split" in d["source"] and len(d["heads"]) == 2
+    assert "held-out" in d["source"] and len(d["heads"]) == 2
     h = held_out(load_run(run))
     zero_head_weights(h.model, "0.1")
     lost = h.loss()() - recorded
