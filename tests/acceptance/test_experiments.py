@@ -38,9 +38,12 @@ def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path, 
     for c in d["claims"]:
         assert c["published"] and c["criterion"]
         assert sorted(c["measured"]["per_seed"]) == ["1", "2", "3"]
-        assert c["measured"]["min"] <= c["measured"]["mean"] <= c["measured"]["max"]
         # the verdict is the criterion applied to the numbers, and the sentence says it
         values = [v for v in c["measured"]["per_seed"].values() if v is not None]
+        if values:
+            assert c["measured"]["min"] <= c["measured"]["mean"] <= c["measured"]["max"]
+        else:  # no seed reached what it measures (a --quick grokking run never groks)
+            assert c["measured"]["min"] is c["measured"]["max"] is None and not c["reproduces"]
         t = c["threshold"]
         ops = {">": float.__gt__, ">=": float.__ge__, "<": float.__lt__, "<=": float.__le__}
         met = [ops[c["op"]](float(v), float(t)) for v in values]

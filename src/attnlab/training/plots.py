@@ -8,6 +8,7 @@ evaluation.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 from attnlab.files import atomic_write
@@ -50,8 +51,9 @@ def loss_figure(rows: list[dict], loss_unit: str, headline: Metric | None = None
         ax2.set_xlabel("step")
         ax2.set_ylabel(f"{headline.label} (validation{', %' if headline.unit == '%' else ''})")
         ax2.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
+    if title:  # a long data path folds rather than run past the picture's edge
+        width = 55 * panels  # characters of a 12-point title across 6 inches per panel
+        fig.suptitle(textwrap.fill(title, width))
     fig.tight_layout()
     return fig
 
