@@ -94,11 +94,13 @@ class WeightSnapshots:
 
 
 class StopWhenHeld:
-    """A Trainer callback: finish the run once the test accuracy has been at least ``level`` at
-    every evaluation for ``steps`` steps (``Trainer.finish_early``)."""
+    """A Trainer callback: finish the run at an evaluation where the test accuracy is at least
+    ``level`` and either ``clean(model)`` (the embedding's cleanup, when given) is true or the
+    accuracy has been at least ``level`` at every evaluation for ``steps`` steps
+    (``Trainer.finish_early``)."""
 
-    def __init__(self, level: float, steps: int):
-        self.level, self.steps, self.since = level, steps, None
+    def __init__(self, level: float, steps: int, clean=None):
+        self.level, self.steps, self.since, self.clean = level, steps, None, clean
 
     def on_metrics(self, trainer, row) -> None:
         acc = row.get("val_accuracy")
@@ -106,11 +108,29 @@ class StopWhenHeld:
             return
         if acc < self.level:
             self.since = None
-        elif self.since is None:
+            return
+        if self.since is None:
             self.since = row["step"]
-        if self.since is not None and row["step"] - self.since >= self.steps:
+        if self.clean is not None and self.clean(trainer.raw_model):
+            trainer.finish_early(f"test accuracy at least {self.level:.0%} and the embedding "
+                                 "cleaned up")  # fmt: skip
+        elif row["step"] - self.since >= self.steps:
             trainer.finish_early(f"test accuracy at least {self.level:.0%} for {self.steps} "
                                  "steps")  # fmt: skip
+
+
+def cleaned(p: int, share: float = 0.9):
+    """A ``StopWhenHeld`` test: at least ``share`` of the number embedding's non-constant
+    Fourier power sits in its ``MAX_KEY`` strongest frequencies (the acceptance's sparsity)."""
+    from attnlab.inspect import fourier
+
+    def test(model) -> bool:
+        with torch.no_grad():
+            power = fourier.spectrum(model, p).power[1:]
+        top = sorted(power, reverse=True)[:MAX_KEY]
+        return sum(top) >= share * max(sum(power), 1e-300)
+
+    return test
 
 
 def snapshots(path: Path) -> dict[int, dict[str, torch.Tensor]]:
@@ -138,7 +158,9 @@ def measure(ctx: Context, seed: int) -> dict:
     given = {**options(ctx.quick), "seed": seed}
     fresh = not (ctx.out / "runs" / name / "config.json").is_file()
     callbacks = [WeightSnapshots(SNAPSHOT_EVERY, weights),
-                 StopWhenHeld(HOLD, HOLD_STEPS if not ctx.quick else 50)]  # fmt: skip
+                 StopWhenHeld(HOLD, HOLD_STEPS if not ctx.quick else 50,
+                              None if ctx.quick else cleaned(113))]  # quick: p = 23 is
+    #                             sparse at once, so it keeps the 50-step hold its claims need
     run = ctx.train(name, given, callbacks if fresh else ())
     if not weights.is_file():
         raise ExperimentError(f"{weights} is missing (the weights of {name} over training): "
