@@ -157,9 +157,12 @@ def measure(ctx: Context, seed: int) -> dict:
     weights = ctx.out / "weights" / f"{name}.safetensors"
     given = {**options(ctx.quick), "seed": seed}
     fresh = not (ctx.out / "runs" / name / "config.json").is_file()
-    callbacks = [WeightSnapshots(SNAPSHOT_EVERY, weights),
-                 StopWhenHeld(HOLD, HOLD_STEPS if not ctx.quick else 50,
-                              None if ctx.quick else cleaned(113))]  # quick: p = 23 is
+    callbacks = [
+        WeightSnapshots(SNAPSHOT_EVERY, weights),
+        StopWhenHeld(
+            HOLD, HOLD_STEPS if not ctx.quick else 50, None if ctx.quick else cleaned(113)
+        ),
+    ]  # quick: p = 23 is
     #                             sparse at once, so it keeps the 50-step hold its claims need
     run = ctx.train(name, given, callbacks if fresh else ())
     if not weights.is_file():

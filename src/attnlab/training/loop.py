@@ -80,7 +80,6 @@ from attnlab.heartbeat import count as count_done
 from attnlab.metrics import Metric, val_loss_metric
 from attnlab.modes import evaluating
 from attnlab.rundir import RunDir
-from attnlab.rundir.read import state_dict_for_saving
 from attnlab.runtime import resolve_device, resolve_dtype, thread_choice
 from attnlab.safetensors_io import nonfinite
 from attnlab.train_config import TrainConfig
@@ -338,7 +337,12 @@ class Trainer:
         """Weights that are not finite are never written over the last finite checkpoint:
         training stops, as for a NaN loss, naming the step (tied copies counted once, as
         they are stored)."""
-        found = nonfinite(state_dict_for_saving(self.raw_model, model_tensors))
+        once, seen = {}, set()  # a tied weight is one tensor under two names: count it once
+        for name, t in model_tensors.items():
+            if (t.data_ptr(), t.shape) not in seen:
+                seen.add((t.data_ptr(), t.shape))
+                once[name] = t
+        found = nonfinite(once)
         if found is not None:
             self._nan(float("nan"), f"weights ({found[1]:,} values, first in {found[0]})",
                       self.step)  # fmt: skip

@@ -38,7 +38,6 @@ from attnlab import rundir
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.heartbeat import Heartbeat, stamped
 from attnlab.rundir import RunDir
-from attnlab.rundir.read import refuse_nonfinite_run
 from attnlab.runtime import THREADS_PER_CORE_MAX, max_threads, resolve_device, using_threads
 from attnlab.tasks.base import ARCHITECTURE_OPTIONS, InitFrom, Task, task_class, task_for_run
 from attnlab.train_config import TrainConfig
@@ -263,8 +262,6 @@ def train(p: TrainPlan, log: Callable[[str], None] | None = None,
     ``p.threads`` or the busy-machine rule gives (torch's count as it was afterwards).
     ``callbacks`` are the Trainer's, after those ``p`` asks for (a test's fault injection)."""
     log = stamped(log or (lambda msg: print(msg, file=sys.stderr, flush=True)))
-    if p.init_from is not None and not p.resume:  # weights that are not finite: refused first
-        refuse_nonfinite_run(p.init_from.path)
     with using_threads(p.threads):  # the Trainer says the choice (first line, config.json)
         return _locked(p, log, callbacks)
 
@@ -272,7 +269,8 @@ def train(p: TrainPlan, log: Callable[[str], None] | None = None,
 def _locked(p: TrainPlan, log: Callable[[str], None], callbacks: Sequence = ()) -> TrainOutcome:
     """``train`` in the run directory's writer lock, in the process group."""
     device = resolve_device(p.config.device)
-    source = _source(p)  # the run --init-from starts from: read before anything is written
+    source = _source(p)  # the run --init-from starts from: read (its weights checked finite)
+    # before anything is written or printed
     # One writer per run directory, whatever the task: a second train into p.out is refused
     # here, naming this process, until it ends (kill -9 too). Rank 0 alone takes it, and for a
     # new run makes the directory (refused where one is: continue it with --resume).
