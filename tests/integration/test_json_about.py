@@ -37,6 +37,24 @@ ARGS = {
     "timeline": ("lm", []),
     "what-if": ("lm", ["First"]),
     "align": ("s2s", ["abc"]),  # one run: its about first (each of several: in "models")
+    "circuit": ("lm", ["--clean", "First", "--corrupt", "Forst", "--target", "t"]),
+    "why": ("lm", ["First", "--head", "blocks.0.attn.head0", "--query", "2", "--key", "1"]),
+    "paths": (
+        "lm",
+        [
+            "--clean",
+            "First",
+            "--corrupt",
+            "Forst",
+            "--target",
+            "t",
+            "--sender",
+            "blocks.0.attn.head0",
+            "--receiver",
+            "readout",
+        ],
+    ),
+    "weights": ("lm", []),
     # runs no model: its JSON is the matrices' own (tests/integration/test_cli_notes.py)
     "walk": None,
 }

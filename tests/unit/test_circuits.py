@@ -546,6 +546,7 @@ def test_the_why_and_paths_verbs_print_the_run_methods_and_refuse_in_one_line(ch
            "--key", "2"]  # fmt: skip
     assert main([*why, "--json"]) == 0
     got, want = json.loads(capsys.readouterr().out), run.why("abcabc", "blocks.1.attn.head0", 5, 2)
+    assert got.pop("about")["kind"] == run.kind  # every --json starts with what the model is
     assert got.keys() == want.keys() and got["key_terms"] == want["key_terms"]
     np.testing.assert_allclose(got["table"], want["table"], rtol=1e-6, atol=1e-9)
     assert main([*why, "--top", "3"]) == 0

@@ -538,7 +538,10 @@ def test_default_block_keeps_its_hook_names_and_modules():
     assert hooks == sorted(["hook_resid_pre", "hook_ln1", "hook_resid_mid", "hook_resid_post",
                             "hook_ln2", "hook_mlp_out", "attn.hook_q", "attn.hook_k",
                             "attn.hook_v", "attn.hook_weights", "attn.hook_z", "attn.hook_out",
-                            "attn.hook_scores", "mlp.hook_hidden"])  # fmt: skip
+                            "attn.hook_scores", "mlp.hook_hidden",
+                            # each reader's own input (circuits: q/k/v per head, the MLP's)
+                            "attn.hook_q_in", "attn.hook_k_in", "attn.hook_v_in",
+                            "hook_mlp_in", "attn.hook_position_bias"])  # fmt: skip
     assert list(b.state_dict()) == [
         "ln1.weight", "ln1.bias", "attn.q_proj.weight", "attn.q_proj.bias", "attn.k_proj.weight",
         "attn.k_proj.bias", "attn.v_proj.weight", "attn.v_proj.bias", "attn.out_proj.weight",

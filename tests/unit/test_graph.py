@@ -229,7 +229,7 @@ def test_each_readers_site_carries_its_input_through_its_norm(cls, cfg):
     index, the reader's input after its norm (the readout's: before it, its source)."""
     model = example(cls, cfg)
     g = model.graph()
-    run = getattr(model, "conformance_forward", None) or model
+    run = model.probe_forward  # an encoder-decoder's: its source and a decoder input
     with torch.no_grad(), per_head_inputs(model), hooks.record(model) as cache:
         run(inputs(model))
     for r in g.readers:

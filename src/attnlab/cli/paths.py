@@ -22,10 +22,11 @@ def render(d: dict) -> list[str]:
 
 
 def cmd_paths(args) -> int:
-    d = load(args).path_patch(args.clean, args.corrupt, args.target, args.sender,
+    run = load(args)
+    d = run.path_patch(args.clean, args.corrupt, args.target, args.sender,
                               args.receiver, foil=args.foil, position=args.position)  # fmt: skip
     if args.json:
-        print(json.dumps(d))
+        print(json.dumps({"about": run.about, **d}))  # as every --json: what the model is
     else:
         print("\n".join(render(d)))
     return 0

@@ -49,9 +49,10 @@ def render(d: dict, rows: int) -> list[str]:
 
 
 def cmd_weights(args) -> int:
-    d = load(args).weights(args.head, args.top)
+    run = load(args)
+    d = run.weights(args.head, args.top)
     if args.json:
-        print(json.dumps(d))
+        print(json.dumps({"about": run.about, **d}))  # as every --json: what the model is
     else:
         print("\n".join(render(d, args.rows)))
     return 0

@@ -34,9 +34,10 @@ def render(d: dict, top: int) -> list[str]:
 
 
 def cmd_why(args) -> int:
-    d = load(args).why(args.text, args.head, args.query, args.key)
+    run = load(args)
+    d = run.why(args.text, args.head, args.query, args.key)
     if args.json:
-        print(json.dumps(d))
+        print(json.dumps({"about": run.about, **d}))  # as every --json: what the model is
     else:
         print("\n".join(render(d, args.top)))
     return 0
