@@ -18,7 +18,7 @@ from attnlab.run import Run
 # verb -> the Run method it calls (the verb's name, with '-' as '_')
 ON_RUN = ["predict", "generate", "translate", "classify", "what-if", "ablate", "patch",
           "circuit", "lens", "attribute", "heads", "trace", "similarity", "influence", "check",
-          "embed", "eval", "attention"]  # fmt: skip
+          "embed", "eval", "attention", "why", "weights"]  # fmt: skip
 
 # the verb's logic lives in one library function of its name, not in Run: no loaded run to act on
 NOT_A_RUN = {
@@ -36,6 +36,7 @@ NOT_YET = {
     "explore": "writes the explorer page from the CLI module",
     "align": "calls Run.source_attention per text and joins them itself",
     "walk": "the walkthrough is assembled in the CLI module",
+    "paths": "calls Run.path_patch (the method keeps the technique's name)",
 }
 
 
