@@ -133,6 +133,10 @@ def imported_run(ctx: Context, seed: int):
     None (the report says why) when transformers is not installed."""
     try:
         import transformers
+        from transformers.tokenization_utils_fast import TOKENIZER_FILE as HF_TOKENIZER
+        from transformers.utils import CONFIG_NAME as HF_CONFIG
+
+        from attnlab.rundir.layout import CONFIG_FILE
     except ImportError:
         return None
     from attnlab import data
@@ -143,13 +147,13 @@ def imported_run(ctx: Context, seed: int):
     text = corpus(ctx)
     hf = ctx.out / "hf" / f"llama-seed{seed}"
     imported = ctx.out / "runs" / f"llama-imported-seed{seed}"
-    shared = ctx.out / "hf" / "tokenizer.json"  # one tokenizer for every seed: its tokens cached
+    shared = ctx.out / "hf" / HF_TOKENIZER  # one tokenizer for every seed: its tokens cached
     if not shared.is_file():
         shared.parent.mkdir(parents=True, exist_ok=True)
         bpe = train_bpe(data.open_corpus(text["data"]).chunks(), vocab_size=512)
         bpe.tok.save(str(shared))
-    if not (imported / "config.json").is_file():
-        if not (hf / "config.json").is_file():
+    if not (imported / CONFIG_FILE).is_file():
+        if not (hf / HF_CONFIG).is_file():
             from tokenizers import Tokenizer
 
             tok = HFTokenizer(Tokenizer.from_file(str(shared)))
@@ -164,7 +168,7 @@ def imported_run(ctx: Context, seed: int):
             transformers.logging.set_verbosity_error()
             transformers.logging.disable_progress_bar()  # its bars are not attnlab's to show
             transformers.LlamaForCausalLM(cfg).save_pretrained(hf)
-            shutil.copyfile(shared, hf / "tokenizer.json")
+            shutil.copyfile(shared, hf / HF_TOKENIZER)
         import_hf(hf, imported)
     return ctx.train(f"imported-llama-seed{seed}", dict(
         task="lm", init_from=str(imported), max_iters=size["max_iters"], compile=False,

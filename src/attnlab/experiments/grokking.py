@@ -33,6 +33,7 @@ import torch
 from attnlab.experiments.recipe import Context, Experiment, ExperimentError, register
 from attnlab.experiments.report import Claim, Report, Table, value_range
 from attnlab.experiments.stats import spearman
+from attnlab.rundir.layout import CONFIG_FILE
 
 CITATION = ("Nanda, Chan, Lieberum, Smith & Steinhardt (2023), Progress measures for grokking "
             "via mechanistic interpretability, ICLR 2023")  # fmt: skip
@@ -156,7 +157,7 @@ def measure(ctx: Context, seed: int) -> dict:
     name = f"grokking-seed{seed}"
     weights = ctx.out / "weights" / f"{name}.safetensors"
     given = {**options(ctx.quick), "seed": seed}
-    fresh = not (ctx.out / "runs" / name / "config.json").is_file()
+    fresh = not (ctx.out / "runs" / name / CONFIG_FILE).is_file()
     callbacks = [
         WeightSnapshots(SNAPSHOT_EVERY, weights),
         StopWhenHeld(
