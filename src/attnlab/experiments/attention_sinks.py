@@ -305,13 +305,13 @@ def _ppl_table(ms, results, seeds) -> Table:
 
 def _shares(ms, results, seed) -> str:
     from attnlab.interventions.figures import new_figure
-    from attnlab.render.plots import png_html
+    from attnlab.render.plots import matrix, png_html, side_colorbar
 
     fig, axes = new_figure(1, len(ms), figsize=(2.6 * len(ms) + 1.2, 2.9), squeeze=False)
     im = None
     for ax, m in zip(axes[0], ms):
         s = np.asarray(results[m.name][seed]["shares"])  # (L, H)
-        im = ax.imshow(s, vmin=0, vmax=1, cmap="magma", aspect="auto")
+        im = matrix(ax, s, cmap="magma", vmin=0, vmax=1, aspect="auto")
         for (i, j), v in np.ndenumerate(s):
             if v > EPS:
                 ax.text(j, i, "*", ha="center", va="center", color="cyan", fontsize=9)
@@ -321,8 +321,7 @@ def _shares(ms, results, seed) -> str:
         ax.set_xticks(range(s.shape[1]))
         ax.set_yticks(range(s.shape[0]))
         ax.tick_params(labelsize=7)
-    cbar = fig.colorbar(im, ax=list(axes[0]), fraction=0.03, pad=0.02)
-    cbar.set_label("alpha_1: share on the first token")
+    side_colorbar(fig, axes[0], im, "alpha_1: share on the first token")
     return png_html(fig)
 
 

@@ -402,18 +402,17 @@ def _progress(r: dict) -> str:
 
 def _attention(m: dict) -> str:
     from attnlab.interventions.figures import new_figure
-    from attnlab.render.plots import png_html
+    from attnlab.render.plots import matrix, png_html, side_colorbar
 
     att = np.asarray(m["attention"])  # (H, p, p)
     H = att.shape[0]
     fig, axes = new_figure(1, H, figsize=(3.1 * H + 0.8, 3.3), squeeze=False, sharey=True)
     for h, ax in enumerate(axes[0]):
-        im = ax.imshow(att[h], cmap="viridis", vmin=0, vmax=1, origin="lower")
+        im = matrix(ax, att[h], vmin=0, vmax=1, origin="lower")
         ax.set_title(f"head 0.{h}", fontsize=9)
         ax.set_xlabel("b")
     axes[0, 0].set_ylabel("a")
-    cbar = fig.colorbar(im, ax=list(axes[0]), fraction=0.025, pad=0.02)
-    cbar.set_label("attention of '=' on a")
+    side_colorbar(fig, axes[0], im, "attention of '=' on a", fraction=0.025)
     return png_html(fig)
 
 

@@ -192,6 +192,19 @@ def shared_colorbar(fig, axes, im, label: str | None = None, fontsize: float = 8
     return bar
 
 
+def matrix(ax, m, cmap: str = "viridis", vmin=None, vmax=None, origin=None, aspect=None):
+    """A plain colour map of ``m`` (rows x columns) on ``ax``, its ticks left to the caller
+    (an experiment's map over (a, b), or over layers x heads); the image, for a colour bar."""
+    return ax.imshow(np.asarray(m), cmap=cmap, vmin=vmin, vmax=vmax, origin=origin, aspect=aspect)
+
+
+def side_colorbar(fig, axes, im, label: str, fraction: float = 0.03, pad: float = 0.02):
+    """One labelled colour bar beside ``axes`` (a row of maps on one colour range)."""
+    bar = fig.colorbar(im, ax=list(axes), fraction=fraction, pad=pad)
+    bar.set_label(label)
+    return bar
+
+
 def image(ax, img, title: str | None = None, title_size: float = 9):
     """``img`` (H, W), or (H, W, C) channels last, in grey with no ticks."""
     im = ax.imshow(np.asarray(img).squeeze(), cmap="gray", interpolation="nearest")
