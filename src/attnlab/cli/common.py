@@ -24,6 +24,14 @@ def record(args):
     return run.model, run.tokenizer, run.record(args.text)
 
 
+def print_dict(run, d: dict, as_json: bool, lines) -> None:
+    """A Run method's plain dict on stdout: as JSON after "about" (what the model is, as every
+    --json starts), or as the terminal lines ``lines()`` renders."""
+    import json
+
+    print(json.dumps({"about": run.about, **d}) if as_json else "\n".join(lines()))
+
+
 def print_result(result, as_json: bool = False) -> None:
     """The result on stdout: its JSON (which starts with "about"), or its terminal rendering
     after a line saying what the model is (a trace says it itself)."""

@@ -3,10 +3,8 @@ patching, a sender's effect along chosen paths only (``Run.path_patch``)."""
 
 from __future__ import annotations
 
-import json
-
 from attnlab.cli import Verb, register
-from attnlab.cli.common import load, position_option
+from attnlab.cli.common import load, position_option, print_dict
 
 
 def render(d: dict) -> list[str]:
@@ -23,12 +21,9 @@ def render(d: dict) -> list[str]:
 
 def cmd_paths(args) -> int:
     run = load(args)
-    d = run.path_patch(args.clean, args.corrupt, args.target, args.sender,
-                              args.receiver, foil=args.foil, position=args.position)  # fmt: skip
-    if args.json:
-        print(json.dumps({"about": run.about, **d}))  # as every --json: what the model is
-    else:
-        print("\n".join(render(d)))
+    d = run.path_patch(args.clean, args.corrupt, args.target, args.sender, args.receiver,
+                       foil=args.foil, position=args.position)  # fmt: skip
+    print_dict(run, d, args.json, lambda: render(d))
     return 0
 
 

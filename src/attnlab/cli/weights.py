@@ -3,10 +3,8 @@ and V-composition scores between heads and a head's QK and OV circuits (``Run.we
 
 from __future__ import annotations
 
-import json
-
 from attnlab.cli import Verb, register
-from attnlab.cli.common import load
+from attnlab.cli.common import load, print_dict
 
 
 def _tok(t: str) -> str:
@@ -51,10 +49,7 @@ def render(d: dict, rows: int) -> list[str]:
 def cmd_weights(args) -> int:
     run = load(args)
     d = run.weights(args.head, args.top)
-    if args.json:
-        print(json.dumps({"about": run.about, **d}))  # as every --json: what the model is
-    else:
-        print("\n".join(render(d, args.rows)))
+    print_dict(run, d, args.json, lambda: render(d, args.rows))
     return 0
 
 

@@ -4,10 +4,8 @@ model's score (``Run.why``)."""
 
 from __future__ import annotations
 
-import json
-
 from attnlab.cli import Verb, register
-from attnlab.cli.common import load
+from attnlab.cli.common import load, print_dict
 
 
 def render(d: dict, top: int) -> list[str]:
@@ -36,10 +34,7 @@ def render(d: dict, top: int) -> list[str]:
 def cmd_why(args) -> int:
     run = load(args)
     d = run.why(args.text, args.head, args.query, args.key)
-    if args.json:
-        print(json.dumps({"about": run.about, **d}))  # as every --json: what the model is
-    else:
-        print("\n".join(render(d, args.top)))
+    print_dict(run, d, args.json, lambda: render(d, args.top))
     return 0
 
 
