@@ -71,11 +71,12 @@ def test_classify_prints_the_top_classes_with_probabilities(cli, run):
 
 
 def test_classify_reads_an_image_file(cli, run, tmp_path):
-    png = _save_png(tmp_path / "seven.png", np.random.default_rng(0).random((8, 8)))
-    r = cli("classify", run, png)
+    _save_png(tmp_path / "seven.png", np.random.default_rng(0).random((8, 8)))
+    # a name that fits 80 columns: a longer one folds (as any line does into a pipe)
+    r = cli("classify", run, "seven.png", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()  # the name, then predict's default number of classes
-    assert lines[0] == str(png) and len(lines) == 1 + PredictOptions.top_k
+    assert lines[0] == "seven.png" and len(lines) == 1 + PredictOptions.top_k
 
 
 def test_attention_labels_cls_and_patches(cli, run):
@@ -163,7 +164,7 @@ def test_a_folder_of_images_trains_and_classifies(cli, tmp_path):
     probe = rng.random((6, 6, 3)) * 0.3
     probe[3:] += 0.6
     _save_png(tmp_path / "probe.png", probe)
-    r = cli("classify", tmp_path / "run", tmp_path / "probe.png", cwd=tmp_path)
+    r = cli("classify", "run", "probe.png", cwd=tmp_path)  # short names: one line each
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[1].split()[0] == "bottom"
 
