@@ -234,8 +234,11 @@ def explorer_data(
     max_tokens: int = MAX_TOKENS,
     start: int = 0,
     tokenizer=None,
+    why: dict | None = None,
 ) -> dict:
-    """Everything the page draws, as plain JSON-able data."""
+    """Everything the page draws, as plain JSON-able data. ``why`` ({"run": RUN, "text":
+    TEXT}, what the page was made from): the neuron view names the ``attnlab why`` command that
+    splits the selected score by writer, where the model has a residual graph to split it by."""
     if max_tokens < 1:
         raise InspectError("max_tokens must be at least 1")
     if not rec.maps():
@@ -278,6 +281,7 @@ def explorer_data(
                 "H": int(w.shape[0]),
                 **({} if neuron.get("derived") else {"w": [h.reshape(-1).tolist() for h in ints]}),
                 "neuron": neuron,
+                "module": info.module_path,  # its heads are MODULE.headH (attnlab why --head)
             }
         )
     bars = []
@@ -307,6 +311,8 @@ def explorer_data(
         "influence_max": top,
         "image": image,
         "prediction": _prediction(rec, model, tokenizer),
+        # a residual model's score splits by writer (`attnlab why`); an LSTM's has no writers
+        "why": why if why and getattr(model, "residual", False) else None,
     }
 
 
@@ -348,11 +354,13 @@ def explore(
     start: int = 0,
     tabs: dict[str, str] | None = None,
     tokenizer=None,
+    why: dict | None = None,
 ) -> Explorer:
     """Build the explorer page for ``rec`` (``model`` adds the W_O-weighted influence sources
     and says whether q and k are rotated; with ``tokenizer`` too, the page shows what the model
-    predicts; ``tabs`` adds tabs of other results, see ``page``)."""
+    predicts; ``tabs`` adds tabs of other results, see ``page``; ``why``: see
+    ``explorer_data``)."""
     if title is None:
         title = "attnlab explorer: " + " | ".join(_joined(t) for t in rec.tokens.values())
-    data = explorer_data(rec, model, title, max_tokens, start, tokenizer)
+    data = explorer_data(rec, model, title, max_tokens, start, tokenizer, why)
     return Explorer(page(data, tabs), data)

@@ -131,7 +131,7 @@ def explorer(run, params: dict, cache: dict, text: str) -> str:
     max_tokens = _int(params, "max_tokens", MAX_TOKENS, 1, 512)
     rec = recording(run, cache, text)
     data = explorer_data(rec, run.model, f"attnlab explorer: {text}", max_tokens, 0,
-                         run.tokenizer)  # fmt: skip
+                         run.tokenizer, why={"run": str(run.path), "text": text})  # fmt: skip
     groups = {g.path: g for g in run.model.head_groups()} if run.model.residual else {}
     labels = {}
     for m in data["maps"]:

@@ -250,6 +250,14 @@
       h("tr", {}, h("th", { text: "\u00d7 1/\u221ad_k" }), h("td"), h("td"), h("th", { text: num(sum * n.scale, 4), data: { score: sum * n.scale } })));
     box.append(h("div", { class: "row" }, h("div", { style: "max-height:420px;overflow:auto" }, keys),
       h("div", { style: "max-height:420px;overflow:auto" }, h("div", { class: "help", text: "query " + show(q[i]) + " \u00b7 key " + show(k[j]) }), detail)));
+    const why = col.data.explorer.why;  // the command that splits this score by writer
+    if (why) {
+      const sh = (x) => /^[A-Za-z0-9_.,/:=@%+-]+$/.test(x) ? x : "'" + x.replace(/'/g, "'\\''") + "'";
+      const S = col.data.explorer.stacks, at = (stack, x) => (S[stack] ? S[stack].offset : 0) + x;
+      box.append(h("div", { class: "help" }, "why this score, writer by writer: ",
+        h("code", { class: "why-command", text: "attnlab why " + sh(why.run) + " " + sh(why.text) + " --head " + m.module +
+          ".head" + hd + " --query " + at(m.qstack, i) + " --key " + at(m.kstack, j) })));
+    }
   }
 
   function drawImage(ctx) {
