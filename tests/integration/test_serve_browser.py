@@ -139,6 +139,21 @@ def check_attention(b, capsys, run, text):
     flat = [w for row in a["weights"] for w in row]
     assert len(cells) == len(flat) > 0
     assert all(close(s, w, 3, 1e-4) for s, w in zip(cells, flat))
+    # the neuron view names the `why` command for its head, query and key (a residual model)
+    why = b.eval("(() => { const e = document.querySelector('.column .why-command');"
+                 " return e ? e.textContent : null; })()")  # fmt: skip
+    from attnlab.run import load_run
+
+    if load_run(run).model.residual:
+        import shlex
+
+        cmd = shlex.split(why)
+        assert cmd[:4] == ["attnlab", "why", str(run), text], cmd
+        assert cmd[cmd.index("--head") + 1] == a["name"].rsplit(".", 1)[0] + ".head0"
+        split = cli(capsys, *cmd[1:])
+        assert split["query_position"] == int(cmd[cmd.index("--query") + 1])
+    else:
+        assert why is None
 
 
 def check_walkthrough(b, capsys, run, text):
