@@ -14,7 +14,11 @@ vector k dimension by dimension, their elementwise products q_d k_d, and the sum
 q·k = sum_d q_d k_d, times 1/sqrt(d_k): the scaled score, the number the softmax reads. It reads
 the ``q`` and ``k`` hooks (after rotary, where a model has it) and applies where the recorded
 ``scores`` are exactly q·k/sqrt(d_k) (checked here, per map, when the page is built); elsewhere
-(an LSTM's additive attention) the page says why not in one line.
+(an LSTM's additive attention) the page says why not in one line. Where the page knows the
+run and input it was made from (``attnlab explore``, ``attnlab serve``) and the model has a
+residual graph, the view names the ``attnlab why`` command that splits the same score by
+writer instead of by dimension: which embeddings, heads and feed-forwards on the query side and
+on the key side make it.
 
 The prediction: what ``trace`` ends with (the next tokens, each [MASK]'s fillers, the classes,
 the translation and each decoder step's next token), read from its steps' data; it needs the
