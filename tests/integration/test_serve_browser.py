@@ -169,8 +169,15 @@ def check_similarity_and_influence(b, capsys, run, text):
     want = [v for r in s["before"] for v in r]
     assert len(cells) == len(want) and all(close(c, v, 2) for c, v in zip(cells, want))
     rows = cli(capsys, "influence", run, text)["rows"]
-    ctx = shown(b, 0, "influence", "td.context")
-    assert len(ctx) == len(rows) and all(close(c, r["context"], 4) for c, r in zip(ctx, rows))
+    layers = list(dict.fromkeys(r["layer"] for r in rows))
+    pick = "document.querySelectorAll('.column')[0].querySelector('[data-panel=influence] select')"
+    assert b.eval(f"Array.from({pick}.options).map(o => o.text)") == [str(x) for x in layers]
+    for i in sorted({0, len(layers) - 1}):  # the first layer, shown at first, and the last
+        b.eval(f"(() => {{ const p = {pick}; p.value = '{i}'; p.onchange(); }})()")
+        want = [r for r in rows if r["layer"] == layers[i]]
+        ctx = shown(b, 0, "influence", "td.context")
+        assert len(ctx) == len(want) and all(close(c, r["context"], 4) for c, r in zip(ctx, want))
+    b.eval(f"(() => {{ const p = {pick}; p.value = '0'; p.onchange(); }})()")
 
 
 def check_click_to_ablate(b, capsys, run, text):

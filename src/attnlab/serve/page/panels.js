@@ -3,7 +3,7 @@
 // CLI verbs' --json for the same input); a new panel is one attnlab.panel({...}) call here and,
 // if it needs data no view gives yet, one @view function in attnlab/serve/views.py.
 (function () {
-  const { panel, h, api, show, num, colour, heat, bars, tip } = attnlab;
+  const { panel, h, api, show, num, colour, colourRGB, paintCells, heat, bars, tip } = attnlab;
 
   // -- attention maps as the explorer carries them (attnlab explore's data) --------------------
   // Weights are either stored (thousandths) or derived, as the model computes them, from the
@@ -158,7 +158,7 @@
         c.style.width = Math.max(40, px * m.S) + "px";
         const x = c.getContext("2d");
         let top = 1e-9; for (const v of W) if (v > top) top = v;
-        for (let i = 0; i < m.T; i++) for (let j = 0; j < m.S; j++) { x.fillStyle = colour(W[i * m.S + j] / top); x.fillRect(j * px, i * px, px, px); }
+        paintCells(x, 0, 0, m.T, m.S, px, (i, j) => colourRGB(W[i * m.S + j] / top));
         if (mi === col.sel.map && hh === col.sel.head) c.classList.add("sel");
         if (ablated && ablated.head === headLabel(col, mi, hh)) c.classList.add("ablated");
         c.onclick = () => { col.select(mi, hh); const lab = headLabel(col, mi, hh); if (lab) attnlab.ablate(col, lab); };
@@ -178,13 +178,18 @@
     x.textAlign = "right"; x.fillText(m.qstack ? "queries (" + m.qstack + ")" : "queries", 130, 12);
     x.textAlign = "left"; x.fillText(m.kstack ? "keys (" + m.kstack + ")" : "keys", 230, 12);
     const y = (i) => 28 + i * LINE - 4, hv = st.hover;
+    // one path per opacity (in hundredths): a few dozen strokes, not one per query-key pair
+    const paths = new Map();
     for (let i = 0; i < m.T; i++) for (let j = 0; j < m.S; j++) {
       const w = W[i * m.S + j];
       if (w <= 0.004) continue;
       if (hv && !((hv.side === "q" && hv.i === i) || (hv.side === "k" && hv.i === j))) continue;
-      x.strokeStyle = "rgba(31,119,180," + (hv ? w : 0.85 * w).toFixed(3) + ")"; x.lineWidth = hv ? 2.5 : 1.5;
-      x.beginPath(); x.moveTo(136, y(i)); x.lineTo(224, y(j)); x.stroke();
+      const a = Math.max(1, Math.round(100 * (hv ? w : 0.85 * w)));
+      if (!paths.has(a)) paths.set(a, new Path2D());
+      const p = paths.get(a); p.moveTo(136, y(i)); p.lineTo(224, y(j));
     }
+    x.lineWidth = hv ? 2.5 : 1.5;
+    for (const [a, p] of paths) { x.strokeStyle = "rgba(31,119,180," + (a / 100).toFixed(2) + ")"; x.stroke(p); }
     x.fillStyle = "#222";
     x.textAlign = "right"; q.forEach((t, i) => x.fillText(show(t).slice(0, 14), 128, y(i)));
     x.textAlign = "left"; k.forEach((t, j) => x.fillText(show(t).slice(0, 14), 232, y(j)));
@@ -376,20 +381,28 @@
 
   // -- influence ---------------------------------------------------------------------------------
   panel({
-    name: "influence", title: "influence", help: "how far its context moved each token, layer by layer, and the source tokens that moved it most (attnlab influence --json)",
+    name: "influence", title: "influence", help: "how far its context moved each token, layer by layer, and the source tokens that moved it most (attnlab influence --json; one layer at a time)",
     views: ["influence"],
     applies: (r) => r.residual,
+    init(ctx) {
+      const st = ctx.state;
+      st.layer = 0; st.pick = h("select"); st.note = h("div", { class: "help" }); st.out = h("div");
+      st.pick.onchange = () => { st.layer = +st.pick.value; ctx.def.render(ctx); };  // drawn from the rows it has
+      ctx.body.append(st.note, h("div", { class: "controls" }, h("label", {}, "layer ", st.pick)), st.out);
+    },
     render(ctx) {
-      const d = ctx.col.data.influence, b = ctx.body;
-      b.innerHTML = "";
-      b.append(h("div", { class: "help", text: d.definition.context }));
+      const d = ctx.col.data.influence, st = ctx.state;
+      const layers = [...new Set(d.rows.map((r) => r.layer))];
+      st.layer = Math.max(0, Math.min(st.layer, layers.length - 1));
+      st.note.textContent = d.definition.context;
+      st.pick.innerHTML = ""; layers.forEach((l, i) => st.pick.add(new Option(String(l), String(i)))); st.pick.value = String(st.layer);
       const t = h("table", { class: "num" }, h("tr", {}, ["layer", "pos", "token", "context", "rel change", "cosine", "attn share", "ffn share", "sources"].map((x) => h("th", { text: x }))));
-      d.rows.forEach((r) => t.append(h("tr", { data: { layer: r.layer, position: r.position } },
+      d.rows.filter((r) => r.layer === layers[st.layer]).forEach((r) => t.append(h("tr", { data: { layer: r.layer, position: r.position } },
         h("td", { text: r.layer }), h("td", { text: String(r.position) }), h("td", { text: show(r.token) }),
         h("td", { class: "context", text: num(r.context) }), h("td", { text: num(r.rel_change) }), h("td", { text: num(r.cosine) }),
         h("td", { text: num(r.attn_share) }), h("td", { text: num(r.ffn_share) }),
         h("td", { style: "text-align:left", text: r.sources.map((s) => show(s.token) + "@" + s.position + " " + num(s.share, 2)).join(", ") }))));
-      b.append(t);
+      st.out.innerHTML = ""; st.out.append(t);
     },
   });
 
