@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from look_helpers import run_main
-from serve_helpers import KINDS, build_kind, build_llama
+from serve_helpers import KINDS, build_kind, build_llama, skip_without_chromium, wait
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-if not (Path("/usr/bin/chromium").exists() or shutil.which("chromium")):
-    pytest.skip("no chromium (make setup installs it: apt-get install chromium)",
-                allow_module_level=True)  # fmt: skip
+skip_without_chromium()
 
 TEXTS = {name: text for name, (_, _, text) in KINDS.items()} | {"llama": "the cat sat on the mat"}
 
@@ -39,26 +35,8 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(runs):
-    from attnlab.serve import start
-    from cdp import Browser
-
-    srv = start(runs)
-    b = Browser(timeout=120)
-    b.open(srv.url)
-    wait(b, lambda: b.eval("document.body.dataset.updates") is not None)
-    yield b
-    b.close()
-    srv.stop()
-
-
-def wait(b, cond, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out; page errors: {b.errors()}")
+def page(runs, open_workbench):
+    return open_workbench(runs)
 
 
 def updates(b) -> int:

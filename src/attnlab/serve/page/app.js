@@ -67,18 +67,25 @@ const attnlab = (function () {
   const css = (c) => "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")";
   function colour(w) { return css(colourRGB(w)); }
   function diverging(v, top) { return css(divergingRGB(v, top)); }
-  // Cells of `rows` x `cols`, each `px` pixels square, into a canvas at (x0, y0), through one
-  // pixel buffer: rgb(i, j) gives a cell's [r, g, b] (one fillRect per cell, with its colour
-  // parsed from text each time, took most of an edit's drawing at 64 tokens).
+  // Cells of `rows` x `cols`, each `px` pixels square, into a canvas at (x0, y0): one pixel a
+  // cell in a buffer, then scaled up without smoothing (one fillRect per cell, its colour parsed
+  // from text each time, took most of an edit's drawing at 64 tokens). rgb(i, j) gives a
+  // cell's [r, g, b].
   function paintCells(x, x0, y0, rows, cols, px, rgb) {
-    const img = x.createImageData(cols * px, rows * px), d = img.data, W = cols * px;
-    for (let i = 0; i < rows; i++) for (let j = 0; j < cols; j++) {
+    if (!rows || !cols) return;
+    const small = document.createElement("canvas");
+    small.width = cols; small.height = rows;
+    const sx = small.getContext("2d"), img = sx.createImageData(cols, rows), d = img.data;
+    for (let i = 0, o = 0; i < rows; i++) for (let j = 0; j < cols; j++, o += 4) {
       const c = rgb(i, j);
-      for (let a = 0; a < px; a++) for (let b = 0, o = 4 * ((i * px + a) * W + j * px); b < px; b++, o += 4) {
-        d[o] = c[0]; d[o + 1] = c[1]; d[o + 2] = c[2]; d[o + 3] = 255;
-      }
+      d[o] = c[0]; d[o + 1] = c[1]; d[o + 2] = c[2]; d[o + 3] = 255;
     }
-    x.putImageData(img, x0, y0);
+    if (px === 1) { x.putImageData(img, x0, y0); return; }
+    sx.putImageData(img, 0, 0);
+    const smooth = x.imageSmoothingEnabled;
+    x.imageSmoothingEnabled = false;
+    x.drawImage(small, x0, y0, cols * px, rows * px);
+    x.imageSmoothingEnabled = smooth;
   }
   function tip(e, text) {
     const t = $("tip");

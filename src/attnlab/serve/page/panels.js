@@ -171,7 +171,9 @@
   function drawLines(ctx) {
     const col = ctx.col, st = ctx.state, mi = col.sel.map, m = maps(col)[mi];
     const q = qTokens(col, m), k = kTokens(col, m), W = weights(col, mi, col.sel.head);
-    const c = st.lines, x = c.getContext("2d"), rows = Math.max(m.T, m.S);
+    // drawn on a new canvas, put in place when done: a canvas in the page brings the page's
+    // style up to date at each fillText (a canvas outside it has no style to bring up)
+    const c = h("canvas"), x = c.getContext("2d"), rows = Math.max(m.T, m.S);
     c.width = 360; c.height = Math.min(rows, 200) * LINE + 28;
     x.fillStyle = "#fff"; x.fillRect(0, 0, c.width, c.height);
     x.font = "12px monospace"; x.fillStyle = "#555";
@@ -200,6 +202,7 @@
       if (JSON.stringify(hv2) !== JSON.stringify(st.hover)) { st.hover = hv2; drawLines(ctx); drawImage(ctx); }
     };
     c.onmouseleave = () => { st.hover = null; drawLines(ctx); };
+    st.lines.replaceWith(c); st.lines = c;
   }
 
   function drawMatrix(ctx) {
