@@ -11,8 +11,11 @@ shows open (prediction, attention, walkthrough, similarity, influence: one reque
 page's params: the walkthrough's shown step, the similarity's shown layer), timing the whole
 round trip over the socket, the JSON read, and counting its bytes. With ``--browser`` the same
 edits are typed into the page in headless Chromium, and the page's own clock gives the time
-from the edit to every open panel drawn (document.body.dataset.ms). Also the first page
-load's bytes.
+from the edit to every open panel drawn (document.body.dataset.ms: "drawn") and to the next
+frame after it, laid out and painted (dataset.painted: "painted"), the median split of that
+time (the wait for the answer, reading it, JSON.parse, each panel's drawing), and the CPU time
+Chromium's processes spent per edit ("page CPU": what load moves least). Also the first page
+load's bytes. The load average at the start and the end is printed beside the figures.
 
 The models have random weights (speed does not depend on them): the baby GPT is GPT preset
 "baby" (4 layers, 4 heads, width 128, block 64) with a character vocabulary of the built-in

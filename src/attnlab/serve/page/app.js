@@ -73,15 +73,15 @@ const attnlab = (function () {
   // cell's [r, g, b].
   function paintCells(x, x0, y0, rows, cols, px, rgb) {
     if (!rows || !cols) return;
-    const small = document.createElement("canvas");
-    small.width = cols; small.height = rows;
-    const sx = small.getContext("2d"), img = sx.createImageData(cols, rows), d = img.data;
+    const img = x.createImageData(cols, rows), d = img.data;
     for (let i = 0, o = 0; i < rows; i++) for (let j = 0; j < cols; j++, o += 4) {
       const c = rgb(i, j);
       d[o] = c[0]; d[o + 1] = c[1]; d[o + 2] = c[2]; d[o + 3] = 255;
     }
     if (px === 1) { x.putImageData(img, x0, y0); return; }
-    sx.putImageData(img, 0, 0);
+    const small = document.createElement("canvas");
+    small.width = cols; small.height = rows;
+    small.getContext("2d").putImageData(img, 0, 0);
     const smooth = x.imageSmoothingEnabled;
     x.imageSmoothingEnabled = false;
     x.drawImage(small, x0, y0, cols * px, rows * px);

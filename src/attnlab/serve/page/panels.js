@@ -144,25 +144,32 @@
   });
 
   function drawGrid(ctx) {
-    const col = ctx.col, D = col.data.explorer, g = ctx.state.grid;
+    const col = ctx.col, D = col.data.explorer, st = ctx.state, g = st.grid;
     const H = Math.max(...D.maps.map((m) => m.H));
-    g.innerHTML = ""; g.style.gridTemplateColumns = "auto repeat(" + H + ", auto)";
     const ablated = col.params.ablate;
+    // the same maps as the last edit (a text of the same length): the same canvases, repainted
+    const key = D.maps.map((m) => [m.name, m.label, m.T, m.S, m.H].join("/")).join("|");
+    const same = st.gridKey === key;
+    if (!same) { g.innerHTML = ""; g.style.gridTemplateColumns = "auto repeat(" + H + ", auto)"; st.gridCanvases = []; st.gridKey = key; }
     D.maps.forEach((m, mi) => {
-      g.append(h("div", { class: "glabel", text: m.label }));
+      if (!same) { g.append(h("div", { class: "glabel", text: m.label })); st.gridCanvases.push([]); }
       for (let hh = 0; hh < H; hh++) {
-        if (hh >= m.H) { g.append(h("div")); continue; }
-        const W = weights(col, mi, hh), px = Math.max(1, Math.floor(56 / Math.max(m.T, m.S)));
-        const c = h("canvas", { width: px * m.S, height: px * m.T, title: m.label + " head " + hh + (headLabel(col, mi, hh) ? " (ablate " + headLabel(col, mi, hh) + ")" : ""),
-          data: { map: mi, head: hh, label: headLabel(col, mi, hh) || "" } });
-        c.style.width = Math.max(40, px * m.S) + "px";
-        const x = c.getContext("2d");
+        if (hh >= m.H) { if (!same) g.append(h("div")); continue; }
+        const W = weights(col, mi, hh), px = Math.max(1, Math.floor(56 / Math.max(m.T, m.S))), lab = headLabel(col, mi, hh);
+        let c = same ? st.gridCanvases[mi][hh] : null;
+        if (!c) {
+          c = h("canvas", { width: px * m.S, height: px * m.T });
+          c.style.width = Math.max(40, px * m.S) + "px";
+          st.gridCanvases[mi][hh] = c;
+          g.append(c);
+        }
+        c.title = m.label + " head " + hh + (lab ? " (ablate " + lab + ")" : "");
+        c.dataset.map = mi; c.dataset.head = hh; c.dataset.label = lab || "";
         let top = 1e-9; for (const v of W) if (v > top) top = v;
-        paintCells(x, 0, 0, m.T, m.S, px, (i, j) => colourRGB(W[i * m.S + j] / top));
-        if (mi === col.sel.map && hh === col.sel.head) c.classList.add("sel");
-        if (ablated && ablated.head === headLabel(col, mi, hh)) c.classList.add("ablated");
-        c.onclick = () => { col.select(mi, hh); const lab = headLabel(col, mi, hh); if (lab) attnlab.ablate(col, lab); };
-        g.append(c);
+        paintCells(c.getContext("2d"), 0, 0, m.T, m.S, px, (i, j) => colourRGB(W[i * m.S + j] / top));
+        c.classList.toggle("sel", mi === col.sel.map && hh === col.sel.head);
+        c.classList.toggle("ablated", !!(ablated && ablated.head === lab));
+        c.onclick = () => { col.select(mi, hh); if (lab) attnlab.ablate(col, lab); };
       }
     });
   }
