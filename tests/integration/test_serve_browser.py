@@ -160,9 +160,9 @@ def check_similarity_and_influence(b, capsys, run, text):
 
 def check_click_to_ablate(b, capsys, run, text):
     label = b.eval(
-        "document.querySelector('.column .grid canvas[data-label]:not([data-label=\"\"])').dataset.label"
+        "document.querySelector('.column .grid .gcell[data-label]:not([data-label=\"\"])').dataset.label"
     )
-    after(b, lambda: click(b, f'.column .grid canvas[data-label="{label}"]'))
+    after(b, lambda: click(b, f'.column .grid .gcell[data-label="{label}"]'))
     wait(
         b,
         lambda: (

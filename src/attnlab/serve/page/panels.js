@@ -143,35 +143,49 @@
     },
   });
 
+  // Every layer x head on one canvas (each canvas the page changes costs the browser a frame of
+  // its own: sixteen of them were a third of an edit's drawing), with one transparent box per
+  // head over it that carries the head's name, its click and its selected / ablated border.
   function drawGrid(ctx) {
     const col = ctx.col, D = col.data.explorer, st = ctx.state, g = st.grid;
-    const H = Math.max(...D.maps.map((m) => m.H));
-    const ablated = col.params.ablate;
-    // the same maps as the last edit (a text of the same length): the same canvases, repainted
+    const H = Math.max(...D.maps.map((m) => m.H)), ablated = col.params.ablate, GAP = 3, B = 2;
+    const px = (m) => Math.max(1, Math.floor(56 / Math.max(m.T, m.S)));
+    const cw = (m) => Math.max(40, px(m) * m.S), ch = (m) => Math.max(1, Math.round(cw(m) * m.T / m.S));
+    const pitch = Math.max(...D.maps.map(cw)) + 2 * B + GAP;
+    const c = document.createElement("canvas"), x = c.getContext("2d"), font = "11px system-ui, sans-serif";
+    x.font = font;
+    const labW = Math.ceil(Math.max(0, ...D.maps.map((m) => x.measureText(m.label).width))) + 10;
+    const top = []; let y = 0;
+    D.maps.forEach((m) => { top.push(y); y += ch(m) + 2 * B + GAP; });
+    c.width = labW + H * pitch; c.height = Math.max(1, y - GAP);
+    x.font = font; x.fillStyle = "#444"; x.textAlign = "right"; x.textBaseline = "middle";
+    x.imageSmoothingEnabled = false;
+    const scratch = st.scratch || (st.scratch = document.createElement("canvas")), sx = scratch.getContext("2d");
     const key = D.maps.map((m) => [m.name, m.label, m.T, m.S, m.H].join("/")).join("|");
-    const same = st.gridKey === key;
-    if (!same) { g.innerHTML = ""; g.style.gridTemplateColumns = "auto repeat(" + H + ", auto)"; st.gridCanvases = []; st.gridKey = key; }
+    const same = st.gridKey === key && st.gridCells;
+    if (!same) { g.innerHTML = ""; st.gridCells = D.maps.map(() => []); st.gridKey = key; st.gridCanvas = null; }
     D.maps.forEach((m, mi) => {
-      if (!same) { g.append(h("div", { class: "glabel", text: m.label })); st.gridCanvases.push([]); }
-      for (let hh = 0; hh < H; hh++) {
-        if (hh >= m.H) { if (!same) g.append(h("div")); continue; }
-        const W = weights(col, mi, hh), px = Math.max(1, Math.floor(56 / Math.max(m.T, m.S))), lab = headLabel(col, mi, hh);
-        let c = same ? st.gridCanvases[mi][hh] : null;
-        if (!c) {
-          c = h("canvas", { width: px * m.S, height: px * m.T });
-          c.style.width = Math.max(40, px * m.S) + "px";
-          st.gridCanvases[mi][hh] = c;
-          g.append(c);
+      x.fillText(m.label, labW - 6, top[mi] + B + ch(m) / 2);
+      for (let hh = 0; hh < m.H; hh++) {
+        const W = weights(col, mi, hh), lab = headLabel(col, mi, hh);
+        let most = 1e-9; for (const v of W) if (v > most) most = v;
+        scratch.width = m.S; scratch.height = m.T;
+        paintCells(sx, 0, 0, m.T, m.S, 1, (i, j) => colourRGB(W[i * m.S + j] / most));
+        x.drawImage(scratch, labW + hh * pitch + B, top[mi] + B, cw(m), ch(m));
+        let box = st.gridCells[mi][hh];
+        if (!box) {
+          box = h("div", { class: "gcell", style: "left:" + (labW + hh * pitch) + "px;top:" + top[mi] + "px;width:" + (cw(m) + 2 * B) + "px;height:" + (ch(m) + 2 * B) + "px" });
+          st.gridCells[mi][hh] = box; g.append(box);
         }
-        c.title = m.label + " head " + hh + (lab ? " (ablate " + lab + ")" : "");
-        c.dataset.map = mi; c.dataset.head = hh; c.dataset.label = lab || "";
-        let top = 1e-9; for (const v of W) if (v > top) top = v;
-        paintCells(c.getContext("2d"), 0, 0, m.T, m.S, px, (i, j) => colourRGB(W[i * m.S + j] / top));
-        c.classList.toggle("sel", mi === col.sel.map && hh === col.sel.head);
-        c.classList.toggle("ablated", !!(ablated && ablated.head === lab));
-        c.onclick = () => { col.select(mi, hh); if (lab) attnlab.ablate(col, lab); };
+        box.title = m.label + " head " + hh + (lab ? " (ablate " + lab + ")" : "");
+        box.dataset.map = mi; box.dataset.head = hh; box.dataset.label = lab || "";
+        box.classList.toggle("sel", mi === col.sel.map && hh === col.sel.head);
+        box.classList.toggle("ablated", !!(ablated && ablated.head === lab));
+        box.onclick = () => { col.select(mi, hh); if (lab) attnlab.ablate(col, lab); };
       }
     });
+    if (st.gridCanvas) st.gridCanvas.replaceWith(c); else g.prepend(c);
+    st.gridCanvas = c;
   }
 
   const LINE = 16;
