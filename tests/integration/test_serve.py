@@ -96,6 +96,9 @@ def test_sliced_views_are_the_clis_json_cut_to_what_the_page_shows(server, runs,
     assert sim["layer"] == 1 and sim["layers"][1] == want_sim["layers"][1]
     assert [x["mean_after"] for x in sim["layers"]] == [x["mean_after"] for x in want_sim["layers"]]
     assert "before" not in sim["layers"][0]
+    keep = ("prefix", "label", "mean_before", "mean_after", "mean_dot_before", "mean_dot_after")
+    assert sim["layers"][0] == {x: want_sim["layers"][0][x] for x in keep}
+    assert {**d["views"]["trace"], "steps": [], "step": 0} == {**t, "steps": [], "step": 0}
     assert len(json.dumps(sim)) < len(json.dumps(want_sim))
     _, bad = views(server, "runs/a", TEXT, ["trace", "similarity"], trace_step=999,
                    similarity_layer="x")  # fmt: skip

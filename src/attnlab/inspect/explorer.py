@@ -268,8 +268,9 @@ def explorer_data(
         qa, qb = windows[info.query_stack]
         ka, kb = windows[info.key_stack]
         w = rec.weights(info.name).numpy()[:, qa:qb, ka:kb]  # (H, T, S) inside the window
-        ints = np.rint(np.clip(w, 0.0, 1.0) * SCALE).astype(np.int64)
         neuron = _neuron(rec, info, model, windows)
+        # the weights themselves only where the page cannot derive them from q and k
+        ints = None if neuron.get("derived") else np.rint(np.clip(w, 0.0, 1.0) * SCALE)
         prefix = info.module_path.rsplit(".", 1)[0] + "." if "." in info.module_path else ""
         maps.append(
             {
@@ -283,7 +284,11 @@ def explorer_data(
                 "T": int(w.shape[1]),
                 "S": int(w.shape[2]),
                 "H": int(w.shape[0]),
-                **({} if neuron.get("derived") else {"w": [h.reshape(-1).tolist() for h in ints]}),
+                **(
+                    {}
+                    if ints is None
+                    else {"w": [h.astype(np.int64).reshape(-1).tolist() for h in ints]}
+                ),
                 "neuron": neuron,
                 "module": info.module_path,  # its heads are MODULE.headH (attnlab why --head)
             }
