@@ -406,7 +406,8 @@ class Run:
         ``attnlab.inspect.explorer.MAX_TOKENS``); ``interventions``: the one-input
         interventions as extra tabs (lens, rollout, flow, DLA, integrated gradients, head
         importance). An ``attnlab.inspect.explorer.Explorer``: ``save(path)`` writes it,
-        ``data`` is what the page draws. ``rec``: a recording of ``text`` already made."""
+        ``data`` is what the page draws (its neuron view names the ``attnlab why`` command for
+        this run and text). ``rec``: a recording of ``text`` already made."""
         from attnlab.inspect.explorer import MAX_TOKENS, explore
 
         rec = self.record(text) if rec is None else rec
@@ -417,7 +418,8 @@ class Run:
             tabs = explorer_tabs(self.subject, text)
         return explore(rec, self.model, title=f"attnlab explorer: {text}",
                        max_tokens=MAX_TOKENS if max_tokens is None else max_tokens, start=start,
-                       tabs=tabs, tokenizer=self.tokenizer)  # fmt: skip
+                       tabs=tabs, tokenizer=self.tokenizer,
+                       why={"run": str(self.path), "text": text})  # fmt: skip
 
     # -- look inside: what `attnlab trace | similarity | influence` print --------------------
     # Each returns the result the verb prints (its ``to_json()`` the verb's ``--json``, starting
