@@ -3,7 +3,7 @@
 Three settings follow ``max_iters`` when they are not given, so that a short run is still warmed
 up, evaluated and decayed in proportion (a 40-step run is not all warmup):
     warmup_iters    = min(100, max_iters // 10)
-    eval_interval   = min(250, max(1, max_iters // 8))      (about 8 evaluations per run)
+    eval_interval   = min(250, ceil(max_iters / 8))         (at most 8 evaluations a run)
     lr_decay_iters  = max_iters
     cooldown_iters  = max_iters // 3                         (schedule wsd's straight line down)
 They are fixed when the config is made, so ``--resume`` with more ``--max-iters`` keeps the
@@ -34,7 +34,7 @@ def default_cooldown(max_iters: int) -> int:
 
 
 def default_eval_interval(max_iters: int) -> int:
-    return min(250, max(1, max_iters // 8))
+    return min(250, max(1, -(-max_iters // 8)))  # ceil: a 12-step run evaluates 6 times, not 12
 
 
 DEFAULT_SNAPSHOTS = 40  # a task that snapshots by default does so about this often per run
@@ -66,7 +66,7 @@ class TrainConfig(BaseConfig):
     embed_lr: float | None = None  # muon: AdamW's peak for the embeddings; None: lr
     head_lr: float | None = None  # muon: AdamW's peak for the output head; None: lr
     grad_clip: float = 1.0  # 0 = no clipping
-    eval_interval: int | None = None  # None: min(250, max(1, max_iters // 8))
+    eval_interval: int | None = None  # None: min(250, ceil(max_iters / 8))
     eval_iters: int = 20  # batches of a task's validation set that are sampled, where it samples
     eval_batch_size: int | None = None  # the rows of those batches; None: batch_size
     log_interval: int = 10

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
 # tasks'; the numbers below them are read from the tasks, never written here).
 RULES = {
     "warmup_iters": "min(100, max_iters // 10)",
-    "eval_interval": "min(250, max(1, max_iters // 8))",
+    "eval_interval": "min(250, ceil(max_iters / 8))",
     "lr_decay_iters": "max_iters",
     "compile": "when the run is long enough to repay it",
     "token_cache": "a corpus of 32 MiB or more streams, into $ATTNLAB_CACHE or ~/.cache/attnlab",
