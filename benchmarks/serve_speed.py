@@ -11,8 +11,11 @@ shows open (prediction, attention, walkthrough, similarity, influence: one reque
 page's params: the walkthrough's shown step, the similarity's shown layer), timing the whole
 round trip over the socket, the JSON read, and counting its bytes. With ``--browser`` the same
 edits are typed into the page in headless Chromium, and the page's own clock gives the time
-from the edit to every open panel drawn (document.body.dataset.ms). Also the first page
-load's bytes.
+from the edit to every open panel drawn (document.body.dataset.ms: "drawn") and to the next
+frame after it, laid out and painted (dataset.painted: "painted"), the median split of that
+time (the wait for the answer, reading it, JSON.parse, each panel's drawing), and the CPU time
+Chromium's processes spent per edit ("page CPU": what load moves least). Also the first page
+load's bytes. The load average at the start and the end is printed beside the figures.
 
 The models have random weights (speed does not depend on them): the baby GPT is GPT preset
 "baby" (4 layers, 4 heads, width 128, block 64) with a character vocabulary of the built-in
@@ -96,6 +99,24 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds of a process and all its descendants (Chromium's browser, renderer and
+    other processes: what drawing an edit costs the browser, whatever the load)."""
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            total += cpu_s(p)
+            for t in os.listdir(f"/proc/{p}/task"):
+                todo += [int(x) for x in Path(f"/proc/{p}/task/{t}/children").read_text().split()]
+        except OSError:  # it ended meanwhile
+            pass
+    return total
+
+
 def post(url: str, token: str, body: dict) -> tuple[float, dict, int]:
     req = urllib.request.Request(url + "/api/views", data=json.dumps(body).encode(),
                                  headers={"X-Attnlab-Token": token,
@@ -163,6 +184,18 @@ def measure(name: str, run: Path, text: str, n: int, browser: bool) -> dict:
         proc.wait(timeout=30)
 
 
+# resolves once the page has drawn the input WANT in every column and painted it
+PAINTED = """new Promise((ok) => {
+  const d = () => document.body.dataset;
+  const now = () => d().done === WANT && d().painted !== undefined
+    && !attnlab.columns().some((c) => c.busy);
+  if (now()) return ok(1);
+  document.addEventListener("attnlab-painted", function f() {
+    if (now()) { document.removeEventListener("attnlab-painted", f); ok(1); }
+  });
+})"""
+
+
 def in_browser(address: str, text: str, n: int, alphabet: str) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from cdp import Browser
@@ -170,26 +203,37 @@ def in_browser(address: str, text: str, n: int, alphabet: str) -> dict:
     with Browser(timeout=600) as b:
         b.open(address)
 
-        def wait_done(t):
-            deadline = time.monotonic() + 600
-            while b.eval("document.body.dataset.done") != t or b.eval(
-                "attnlab.columns().some(c => c.busy)"
-            ):
-                if time.monotonic() > deadline:
-                    raise SystemExit(f"the page did not update: {b.errors()}")
-                time.sleep(0.005)
-            return float(b.eval("document.body.dataset.ms"))
+        def wait_done(t):  # the page says when it has drawn and painted the edit (a promise)
+            js = PAINTED.replace("WANT", json.dumps(t))
+            b.eval(js)
+            d = b.eval("JSON.stringify(document.body.dataset)")
+            return json.loads(d)
 
-        ms = []
+        ms, painted, parts, cpu = [], [], [], []
         for i, t in enumerate(edits(text, n + 3, alphabet)):
             b.eval(
                 "(() => { const e = document.getElementById('text'); e.focus(); e.select(); })()"
             )
+            b.eval("delete document.body.dataset.painted")
+            c0 = tree_cpu_s(b.proc.pid)
             b.send("Input.insertText", {"text": t})
-            took = wait_done(t)
+            d = wait_done(t)
             if i >= 3:
-                ms.append(took)
-    return {"p50": pct(ms, 0.5), "p95": pct(ms, 0.95), "max": max(ms)}
+                cpu.append(1000 * (tree_cpu_s(b.proc.pid) - c0))
+                ms.append(float(d["ms"]))
+                painted.append(float(d["painted"]))
+                parts.append(json.loads(d["timing"])[0])
+    # where the time went (the page's own clock, median over the edits): the wait for the
+    # answer's headers (the server's work and the socket), reading its body, JSON.parse, and
+    # each panel's drawing
+    split = {k: statistics.median(p["fetch"][k] for p in parts) for k in ("wait", "read", "parse")}
+    split["draw"] = {
+        k: statistics.median(p["draw"].get(k, 0) for p in parts) for k in parts[0]["draw"]
+    }
+    return {"p50": pct(ms, 0.5), "p95": pct(ms, 0.95), "max": max(ms),
+            "painted": {"p50": pct(painted, 0.5), "p95": pct(painted, 0.95), "max": max(painted)},
+            "chromium_cpu_ms": {"p50": pct(cpu, 0.5), "p95": pct(cpu, 0.95)},
+            "split_ms_p50": split}  # fmt: skip
 
 
 def main() -> None:
@@ -200,6 +244,7 @@ def main() -> None:
     ap.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     args = ap.parse_args()
     rows = []
+    load0 = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="attnlab-serve-bench-") as tmp:
         for name in ("baby", "0.5b") if args.model == "both" else (args.model,):
             d = Path(tmp) / name
@@ -207,19 +252,24 @@ def main() -> None:
             rows.append(measure(name, run, text, args.edits, args.browser))
             print(json.dumps(rows[-1]), flush=True)
     load = os.getloadavg()
-    print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
+    print(f"\nload average at the start: {load0[0]:.2f}, at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on "
           f"{os.cpu_count()} cores")  # fmt: skip
-    print(f"{'model':>6} {'page KiB':>9} {'KiB/edit':>9} {'HTTP p50':>9} {'p95':>8} {'CPU p50':>8} {'p95':>6} "
-          f"{'browser p50':>12} {'p95':>8}")  # fmt: skip
+    print(f"{'model':>6} {'page KiB':>9} {'KiB/edit':>9} {'HTTP p50':>9} {'p95':>6} "
+          f"{'server CPU':>10} {'drawn p50':>10} {'p95':>6} {'painted p50':>12} {'p95':>6} "
+          f"{'page CPU':>9}")  # fmt: skip
+    nan = {"p50": float("nan"), "p95": float("nan")}
     for r in rows:
         b = r.get("browser_ms") or {}
+        p, c = b.get("painted", nan), b.get("chromium_cpu_ms", nan)
         print(f"{r['model']:>6} {r['page_bytes'] / 1024:>9.1f} {r['bytes_per_edit'] / 1024:>9.1f} "
-              f"{r['http_ms']['p50']:>7.0f}ms "
-              f"{r['http_ms']['p95']:>6.0f}ms {r['server_cpu_ms']['p50']:>6.0f}ms "
-              f"{r['server_cpu_ms']['p95']:>4.0f}ms {b.get('p50', float('nan')):>10.0f}ms "
-              f"{b.get('p95', float('nan')):>6.0f}ms")  # fmt: skip
+              f"{r['http_ms']['p50']:>7.0f}ms {r['http_ms']['p95']:>4.0f}ms "
+              f"{r['server_cpu_ms']['p50']:>8.0f}ms {b.get('p50', float('nan')):>8.0f}ms "
+              f"{b.get('p95', float('nan')):>4.0f}ms {p['p50']:>10.0f}ms {p['p95']:>4.0f}ms "
+              f"{c['p50']:>7.0f}ms")  # fmt: skip
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "load": load}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"rows": rows, "load": load, "load_start": load0}, indent=2)
+        )
 
 
 if __name__ == "__main__":

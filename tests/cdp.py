@@ -138,8 +138,17 @@ class Browser:
         )["sessionId"]
         for domain in ("Page", "Runtime", "Log"):
             self.send(f"{domain}.enable")
+        self.target = target
         self.send("Page.navigate", {"url": url})
         self.wait_event("Page.loadEventFired")
+
+    def close_page(self) -> None:
+        """Close the page ``open`` opened (the browser stays, for the next ``open``); forget
+        its events."""
+        if self.session is not None:
+            with contextlib.suppress(CDPError):
+                self.send("Target.closeTarget", {"targetId": self.target}, session=False)
+        self.session, self.events = None, []
 
     def eval(self, expression: str):
         r = self.send(

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+import pytest
 
 from attnlab.models.declare import registered
 from conformance_helpers import build_run
@@ -76,3 +80,20 @@ def call(url: str, path: str, body=None, token: str | None = None, headers: dict
 
 def base(server) -> str:
     return f"http://127.0.0.1:{server.settings.port}"
+
+
+def skip_without_chromium() -> None:
+    """Skip the calling test module where no Chromium is installed."""
+    if not (Path("/usr/bin/chromium").exists() or shutil.which("chromium")):
+        pytest.skip("no chromium (make setup installs it: apt-get install chromium)",
+                    allow_module_level=True)  # fmt: skip
+
+
+def wait(b, cond, timeout: float = 120.0) -> None:
+    """Poll ``cond()`` until it holds; past ``timeout`` seconds fail with the page's errors."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out; page errors: {b.errors()}")

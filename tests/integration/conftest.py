@@ -36,3 +36,43 @@ def tiny_trained_run(tmp_path_factory) -> Path:
                 "--max-iters", "2", "--eval-interval", "2", "--eval-iters", "1")  # fmt: skip
     assert r.returncode == 0, r.stderr
     return run
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One headless Chromium for every workbench browser test of the session (each module
+    opens its own page in it, ``open_workbench``): one browser start, not one per module."""
+    from serve_helpers import skip_without_chromium
+
+    skip_without_chromium()
+    from cdp import Browser
+
+    b = Browser(timeout=120)
+    yield b
+    b.close()
+
+
+@pytest.fixture(scope="module")
+def open_workbench(chromium):
+    """``open_workbench(paths)``: a workbench serving ``paths`` (``attnlab.serve.start``, in a
+    thread), its page open in the shared Chromium and drawn once; returns the browser. The
+    page is closed and the workbench stopped when the module ends (or at the next call)."""
+    from attnlab.serve import start
+    from serve_helpers import wait
+
+    servers = []
+
+    def stop() -> None:
+        chromium.close_page()
+        while servers:
+            servers.pop().stop()
+
+    def open_(paths):
+        stop()
+        servers.append(start(paths))
+        chromium.open(servers[-1].url)
+        wait(chromium, lambda: chromium.eval("document.body.dataset.updates") is not None)
+        return chromium
+
+    yield open_
+    stop()

@@ -468,6 +468,17 @@ def test_neuron_view_products_sum_to_the_score_in_the_matrix_in_chromium(
     assert abs(score - recorded) <= 1e-5 * max(1.0, abs(recorded))
     weight = float(rec.weights(m["name"])[1, i, j])
     assert float(_text(browser, "cell-weight")) == pytest.approx(weight, abs=5e-4)
+    # the page names the `why` command for this head, query and key; run as shown, it splits
+    # the same score by writer
+    import shlex
+
+    cmd = shlex.split(_text(browser, "neuron-why-command"))
+    assert cmd[:4] == ["attnlab", "why", str(kinds[kind]), INPUT[kind]]
+    code, printed, err = run_main(capsys, *cmd[1:], "--json")
+    assert code == 0, err
+    split = json.loads(printed)
+    assert (split["query_position"], split["key_position"]) == (i, j)
+    assert split["score"] == pytest.approx(recorded, rel=1e-4, abs=1e-5)
     # the matrix outlines that cell, and clicking another cell moves the neuron view there
     before = _canvas(browser, "matrix")
     browser.eval(f"window.attnlabExplorer.pick({i}, 0)")
@@ -503,6 +514,7 @@ def test_additive_attention_says_why_there_is_no_neuron_view_in_chromium(
     browser.open((tmp_path / "l.html").as_uri())
     why = _text(browser, "neuron-why")
     assert "no Q·K neuron view" in why and "additive" in why
+    assert data["why"] is None  # no writers to split an additive score by: no `why` command
     assert browser.eval("document.querySelectorAll('#neuron-detail td').length") == 0
     assert _text(browser, "predict-output") == pred["output"]
     browser.drain(0.3)

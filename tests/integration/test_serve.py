@@ -96,6 +96,9 @@ def test_sliced_views_are_the_clis_json_cut_to_what_the_page_shows(server, runs,
     assert sim["layer"] == 1 and sim["layers"][1] == want_sim["layers"][1]
     assert [x["mean_after"] for x in sim["layers"]] == [x["mean_after"] for x in want_sim["layers"]]
     assert "before" not in sim["layers"][0]
+    keep = ("prefix", "label", "mean_before", "mean_after", "mean_dot_before", "mean_dot_after")
+    assert sim["layers"][0] == {x: want_sim["layers"][0][x] for x in keep}
+    assert {**d["views"]["trace"], "steps": [], "step": 0} == {**t, "steps": [], "step": 0}
     assert len(json.dumps(sim)) < len(json.dumps(want_sim))
     _, bad = views(server, "runs/a", TEXT, ["trace", "similarity"], trace_step=999,
                    similarity_layer="x")  # fmt: skip
@@ -115,7 +118,15 @@ def test_the_explorer_view_is_the_pages_data_that_explore_writes(server, runs, c
     run = load_run(runs / "a")
     mine = explorer_data(run.record(TEXT), run.model, f"attnlab explorer: {TEXT}", 128, 0,
                          run.tokenizer)  # fmt: skip
-    assert {k: ex[k] for k in mine} == json.loads(json.dumps(mine))
+    # with the input and run the neuron view's `attnlab why` command names (the page's own
+    # `explore` names the directory it was given)
+    assert mine["why"] is None and ex["why"]["text"] == TEXT
+    assert Path(ex["why"]["run"]).resolve() == (runs / "a").resolve()
+    rest = {k: v for k, v in mine.items() if k != "why"}
+    assert {k: ex[k] for k in rest} == json.loads(json.dumps(rest))
+    m = ex["maps"][-1]  # a head as the command names it: MODULE.headH
+    split = run.why(TEXT, f"{m['module']}.head1", m["T"] - 1, 0)
+    assert split["head"] == "1.1"
     # each map's heads named as `ablate --head` takes them
     assert ex["heads"]["blocks.1.attn.weights"] == ["1.0", "1.1"]
 

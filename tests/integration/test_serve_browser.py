@@ -10,19 +10,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from look_helpers import run_main
-from serve_helpers import KINDS, build_kind, build_llama
+from serve_helpers import KINDS, build_kind, build_llama, skip_without_chromium, wait
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-if not (Path("/usr/bin/chromium").exists() or shutil.which("chromium")):
-    pytest.skip("no chromium (make setup installs it: apt-get install chromium)",
-                allow_module_level=True)  # fmt: skip
+skip_without_chromium()
 
 TEXTS = {name: text for name, (_, _, text) in KINDS.items()} | {"llama": "the cat sat on the mat"}
 
@@ -39,26 +35,8 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(runs):
-    from attnlab.serve import start
-    from cdp import Browser
-
-    srv = start(runs)
-    b = Browser(timeout=120)
-    b.open(srv.url)
-    wait(b, lambda: b.eval("document.body.dataset.updates") is not None)
-    yield b
-    b.close()
-    srv.stop()
-
-
-def wait(b, cond, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out; page errors: {b.errors()}")
+def page(runs, open_workbench):
+    return open_workbench(runs)
 
 
 def updates(b) -> int:
@@ -139,6 +117,21 @@ def check_attention(b, capsys, run, text):
     flat = [w for row in a["weights"] for w in row]
     assert len(cells) == len(flat) > 0
     assert all(close(s, w, 3, 1e-4) for s, w in zip(cells, flat))
+    # the neuron view names the `why` command for its head, query and key (a residual model)
+    why = b.eval("(() => { const e = document.querySelector('.column .why-command');"
+                 " return e ? e.textContent : null; })()")  # fmt: skip
+    from attnlab.run import load_run
+
+    if load_run(run).model.residual:
+        import shlex
+
+        cmd = shlex.split(why)
+        assert cmd[:4] == ["attnlab", "why", str(run), text], cmd
+        assert cmd[cmd.index("--head") + 1] == a["name"].rsplit(".", 1)[0] + ".head0"
+        split = cli(capsys, *cmd[1:])
+        assert split["query_position"] == int(cmd[cmd.index("--query") + 1])
+    else:
+        assert why is None
 
 
 def check_walkthrough(b, capsys, run, text):
@@ -169,15 +162,22 @@ def check_similarity_and_influence(b, capsys, run, text):
     want = [v for r in s["before"] for v in r]
     assert len(cells) == len(want) and all(close(c, v, 2) for c, v in zip(cells, want))
     rows = cli(capsys, "influence", run, text)["rows"]
-    ctx = shown(b, 0, "influence", "td.context")
-    assert len(ctx) == len(rows) and all(close(c, r["context"], 4) for c, r in zip(ctx, rows))
+    layers = list(dict.fromkeys(r["layer"] for r in rows))
+    pick = "document.querySelectorAll('.column')[0].querySelector('[data-panel=influence] select')"
+    assert b.eval(f"Array.from({pick}.options).map(o => o.text)") == [str(x) for x in layers]
+    for i in sorted({0, len(layers) - 1}):  # the first layer, shown at first, and the last
+        b.eval(f"(() => {{ const p = {pick}; p.value = '{i}'; p.onchange(); }})()")
+        want = [r for r in rows if r["layer"] == layers[i]]
+        ctx = shown(b, 0, "influence", "td.context")
+        assert len(ctx) == len(want) and all(close(c, r["context"], 4) for c, r in zip(ctx, want))
+    b.eval(f"(() => {{ const p = {pick}; p.value = '0'; p.onchange(); }})()")
 
 
 def check_click_to_ablate(b, capsys, run, text):
     label = b.eval(
-        "document.querySelector('.column .grid canvas[data-label]:not([data-label=\"\"])').dataset.label"
+        "document.querySelector('.column .grid .gcell[data-label]:not([data-label=\"\"])').dataset.label"
     )
-    after(b, lambda: click(b, f'.column .grid canvas[data-label="{label}"]'))
+    after(b, lambda: click(b, f'.column .grid .gcell[data-label="{label}"]'))
     wait(
         b,
         lambda: (

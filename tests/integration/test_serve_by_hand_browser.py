@@ -8,31 +8,16 @@ one source, each as ``attnlab align LSTM TRANSFORMER TEXT --words --json`` gives
 from __future__ import annotations
 
 import json
-import shutil
-import time
-from pathlib import Path
 
 import pytest
 
 from look_helpers import run_main
-from serve_helpers import build_kind
+from serve_helpers import build_kind, skip_without_chromium, wait
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-if not (Path("/usr/bin/chromium").exists() or shutil.which("chromium")):
-    pytest.skip("no chromium (make setup installs it: apt-get install chromium)",
-                allow_module_level=True)  # fmt: skip
+skip_without_chromium()
 
 TEXT = "I like to eat apples"
-
-
-def wait(b, cond, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out; page errors: {b.errors()}")
 
 
 def walk_json(capsys, *args) -> dict:
@@ -70,22 +55,11 @@ def shows_walk(b, want: dict) -> bool:
 
 
 @pytest.fixture(scope="module")
-def page(tmp_path_factory):
-    from attnlab.serve import start
-    from cdp import Browser
-
+def page(tmp_path_factory, open_workbench):
     root = tmp_path_factory.mktemp("serve-notes") / "runs"
     for kind in ("gpt", "lstm", "seq2seq"):
         build_kind(kind, root)
-    srv = start(root)
-    b = Browser(timeout=120)
-    try:
-        b.open(srv.url)
-        wait(b, lambda: b.eval("document.body.dataset.updates") is not None)
-        yield b, root / "gpt"
-    finally:
-        b.close()
-        srv.stop()
+    return open_workbench(root), root / "gpt"
 
 
 def test_the_by_hand_panel_shows_the_walks_numbers(page, capsys):

@@ -7,27 +7,14 @@ from __future__ import annotations
 
 import base64
 import shutil
-import time
-from pathlib import Path
 
 import pytest
 
 from attnlab.cli import main
+from serve_helpers import skip_without_chromium, wait
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-if not (Path("/usr/bin/chromium").exists() or shutil.which("chromium")):
-    pytest.skip("no chromium (make setup installs it: apt-get install chromium)",
-                allow_module_level=True)  # fmt: skip
-
-
-def wait(b, cond, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out; page errors: {b.errors()}")
+skip_without_chromium()
 
 
 def last_row(data: dict, head: str) -> list[float]:
@@ -40,10 +27,8 @@ def last_row(data: dict, head: str) -> list[float]:
     return [b / 255 for b in raw[(T - 1) * T :]]
 
 
-def test_the_maps_update_per_snapshot_as_a_run_trains(tmp_path):
+def test_the_maps_update_per_snapshot_as_a_run_trains(tmp_path, open_workbench):
     from attnlab.inspect.step_explorer import step_data
-    from attnlab.serve import start
-    from cdp import Browser
 
     run = tmp_path / "runs" / "induction"
     assert main(["train", "--task", "induction", "--out", str(run), "--n-layer", "2",
@@ -54,38 +39,31 @@ def test_the_maps_update_per_snapshot_as_a_run_trains(tmp_path):
     held = tmp_path / snaps[-1].name
     shutil.move(str(snaps[-1]), held)  # the newest snapshot has not landed yet
     before = step_data(run)
-    srv = start(run.parent)
-    b = Browser(timeout=120)
-    try:
-        b.open(srv.url)
-        wait(b, lambda: b.eval("document.body.dataset.updates") is not None)
-        b.eval("document.querySelector('[data-panel=learn] header').onclick()")
-        b.eval("(() => { const c = document.querySelector('[data-panel=learn] input[type=checkbox]');"
-               "c.checked = true; c.onchange(); })()")  # fmt: skip
+    b = open_workbench(run.parent)
+    b.eval("document.querySelector('[data-panel=learn] header').onclick()")
+    b.eval("(() => { const c = document.querySelector('[data-panel=learn] input[type=checkbox]');"
+           "c.checked = true; c.onchange(); })()")  # fmt: skip
 
-        def status():
-            e = b.eval("(() => { const e = document.querySelector('[data-panel=learn] .learn-map');"
-                       " return e ? Object.assign({}, e.dataset) : null; })()")  # fmt: skip
-            return e
+    def status():
+        e = b.eval("(() => { const e = document.querySelector('[data-panel=learn] .learn-map');"
+                   " return e ? Object.assign({}, e.dataset) : null; })()")  # fmt: skip
+        return e
 
-        wait(b, lambda: status() is not None)
-        s = status()
-        assert int(s["step"]) == before["probes"]["repeat"]["frames"][-1]["step"]
-        row = b.eval("document.querySelector('[data-panel=learn] .learn-row').textContent").split()
-        want = last_row(before, s["head"])
-        assert len(row) == len(want) and all(abs(float(x) - w) <= 0.005 + 1e-9
-                                             for x, w in zip(row, want))  # fmt: skip
+    wait(b, lambda: status() is not None)
+    s = status()
+    assert int(s["step"]) == before["probes"]["repeat"]["frames"][-1]["step"]
+    row = b.eval("document.querySelector('[data-panel=learn] .learn-row').textContent").split()
+    want = last_row(before, s["head"])
+    assert len(row) == len(want) and all(abs(float(x) - w) <= 0.005 + 1e-9
+                                         for x, w in zip(row, want))  # fmt: skip
 
-        shutil.move(str(held), snaps[-1])  # the snapshot lands: the panel follows it
-        after = step_data(run)
-        newest = after["probes"]["repeat"]["frames"][-1]["step"]
-        assert newest > int(s["step"])
-        wait(b, lambda: int(status()["step"]) == newest, timeout=30)
-        row = b.eval("document.querySelector('[data-panel=learn] .learn-row').textContent").split()
-        want = last_row(after, s["head"])
-        assert all(abs(float(x) - w) <= 0.005 + 1e-9 for x, w in zip(row, want))
-        assert int(status()["frames"]) == len(after["probes"]["repeat"]["frames"])
-        assert not b.errors()
-    finally:
-        b.close()
-        srv.stop()
+    shutil.move(str(held), snaps[-1])  # the snapshot lands: the panel follows it
+    after = step_data(run)
+    newest = after["probes"]["repeat"]["frames"][-1]["step"]
+    assert newest > int(s["step"])
+    wait(b, lambda: int(status()["step"]) == newest, timeout=30)
+    row = b.eval("document.querySelector('[data-panel=learn] .learn-row').textContent").split()
+    want = last_row(after, s["head"])
+    assert all(abs(float(x) - w) <= 0.005 + 1e-9 for x, w in zip(row, want))
+    assert int(status()["frames"]) == len(after["probes"]["repeat"]["frames"])
+    assert not b.errors()

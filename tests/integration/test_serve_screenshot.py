@@ -12,36 +12,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import time
 from pathlib import Path
 
 import pytest
 
 from attnlab.cli import main
 from look_helpers import run_main
+from serve_helpers import skip_without_chromium, wait
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
-
-if not (Path("/usr/bin/chromium").exists() or shutil.which("chromium")):
-    pytest.skip("no chromium (make setup installs it: apt-get install chromium)",
-                allow_module_level=True)  # fmt: skip
+skip_without_chromium()
 
 TEXT = "I like to eat apples"
 
 
-def wait(b, cond, timeout: float = 120.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out; page errors: {b.errors()}")
-
-
-def test_the_readme_picture_is_of_a_trained_word_model(tmp_path, capsys):
-    from attnlab.serve import start
-    from cdp import Browser
+def test_the_readme_picture_is_of_a_trained_word_model(tmp_path, capsys, open_workbench):
 
     run = tmp_path / "runs" / "words"
     assert main(["train", "--data", "sentences", "--tokenizer", "word", "--preset", "toy",
@@ -52,34 +37,27 @@ def test_the_readme_picture_is_of_a_trained_word_model(tmp_path, capsys):
     assert rc == 0, err
     want = json.loads(out)
     assert len(want["weights"]) == 5  # five words: the notes' 5 x 5
-    srv = start(run.parent)
-    b = Browser(timeout=120)
-    try:
-        b.open(srv.url)
-        wait(b, lambda: b.eval("document.body.dataset.updates") is not None)
-        b.eval("(() => { const t = document.getElementById('text'); t.focus(); t.select(); })()")
-        b.send("Input.insertText", {"text": TEXT})
-        wait(b, lambda: b.eval("document.body.dataset.done") == TEXT
-             and not b.eval("attnlab.columns().some(c => c.busy)"))  # fmt: skip
-        mi = b.eval("attnlab.columns()[0].data.explorer.maps.findIndex(m => m.name === "
-                    f"{json.dumps(want['name'])})")  # fmt: skip
-        assert mi >= 0
-        b.eval(f"attnlab.columns()[0].select({mi}, 0)")
-        sel = f'table.heat[data-map="{want["name"]}"][data-head="0"] td.cell'
-        cells = b.eval(f"Array.from(document.querySelectorAll({json.dumps(sel)}))"
-                       ".map(e => +e.textContent)")  # fmt: skip
-        flat = [w for row in want["weights"] for w in row]
-        assert len(cells) == len(flat) == 25
-        assert all(abs(c - w) <= 0.0005 + 1e-4 for c, w in zip(cells, flat)), (cells, flat)
-        wait(b, lambda: not b.eval("attnlab.columns().some(c => c.busy)"))
-        shot = Path(os.environ.get("ATTNLAB_SCREENSHOT") or tmp_path / "serve.png")
-        b.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 1150,
-                                                      "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
-        b.eval("window.scrollTo(0, 0)")
-        shot.write_bytes(b.screenshot())
-        b.send("Emulation.clearDeviceMetricsOverride")
-        assert shot.stat().st_size > 10_000
-        assert not b.errors()
-    finally:
-        b.close()
-        srv.stop()
+    b = open_workbench(run.parent)
+    b.eval("(() => { const t = document.getElementById('text'); t.focus(); t.select(); })()")
+    b.send("Input.insertText", {"text": TEXT})
+    wait(b, lambda: b.eval("document.body.dataset.done") == TEXT
+         and not b.eval("attnlab.columns().some(c => c.busy)"))  # fmt: skip
+    mi = b.eval("attnlab.columns()[0].data.explorer.maps.findIndex(m => m.name === "
+                f"{json.dumps(want['name'])})")  # fmt: skip
+    assert mi >= 0
+    b.eval(f"attnlab.columns()[0].select({mi}, 0)")
+    sel = f'table.heat[data-map="{want["name"]}"][data-head="0"] td.cell'
+    cells = b.eval(f"Array.from(document.querySelectorAll({json.dumps(sel)}))"
+                   ".map(e => +e.textContent)")  # fmt: skip
+    flat = [w for row in want["weights"] for w in row]
+    assert len(cells) == len(flat) == 25
+    assert all(abs(c - w) <= 0.0005 + 1e-4 for c, w in zip(cells, flat)), (cells, flat)
+    wait(b, lambda: not b.eval("attnlab.columns().some(c => c.busy)"))
+    shot = Path(os.environ.get("ATTNLAB_SCREENSHOT") or tmp_path / "serve.png")
+    b.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 1150,
+                                                  "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
+    b.eval("window.scrollTo(0, 0)")
+    shot.write_bytes(b.screenshot())
+    b.send("Emulation.clearDeviceMetricsOverride")
+    assert shot.stat().st_size > 10_000
+    assert not b.errors()

@@ -141,13 +141,14 @@ def small_gpt(**kw) -> GPT:
     return perturb(GPT(GPTConfig(**cfg)).eval(), 0.3).double()
 
 
-def naive_reader_inputs(model, ids, edit=None):
+def naive_reader_inputs(model, ids, edit=None, x=None):
     """Run the GPT block by block by hand: each head's q/k/v input and each MLP's input is
     the sum of its upstream writers' outputs (pre-norm, so plainly added); ``edit(reader,
-    writer, term)`` may replace one writer's term at one reader. Returns the logits and
-    {writer name: output (B, T, C)}."""
+    writer, term)`` may replace one writer's term at one reader; ``x`` (B, T, C) replaces the
+    embeddings. Returns the logits and {writer name: output (B, T, C)}."""
     B_, T = ids.shape
-    x = model.tok_embed(ids) + model.pos_embed(T, 0)  # (B, T, C)
+    if x is None:
+        x = model.tok_embed(ids) + model.pos_embed(T, 0)  # (B, T, C)
     outs = {"embed": x}
     order = ["embed"]
     edit = edit or (lambda r, w, t: t)
@@ -247,6 +248,71 @@ def test_exact_patching_and_eap_agree_with_a_naive_per_edge_implementation():
         gr = grads[key] if grads[key] is not None else torch.zeros_like(c_out[key[1]])
         want = ((c_out[key[1]] - r_out[key[1]]) * gr).sum((1, 2))
         torch.testing.assert_close(eap[:, u], want, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.slow  # 5 s under load 10, about 1.5 s of CPU (still run in CI)
+def test_eap_ig_and_faithfulness_agree_with_a_naive_per_edge_implementation():
+    """EAP-IG by hand: the naive model's gradient at every (reader, writer) term, on the runs
+    whose embeddings are (1 - a) e_corrupt + a e_clean, a = k/n for k = 0..n-1, averaged,
+    times the term difference. Faithfulness by hand: the naive clean run with every edge
+    outside a circuit given its corrupt term, against the library's patched run."""
+    from attnlab.interventions.circuits import Prepared
+
+    model = small_gpt()
+    g = torch.Generator().manual_seed(2)
+    clean, corrupt = (torch.randint(0, 11, (2, 6), generator=g) for _ in range(2))
+    target, foil = torch.tensor([1, 2]), torch.tensor([3, 4])
+    batch = Batch([0, 1], (clean,), (corrupt,), target, foil, torch.tensor([5, 5]), {"": 6})
+    circ = Circuits(Subject(model))
+    edges = Edges(circ.graph, batch.lengths)
+    n = 3
+    ig = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=n).scores
+    name = lambda node: "embed" if node.kind == "embed" else node.name  # noqa: E731
+    pairs = [(name(r), name(w)) for w, r in (edges.unit(u)[:2] for u in range(edges.count))]
+    pairs = [("readout" if r.endswith("readout") else r, w) for r, w in pairs]
+    M = lambda logits: metric_values(logits, batch, "logit-diff")  # noqa: E731
+    with torch.no_grad():
+        _, c_out = naive_reader_inputs(model, clean)
+        _, r_out = naive_reader_inputs(model, corrupt)
+    total: dict = {}
+    for k in range(n):
+        leaves = {}
+
+        def grad_edit(reader, writer, term, leaves=leaves):
+            t = torch.zeros_like(term, requires_grad=True)
+            leaves[(reader, writer)] = t
+            return term + t
+
+        x = torch.lerp(r_out["embed"], c_out["embed"], k / n)
+        m = M(naive_reader_inputs(model, corrupt, grad_edit, x=x)[0]).sum()
+        keys = list(leaves)
+        got = torch.autograd.grad(m, [leaves[q] for q in keys], allow_unused=True)
+        for q, gr in zip(keys, got):
+            gr = torch.zeros_like(leaves[q]) if gr is None else gr
+            total[q] = total.get(q, 0) + gr / n
+    for u, (rn, wn) in enumerate(pairs):
+        want = ((c_out[wn] - r_out[wn]) * total[(rn, wn)]).sum((1, 2))
+        torch.testing.assert_close(ig[:, u], want, atol=1e-8, rtol=1e-6)
+    # faithfulness: a circuit of every third edge, the rest corrupt
+    keep = torch.zeros(1, edges.count, dtype=torch.bool)
+    keep[0, ::3] = True
+    kept = {pairs[u] for u in range(edges.count) if keep[0, u]}
+    rec_clean = circ.record(batch.clean, batch, "logit-diff")
+    rec_corrupt = circ.record(batch.corrupt, batch, "logit-diff")
+    run = Prepared(circ, edges, [batch], [rec_clean], [rec_corrupt], "logit-diff", 2)
+    got = run.metric_of(keep)[0]
+
+    def outside_corrupt(reader, writer, term):
+        return term if (reader, writer) in kept else r_out[writer]
+
+    with torch.no_grad():
+        want = M(naive_reader_inputs(model, clean, outside_corrupt)[0])
+    np.testing.assert_allclose(got, want.numpy(), atol=1e-8, rtol=1e-6)
+    f = faithfulness(got[None], rec_clean.metric.numpy(), rec_corrupt.metric.numpy())[0]
+    want_f = (want.mean() - rec_corrupt.metric.mean()) / (
+        rec_clean.metric.mean() - rec_corrupt.metric.mean()
+    )
+    assert f == pytest.approx(float(want_f), rel=1e-9)
 
 
 # ---------------------------------------------------------------------------------------------

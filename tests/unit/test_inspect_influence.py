@@ -98,6 +98,32 @@ def test_sources_weigh_attention_by_what_each_value_sends():
         assert got[j] == pytest.approx(float(expected[j]), rel=1e-6)
 
 
+def test_sources_follow_an_output_projection_changed_in_place():
+    """The per-head W_O^h^T W_O^h kept between texts is made again when W_O is edited in place
+    (an intervention's edit, a reloaded checkpoint copied into the same tensor)."""
+    from attnlab.inspect.influence import source_contributions
+
+    tok = char_tokenizer()
+    model = tiny_gpt(tok, n_layer=1, n_head=2).eval()
+    attn = model.blocks[0].attn
+
+    def direct(rec):  # sum_h w_h[i, j] ||W_O^h v_h[j]||, rows normalised
+        w, v = rec.cache["blocks.0.attn.weights"][0].double(), rec.cache["blocks.0.attn.v"][0]
+        WO, d = attn.out_proj.weight.detach().double(), attn.d_v
+        c = sum(w[h] * (v[h].double() @ WO[:, h * d : (h + 1) * d].T).norm(dim=-1)[None, :]
+                for h in range(2))  # fmt: skip
+        return (c / c.sum(-1, keepdim=True)).numpy()
+
+    rec = record(model, tok, SENTENCE)
+    np.testing.assert_allclose(source_contributions(model, rec, "blocks.0.attn.weights"),
+                               direct(rec), rtol=1e-9, atol=1e-12)  # fmt: skip
+    with torch.no_grad():
+        attn.out_proj.weight[:, : attn.d_v].mul_(5.0)  # head 0 now sends five times as much
+    rec = record(model, tok, SENTENCE)
+    np.testing.assert_allclose(source_contributions(model, rec, "blocks.0.attn.weights"),
+                               direct(rec), rtol=1e-9, atol=1e-12)  # fmt: skip
+
+
 def test_a_silenced_attention_layer_has_no_attention_share():
     tok = char_tokenizer()
     model = tiny_gpt(tok, n_layer=1).eval()

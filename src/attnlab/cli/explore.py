@@ -43,6 +43,7 @@ def cmd_explore(args) -> int:
         start=args.start,
         tabs=tabs,
         tokenizer=run.tokenizer,
+        why={"run": str(args.run), "text": args.text},
     )
     page.save(out)
     if page.data["note"]:

@@ -14,7 +14,11 @@ vector k dimension by dimension, their elementwise products q_d k_d, and the sum
 q·k = sum_d q_d k_d, times 1/sqrt(d_k): the scaled score, the number the softmax reads. It reads
 the ``q`` and ``k`` hooks (after rotary, where a model has it) and applies where the recorded
 ``scores`` are exactly q·k/sqrt(d_k) (checked here, per map, when the page is built); elsewhere
-(an LSTM's additive attention) the page says why not in one line.
+(an LSTM's additive attention) the page says why not in one line. Where the page knows the
+run and input it was made from (``attnlab explore``, ``attnlab serve``) and the model has a
+residual graph, the view names the ``attnlab why`` command that splits the same score by
+writer instead of by dimension: which embeddings, heads and feed-forwards on the query side and
+on the key side make it.
 
 The prediction: what ``trace`` ends with (the next tokens, each [MASK]'s fillers, the classes,
 the translation and each decoder step's next token), read from its steps' data; it needs the
@@ -234,8 +238,11 @@ def explorer_data(
     max_tokens: int = MAX_TOKENS,
     start: int = 0,
     tokenizer=None,
+    why: dict | None = None,
 ) -> dict:
-    """Everything the page draws, as plain JSON-able data."""
+    """Everything the page draws, as plain JSON-able data. ``why`` ({"run": RUN, "text":
+    TEXT}, what the page was made from): the neuron view names the ``attnlab why`` command that
+    splits the selected score by writer, where the model has a residual graph to split it by."""
     if max_tokens < 1:
         raise InspectError("max_tokens must be at least 1")
     if not rec.maps():
@@ -261,8 +268,9 @@ def explorer_data(
         qa, qb = windows[info.query_stack]
         ka, kb = windows[info.key_stack]
         w = rec.weights(info.name).numpy()[:, qa:qb, ka:kb]  # (H, T, S) inside the window
-        ints = np.rint(np.clip(w, 0.0, 1.0) * SCALE).astype(np.int64)
         neuron = _neuron(rec, info, model, windows)
+        # the weights themselves only where the page cannot derive them from q and k
+        ints = None if neuron.get("derived") else np.rint(np.clip(w, 0.0, 1.0) * SCALE)
         prefix = info.module_path.rsplit(".", 1)[0] + "." if "." in info.module_path else ""
         maps.append(
             {
@@ -276,8 +284,13 @@ def explorer_data(
                 "T": int(w.shape[1]),
                 "S": int(w.shape[2]),
                 "H": int(w.shape[0]),
-                **({} if neuron.get("derived") else {"w": [h.reshape(-1).tolist() for h in ints]}),
+                **(
+                    {}
+                    if ints is None
+                    else {"w": [h.astype(np.int64).reshape(-1).tolist() for h in ints]}
+                ),
                 "neuron": neuron,
+                "module": info.module_path,  # its heads are MODULE.headH (attnlab why --head)
             }
         )
     bars = []
@@ -307,6 +320,8 @@ def explorer_data(
         "influence_max": top,
         "image": image,
         "prediction": _prediction(rec, model, tokenizer),
+        # a residual model's score splits by writer (`attnlab why`); an LSTM's has no writers
+        "why": why if why and getattr(model, "residual", False) else None,
     }
 
 
@@ -348,11 +363,13 @@ def explore(
     start: int = 0,
     tabs: dict[str, str] | None = None,
     tokenizer=None,
+    why: dict | None = None,
 ) -> Explorer:
     """Build the explorer page for ``rec`` (``model`` adds the W_O-weighted influence sources
     and says whether q and k are rotated; with ``tokenizer`` too, the page shows what the model
-    predicts; ``tabs`` adds tabs of other results, see ``page``)."""
+    predicts; ``tabs`` adds tabs of other results, see ``page``; ``why``: see
+    ``explorer_data``)."""
     if title is None:
         title = "attnlab explorer: " + " | ".join(_joined(t) for t in rec.tokens.values())
-    data = explorer_data(rec, model, title, max_tokens, start, tokenizer)
+    data = explorer_data(rec, model, title, max_tokens, start, tokenizer, why)
     return Explorer(page(data, tabs), data)

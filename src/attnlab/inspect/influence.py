@@ -32,6 +32,7 @@ from __future__ import annotations
 import csv
 import io
 import math
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -315,11 +316,30 @@ def source_contributions(model, rec: Recording, map_name: str) -> np.ndarray:
         if v.size(0) != w.size(0):  # grouped-query attention: each K/V head serves a group
             v = v.repeat_interleave(w.size(0) // v.size(0), dim=0)  # (H, S, d_v)
         H, S, dv = v.shape
-        WO = out_proj.weight.detach().double().view(-1, H, dv)  # (C, H, d_v): columns per head
-        sent = torch.einsum("chd,hsd->hsc", WO, v)  # (H, S, C) what head h carries from key j
-        contrib = (w * _norm(sent)[:, None, :]).sum(0)  # (T, S)
+        # ||W_O^h v_h[j]|| = sqrt(v_h[j]^T G_h v_h[j]), G_h = W_O^h^T W_O^h: the Gram matrices
+        # depend on the weights alone (kept per weight), so no (H, S, C) tensor per text
+        G = _out_gram(out_proj.weight, H, dv)  # (H, d_v, d_v)
+        sent = ((v @ G) * v).sum(-1).clamp_min(0.0).sqrt()  # (H, S): ||what head h carries from j||
+        contrib = (w * sent[:, None, :]).sum(0)  # (T, S)
     total = contrib.sum(-1, keepdim=True)
     return (contrib / torch.where(total == 0, 1.0, total)).numpy()
+
+
+_GRAMS: dict = {}  # id(weight) -> (a weak reference to it, (its version, H, d_v), the Grams)
+
+
+def _out_gram(weight: torch.Tensor, H: int, dv: int) -> torch.Tensor:
+    """(H, d_v, d_v) float64: W_O^h^T W_O^h for each head's columns W_O^h (C, d_v) of the output
+    projection ``weight`` (C, H * d_v); computed again only when the weight changes in place."""
+    key = (weight._version, H, dv)
+    hit = _GRAMS.get(id(weight))
+    if hit is None or hit[0]() is not weight or hit[1] != key:
+        for k in [k for k, v in _GRAMS.items() if v[0]() is None]:  # weights let go of
+            del _GRAMS[k]
+        WO = weight.detach().double().view(-1, H, dv)  # (C, H, d_v): columns per head
+        hit = (weakref.ref(weight), key, torch.einsum("chd,che->hde", WO, WO))
+        _GRAMS[id(weight)] = hit
+    return hit[2]
 
 
 def _out_proj(model, path: str):

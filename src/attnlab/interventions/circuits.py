@@ -143,6 +143,11 @@ class CircuitResult(Result):
             "grouped-query": "a K/V head shared by several query heads is one key reader and "
             "one value reader (kvJ.k, kvJ.v) for its group",
             "unit": "an edge at one position" if self.positions else "an edge at every position",
+            "methods compared": "exact patching moves one edge alone in the corrupt run; EAP "
+            "linearises that at the corrupt run (it misses what a saturated softmax does: a "
+            "key that would win attention outright gets almost no gradient); EAP-IG "
+            "integrates along the line where every edge moves together, so it credits edges "
+            "that act jointly (redundant heads) more than patching one of them alone does",
         }
 
     def __rich__(self):

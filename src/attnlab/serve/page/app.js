@@ -30,10 +30,15 @@ const attnlab = (function () {
     const opts = { method: body === undefined && !raw ? "GET" : "POST", headers: { "X-Attnlab-Token": TOKEN } };
     if (raw) { opts.body = raw; opts.headers["Content-Type"] = raw.type || "application/octet-stream"; }
     else if (body !== undefined) { opts.body = JSON.stringify(body); opts.headers["Content-Type"] = "application/json"; }
-    let r;
+    let r, text;
+    const t0 = performance.now();
     try { r = await fetch(path, opts); } catch (e) { throw new Error("the workbench does not answer (is attnlab serve still running?)"); }
+    const t1 = performance.now();
+    try { text = await r.text(); } catch (e) { text = ""; }
+    const t2 = performance.now();
     let d = null;
-    try { d = await r.json(); } catch (e) { d = null; }
+    try { d = JSON.parse(text); } catch (e) { d = null; }
+    api.last = { wait: t1 - t0, read: t2 - t1, parse: performance.now() - t2, bytes: text.length };  // where an edit's time goes
     if (!r.ok) throw new Error((d && d.error) || ("the server answered " + r.status));
     return d;
   }
@@ -50,13 +55,37 @@ const attnlab = (function () {
     if (typeof x !== "number") return String(x);
     return x.toFixed(d === undefined ? 4 : d);
   }
-  function colour(w) {  // 0 white -> 1 blue (the explorer's scale)
+  // The colour scales as [r, g, b] (what a canvas's pixels take) and as CSS text.
+  function colourRGB(w) {  // 0 white -> 1 blue (the explorer's scale)
     const a = Math.max(0, Math.min(1, w));
-    return "rgb(" + Math.round(255 - 224 * a) + "," + Math.round(255 - 136 * a) + "," + Math.round(255 - 75 * a) + ")";
+    return [Math.round(255 - 224 * a), Math.round(255 - 136 * a), Math.round(255 - 75 * a)];
   }
-  function diverging(v, top) {  // negative orange, positive blue
+  function divergingRGB(v, top) {  // negative orange, positive blue
     const a = Math.max(-1, Math.min(1, v / (top || 1)));
-    return a >= 0 ? colour(a) : "rgb(255," + Math.round(255 + 128 * a) + "," + Math.round(255 + 241 * a) + ")";
+    return a >= 0 ? colourRGB(a) : [255, Math.round(255 + 128 * a), Math.round(255 + 241 * a)];
+  }
+  const css = (c) => "rgb(" + c[0] + "," + c[1] + "," + c[2] + ")";
+  function colour(w) { return css(colourRGB(w)); }
+  function diverging(v, top) { return css(divergingRGB(v, top)); }
+  // Cells of `rows` x `cols`, each `px` pixels square, into a canvas at (x0, y0): one pixel a
+  // cell in a buffer, then scaled up without smoothing (one fillRect per cell, its colour parsed
+  // from text each time, took most of an edit's drawing at 64 tokens). rgb(i, j) gives a
+  // cell's [r, g, b].
+  function paintCells(x, x0, y0, rows, cols, px, rgb) {
+    if (!rows || !cols) return;
+    const img = x.createImageData(cols, rows), d = img.data;
+    for (let i = 0, o = 0; i < rows; i++) for (let j = 0; j < cols; j++, o += 4) {
+      const c = rgb(i, j);
+      d[o] = c[0]; d[o + 1] = c[1]; d[o + 2] = c[2]; d[o + 3] = 255;
+    }
+    if (px === 1) { x.putImageData(img, x0, y0); return; }
+    const small = document.createElement("canvas");
+    small.width = cols; small.height = rows;
+    small.getContext("2d").putImageData(img, 0, 0);
+    const smooth = x.imageSmoothingEnabled;
+    x.imageSmoothingEnabled = false;
+    x.drawImage(small, x0, y0, cols * px, rows * px);
+    x.imageSmoothingEnabled = smooth;
   }
   function tip(e, text) {
     const t = $("tip");
@@ -71,8 +100,9 @@ const attnlab = (function () {
     const d = opts.decimals === undefined ? 3 : opts.decimals, textMax = opts.textMax || 32;
     let top = opts.top;
     if (top === undefined) { top = 1e-12; for (const r of M) for (const v of r) if (v !== null && Math.abs(v) > top) top = Math.abs(v); }
-    const fill = (v) => (v === null ? "#e4e4e4" : opts.signed ? diverging(v, top) : colour(v / top));
-    if (M.length && M[0].length > textMax) return heatCanvas(M, rows, cols, fill, opts);
+    const fillRGB = (v) => (v === null ? GREY : opts.signed ? divergingRGB(v, top) : colourRGB(v / top));
+    const fill = (v) => css(fillRGB(v));
+    if (M.length && M[0].length > textMax) return heatCanvas(M, rows, cols, fillRGB, opts);
     const t = h("table", { class: "heat" });
     if (cols) t.append(h("tr", {}, h("th"), cols.map((c) => h("th", { text: show(c).slice(0, 8) }))));
     M.forEach((r, i) => {
@@ -89,12 +119,13 @@ const attnlab = (function () {
     return t;
   }
   // A matrix too wide to write its numbers in: drawn on a canvas, each number on hover.
-  function heatCanvas(M, rows, cols, fill, opts) {
+  const GREY = [228, 228, 228];  // a cell with no number (masked)
+  function heatCanvas(M, rows, cols, fillRGB, opts) {
     const cell = Math.max(3, Math.min(12, Math.floor(640 / M[0].length))), pad = 64;
     const c = h("canvas", { class: "heat", width: pad + cell * M[0].length + 2, height: pad + cell * M.length + 2 });
     const x = c.getContext("2d");
     x.fillStyle = "#fff"; x.fillRect(0, 0, c.width, c.height);
-    M.forEach((r, i) => r.forEach((v, j) => { x.fillStyle = fill(v); x.fillRect(pad + j * cell, pad + i * cell, cell, cell); }));
+    paintCells(x, pad, pad, M.length, M[0].length, cell, (i, j) => fillRGB(M[i][j]));
     if (cell >= 8) {
       x.font = "9px monospace"; x.fillStyle = "#222"; x.textAlign = "right";
       if (rows) rows.forEach((t, i) => x.fillText(show(t).slice(0, 8), pad - 3, pad + i * cell + cell - 1));
@@ -172,6 +203,7 @@ const attnlab = (function () {
       const seq = ++this.seq;
       try {
         const d = await api("/api/views", { run: this.name, input: input, views: views, params: this.requestParams() });
+        this.fetchMs = api.last;
         if (seq !== this.seq) return;
         const errors = {};
         for (const [k, v] of Object.entries(d.views)) {
@@ -194,6 +226,7 @@ const attnlab = (function () {
       }
     }
     draw(views, allFailed) {
+      const ms = {};
       for (const p of this.panels) {
         const used = typeof p.def.views === "function" ? p.def.views(p) : p.def.views || [];
         if (!this.open(p) || !used.some((v) => views.includes(v))) continue;
@@ -201,9 +234,12 @@ const attnlab = (function () {
         p.sec.classList.toggle("stale", !!err);
         p.perr.textContent = err && !allFailed ? err : "";
         if (!err) {
+          const t0 = performance.now();
           try { p.def.render(p); } catch (e) { p.perr.textContent = "could not draw: " + e.message; console.error(e); }
+          ms[p.def.name] = performance.now() - t0;
         }
       }
+      this.drawMs = ms;
     }
     redraw() { this.draw(this.liveViews(), false); }
     select(map, head) {  // a head picked in the grid: every panel that reads the selection follows
@@ -223,6 +259,14 @@ const attnlab = (function () {
     document.body.dataset.updates = String(S.updates);
     document.body.dataset.done = S.input;
     document.body.dataset.ms = (performance.now() - (S.t0 || 0)).toFixed(1);  // edit -> every panel drawn
+    document.body.dataset.timing = JSON.stringify(S.columns.map((c) => ({ fetch: c.fetchMs, draw: c.drawMs })));
+    // and once the browser has laid it out and painted it (the frame after the drawing)
+    const t0 = S.t0 || 0, input = S.input;
+    requestAnimationFrame(() => setTimeout(() => {
+      if (S.input !== input) return;
+      document.body.dataset.painted = (performance.now() - t0).toFixed(1);
+      document.dispatchEvent(new CustomEvent("attnlab-painted", { detail: input }));
+    }, 0));
     $("status").textContent = "updated";
   }
 
@@ -299,5 +343,5 @@ const attnlab = (function () {
   }
 
   window.addEventListener("DOMContentLoaded", start);
-  return { panel, h, api, show, num, colour, diverging, heat, bars, tip, state: S, columns: () => S.columns, setInput, message };
+  return { panel, h, api, show, num, colour, colourRGB, diverging, paintCells, heat, bars, tip, state: S, columns: () => S.columns, setInput, message };
 })();

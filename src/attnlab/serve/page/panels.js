@@ -3,7 +3,7 @@
 // CLI verbs' --json for the same input); a new panel is one attnlab.panel({...}) call here and,
 // if it needs data no view gives yet, one @view function in attnlab/serve/views.py.
 (function () {
-  const { panel, h, api, show, num, colour, heat, bars, tip } = attnlab;
+  const { panel, h, api, show, num, colour, colourRGB, paintCells, heat, bars, tip } = attnlab;
 
   // -- attention maps as the explorer carries them (attnlab explore's data) --------------------
   // Weights are either stored (thousandths) or derived, as the model computes them, from the
@@ -143,48 +143,76 @@
     },
   });
 
+  // Every layer x head on one canvas (each canvas the page changes costs the browser a frame of
+  // its own: sixteen of them were a third of an edit's drawing), with one transparent box per
+  // head over it that carries the head's name, its click and its selected / ablated border.
   function drawGrid(ctx) {
-    const col = ctx.col, D = col.data.explorer, g = ctx.state.grid;
-    const H = Math.max(...D.maps.map((m) => m.H));
-    g.innerHTML = ""; g.style.gridTemplateColumns = "auto repeat(" + H + ", auto)";
-    const ablated = col.params.ablate;
+    const col = ctx.col, D = col.data.explorer, st = ctx.state, g = st.grid;
+    const H = Math.max(...D.maps.map((m) => m.H)), ablated = col.params.ablate, GAP = 3, B = 2;
+    const px = (m) => Math.max(1, Math.floor(56 / Math.max(m.T, m.S)));
+    const cw = (m) => Math.max(40, px(m) * m.S), ch = (m) => Math.max(1, Math.round(cw(m) * m.T / m.S));
+    const pitch = Math.max(...D.maps.map(cw)) + 2 * B + GAP;
+    const c = document.createElement("canvas"), x = c.getContext("2d"), font = "11px system-ui, sans-serif";
+    x.font = font;
+    const labW = Math.ceil(Math.max(0, ...D.maps.map((m) => x.measureText(m.label).width))) + 10;
+    const top = []; let y = 0;
+    D.maps.forEach((m) => { top.push(y); y += ch(m) + 2 * B + GAP; });
+    c.width = labW + H * pitch; c.height = Math.max(1, y - GAP);
+    x.font = font; x.fillStyle = "#444"; x.textAlign = "right"; x.textBaseline = "middle";
+    x.imageSmoothingEnabled = false;
+    const scratch = st.scratch || (st.scratch = document.createElement("canvas")), sx = scratch.getContext("2d");
+    const key = D.maps.map((m) => [m.name, m.label, m.T, m.S, m.H].join("/")).join("|");
+    const same = st.gridKey === key && st.gridCells;
+    if (!same) { g.innerHTML = ""; st.gridCells = D.maps.map(() => []); st.gridKey = key; st.gridCanvas = null; }
     D.maps.forEach((m, mi) => {
-      g.append(h("div", { class: "glabel", text: m.label }));
-      for (let hh = 0; hh < H; hh++) {
-        if (hh >= m.H) { g.append(h("div")); continue; }
-        const W = weights(col, mi, hh), px = Math.max(1, Math.floor(56 / Math.max(m.T, m.S)));
-        const c = h("canvas", { width: px * m.S, height: px * m.T, title: m.label + " head " + hh + (headLabel(col, mi, hh) ? " (ablate " + headLabel(col, mi, hh) + ")" : ""),
-          data: { map: mi, head: hh, label: headLabel(col, mi, hh) || "" } });
-        c.style.width = Math.max(40, px * m.S) + "px";
-        const x = c.getContext("2d");
-        let top = 1e-9; for (const v of W) if (v > top) top = v;
-        for (let i = 0; i < m.T; i++) for (let j = 0; j < m.S; j++) { x.fillStyle = colour(W[i * m.S + j] / top); x.fillRect(j * px, i * px, px, px); }
-        if (mi === col.sel.map && hh === col.sel.head) c.classList.add("sel");
-        if (ablated && ablated.head === headLabel(col, mi, hh)) c.classList.add("ablated");
-        c.onclick = () => { col.select(mi, hh); const lab = headLabel(col, mi, hh); if (lab) attnlab.ablate(col, lab); };
-        g.append(c);
+      x.fillText(m.label, labW - 6, top[mi] + B + ch(m) / 2);
+      for (let hh = 0; hh < m.H; hh++) {
+        const W = weights(col, mi, hh), lab = headLabel(col, mi, hh);
+        let most = 1e-9; for (const v of W) if (v > most) most = v;
+        scratch.width = m.S; scratch.height = m.T;
+        paintCells(sx, 0, 0, m.T, m.S, 1, (i, j) => colourRGB(W[i * m.S + j] / most));
+        x.drawImage(scratch, labW + hh * pitch + B, top[mi] + B, cw(m), ch(m));
+        let box = st.gridCells[mi][hh];
+        if (!box) {
+          box = h("div", { class: "gcell", style: "left:" + (labW + hh * pitch) + "px;top:" + top[mi] + "px;width:" + (cw(m) + 2 * B) + "px;height:" + (ch(m) + 2 * B) + "px" });
+          st.gridCells[mi][hh] = box; g.append(box);
+        }
+        box.title = m.label + " head " + hh + (lab ? " (ablate " + lab + ")" : "");
+        box.dataset.map = mi; box.dataset.head = hh; box.dataset.label = lab || "";
+        box.classList.toggle("sel", mi === col.sel.map && hh === col.sel.head);
+        box.classList.toggle("ablated", !!(ablated && ablated.head === lab));
+        box.onclick = () => { col.select(mi, hh); if (lab) attnlab.ablate(col, lab); };
       }
     });
+    if (st.gridCanvas) st.gridCanvas.replaceWith(c); else g.prepend(c);
+    st.gridCanvas = c;
   }
 
   const LINE = 16;
   function drawLines(ctx) {
     const col = ctx.col, st = ctx.state, mi = col.sel.map, m = maps(col)[mi];
     const q = qTokens(col, m), k = kTokens(col, m), W = weights(col, mi, col.sel.head);
-    const c = st.lines, x = c.getContext("2d"), rows = Math.max(m.T, m.S);
+    // drawn on a new canvas, put in place when done: a canvas in the page brings the page's
+    // style up to date at each fillText (a canvas outside it has no style to bring up)
+    const c = h("canvas"), x = c.getContext("2d"), rows = Math.max(m.T, m.S);
     c.width = 360; c.height = Math.min(rows, 200) * LINE + 28;
     x.fillStyle = "#fff"; x.fillRect(0, 0, c.width, c.height);
     x.font = "12px monospace"; x.fillStyle = "#555";
     x.textAlign = "right"; x.fillText(m.qstack ? "queries (" + m.qstack + ")" : "queries", 130, 12);
     x.textAlign = "left"; x.fillText(m.kstack ? "keys (" + m.kstack + ")" : "keys", 230, 12);
     const y = (i) => 28 + i * LINE - 4, hv = st.hover;
+    // one path per opacity (in hundredths): a few dozen strokes, not one per query-key pair
+    const paths = new Map();
     for (let i = 0; i < m.T; i++) for (let j = 0; j < m.S; j++) {
       const w = W[i * m.S + j];
       if (w <= 0.004) continue;
       if (hv && !((hv.side === "q" && hv.i === i) || (hv.side === "k" && hv.i === j))) continue;
-      x.strokeStyle = "rgba(31,119,180," + (hv ? w : 0.85 * w).toFixed(3) + ")"; x.lineWidth = hv ? 2.5 : 1.5;
-      x.beginPath(); x.moveTo(136, y(i)); x.lineTo(224, y(j)); x.stroke();
+      const a = Math.max(1, Math.round(100 * (hv ? w : 0.85 * w)));
+      if (!paths.has(a)) paths.set(a, new Path2D());
+      const p = paths.get(a); p.moveTo(136, y(i)); p.lineTo(224, y(j));
     }
+    x.lineWidth = hv ? 2.5 : 1.5;
+    for (const [a, p] of paths) { x.strokeStyle = "rgba(31,119,180," + (a / 100).toFixed(2) + ")"; x.stroke(p); }
     x.fillStyle = "#222";
     x.textAlign = "right"; q.forEach((t, i) => x.fillText(show(t).slice(0, 14), 128, y(i)));
     x.textAlign = "left"; k.forEach((t, j) => x.fillText(show(t).slice(0, 14), 232, y(j)));
@@ -195,6 +223,7 @@
       if (JSON.stringify(hv2) !== JSON.stringify(st.hover)) { st.hover = hv2; drawLines(ctx); drawImage(ctx); }
     };
     c.onmouseleave = () => { st.hover = null; drawLines(ctx); };
+    st.lines.replaceWith(c); st.lines = c;
   }
 
   function drawMatrix(ctx) {
@@ -250,6 +279,14 @@
       h("tr", {}, h("th", { text: "\u00d7 1/\u221ad_k" }), h("td"), h("td"), h("th", { text: num(sum * n.scale, 4), data: { score: sum * n.scale } })));
     box.append(h("div", { class: "row" }, h("div", { style: "max-height:420px;overflow:auto" }, keys),
       h("div", { style: "max-height:420px;overflow:auto" }, h("div", { class: "help", text: "query " + show(q[i]) + " \u00b7 key " + show(k[j]) }), detail)));
+    const why = col.data.explorer.why;  // the command that splits this score by writer
+    if (why) {
+      const sh = (x) => /^[A-Za-z0-9_.,/:=@%+-]+$/.test(x) ? x : "'" + x.replace(/'/g, "'\\''") + "'";
+      const S = col.data.explorer.stacks, at = (stack, x) => (S[stack] ? S[stack].offset : 0) + x;
+      box.append(h("div", { class: "help" }, "why this score, writer by writer: ",
+        h("code", { class: "why-command", text: "attnlab why " + sh(why.run) + " " + sh(why.text) + " --head " + m.module +
+          ".head" + hd + " --query " + at(m.qstack, i) + " --key " + at(m.kstack, j) })));
+    }
   }
 
   function drawImage(ctx) {
@@ -376,20 +413,28 @@
 
   // -- influence ---------------------------------------------------------------------------------
   panel({
-    name: "influence", title: "influence", help: "how far its context moved each token, layer by layer, and the source tokens that moved it most (attnlab influence --json)",
+    name: "influence", title: "influence", help: "how far its context moved each token, layer by layer, and the source tokens that moved it most (attnlab influence --json; one layer at a time)",
     views: ["influence"],
     applies: (r) => r.residual,
+    init(ctx) {
+      const st = ctx.state;
+      st.layer = 0; st.pick = h("select"); st.note = h("div", { class: "help" }); st.out = h("div");
+      st.pick.onchange = () => { st.layer = +st.pick.value; ctx.def.render(ctx); };  // drawn from the rows it has
+      ctx.body.append(st.note, h("div", { class: "controls" }, h("label", {}, "layer ", st.pick)), st.out);
+    },
     render(ctx) {
-      const d = ctx.col.data.influence, b = ctx.body;
-      b.innerHTML = "";
-      b.append(h("div", { class: "help", text: d.definition.context }));
+      const d = ctx.col.data.influence, st = ctx.state;
+      const layers = [...new Set(d.rows.map((r) => r.layer))];
+      st.layer = Math.max(0, Math.min(st.layer, layers.length - 1));
+      st.note.textContent = d.definition.context;
+      st.pick.innerHTML = ""; layers.forEach((l, i) => st.pick.add(new Option(String(l), String(i)))); st.pick.value = String(st.layer);
       const t = h("table", { class: "num" }, h("tr", {}, ["layer", "pos", "token", "context", "rel change", "cosine", "attn share", "ffn share", "sources"].map((x) => h("th", { text: x }))));
-      d.rows.forEach((r) => t.append(h("tr", { data: { layer: r.layer, position: r.position } },
+      d.rows.filter((r) => r.layer === layers[st.layer]).forEach((r) => t.append(h("tr", { data: { layer: r.layer, position: r.position } },
         h("td", { text: r.layer }), h("td", { text: String(r.position) }), h("td", { text: show(r.token) }),
         h("td", { class: "context", text: num(r.context) }), h("td", { text: num(r.rel_change) }), h("td", { text: num(r.cosine) }),
         h("td", { text: num(r.attn_share) }), h("td", { text: num(r.ffn_share) }),
         h("td", { style: "text-align:left", text: r.sources.map((s) => show(s.token) + "@" + s.position + " " + num(s.share, 2)).join(", ") }))));
-      b.append(t);
+      st.out.innerHTML = ""; st.out.append(t);
     },
   });
 
