@@ -335,14 +335,91 @@ class Run:
         given = {k: v for k, v in (("temperature", temperature), ("pad", pad)) if v is not None}
         return what_if(rec, self.model, layer, head, map, text=text, **given)
 
+    @staticmethod
+    def walk(tokens: list[str] | str | None = None, x=None, w_q=None, w_k=None, w_v=None, *,
+             matrices=None, n: int | None = None, m: int | None = None, d_k: int | None = None,
+             d_v: int | None = None, seed: int = 0, init: str = "linear", scale: bool = True,
+             causal: bool = True, temperature: float | None = None, pad: int | None = None,
+             padding_mask: bool = True, what_if: bool = False):  # fmt: skip
+        """As ``attnlab walk``: attention by hand, no model (call it on the class,
+        ``Run.walk(...)``, or on any run). The matrices (``matrices``, a HandMatrices, or each
+        of ``x``, ``w_q``, ``w_k``, ``w_v`` given or drawn at random: see
+        ``attnlab.inspect.by_hand.hand_matrices``) walked step by step, Q = X W_Q, K = X W_K,
+        V = X W_V, softmax(Q K^T / sqrt(d_k) / T, masked) V, with the switches ``scale``,
+        ``causal``, ``temperature`` (default 1), ``pad`` pads (default 0) and
+        ``padding_mask``: a ``Walk``. ``what_if=True``: those weights beside each change (no
+        scale, no causal mask, temperature T and 1/T, default 2, ``pad`` pads without a
+        padding mask, default 2), a ``WhatIf``."""
+        from attnlab.inspect.by_hand import Settings, hand_matrices
+        from attnlab.inspect.by_hand import walk as walk_
+        from attnlab.inspect.recording import InspectError
+        from attnlab.inspect.what_if import DEFAULT_PAD, DEFAULT_TEMPERATURE, what_if_by_hand
+
+        hand = hand_matrices(tokens, x, w_q, w_k, w_v, matrices=matrices, n=n, m=m, d_k=d_k,
+                             d_v=d_v, seed=seed, init=init)  # fmt: skip
+        if not what_if:
+            return walk_(hand, Settings(scale=scale, causal=causal,
+                                        temperature=1.0 if temperature is None else temperature,
+                                        pad=pad or 0, padding_mask=padding_mask))  # fmt: skip
+        if not padding_mask:
+            raise InspectError("--what-if shows the attention without a padding mask itself: "
+                               "drop --no-padding-mask")  # fmt: skip
+        t = DEFAULT_TEMPERATURE if temperature is None else temperature
+        if t == 1:
+            raise InspectError("--what-if compares temperatures T and 1/T: give --temperature "
+                               "other than 1")  # fmt: skip
+        return what_if_by_hand(hand, Settings(scale=scale, causal=causal), temperature=t,
+                               pad=DEFAULT_PAD if pad is None else pad)  # fmt: skip
+
+    def align(self, text: str, *others: Run, layer: int | None = None, head: int | None = None,
+              words: bool = False, rec=None):  # fmt: skip
+        """As ``attnlab align RUN [RUN ...] TEXT``: this encoder-decoder run's output for
+        ``text`` and each decoder step's weights over the source (an LSTM's alignment, a
+        Transformer's cross-attention; ``layer``/``head``, else their mean; ``words``: each
+        word's tokens added up), beside the same of each of ``others``, named by directory and
+        kind: an ``attnlab.inspect.source_attention.SideBySide``. ``rec``: a recording of
+        ``text`` by this run already made."""
+        from attnlab.inspect.source_attention import side_by_side
+
+        runs = (self, *others)
+        results = [r.source_attention(text, layer=layer, head=head, words=words,
+                                      rec=rec if r is self else None) for r in runs]  # fmt: skip
+        names = [f"{r.path.name or r.path} ({r.kind})" for r in runs]
+        return side_by_side(results, names, text)
+
     def source_attention(self, text: str, layer: int | None = None, head: int | None = None,
-                         words: bool = False):  # fmt: skip
+                         words: bool = False, rec=None):  # fmt: skip
         """As one run of ``attnlab align``: an encoder-decoder's output for ``text`` and each
         decoder step's weights over the source (``words``: each word's tokens added up), an
-        ``attnlab.inspect.source_attention.SourceAttention``."""
+        ``attnlab.inspect.source_attention.SourceAttention`` (``rec``: a recording of ``text``
+        already made)."""
         from attnlab.inspect.source_attention import source_attention
 
-        return source_attention(self.record(text), self.tokenizer, layer, head, words, text)
+        rec = self.record(text) if rec is None else rec
+        return source_attention(rec, self.tokenizer, layer, head, words, text)
+
+    def explore(self, text: str, *, max_tokens: int | None = None, start: int = 0,
+                interventions: bool = False, rec=None):  # fmt: skip
+        """As ``attnlab explore RUN TEXT``: the self-contained explorer page of ``text``'s
+        attention (every layer x head, the head view, the Q·K neuron view, influence bars, the
+        prediction), at most ``max_tokens`` tokens per sequence from ``start`` (default
+        ``attnlab.inspect.explorer.MAX_TOKENS``); ``interventions``: the one-input
+        interventions as extra tabs (lens, rollout, flow, DLA, integrated gradients, head
+        importance). An ``attnlab.inspect.explorer.Explorer``: ``save(path)`` writes it,
+        ``data`` is what the page draws (its neuron view names the ``attnlab why`` command for
+        this run and text). ``rec``: a recording of ``text`` already made."""
+        from attnlab.inspect.explorer import MAX_TOKENS, explore
+
+        rec = self.record(text) if rec is None else rec
+        tabs = None
+        if interventions:
+            from attnlab.interventions import explorer_tabs
+
+            tabs = explorer_tabs(self.subject, text)
+        return explore(rec, self.model, title=f"attnlab explorer: {text}",
+                       max_tokens=MAX_TOKENS if max_tokens is None else max_tokens, start=start,
+                       tabs=tabs, tokenizer=self.tokenizer,
+                       why={"run": str(self.path), "text": text})  # fmt: skip
 
     # -- look inside: what `attnlab trace | similarity | influence` print --------------------
     # Each returns the result the verb prints (its ``to_json()`` the verb's ``--json``, starting

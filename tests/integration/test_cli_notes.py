@@ -139,6 +139,20 @@ def test_walk_what_if_json_names_each_change(cli):
     assert pad["cols"][:2] == ["<pad>", "<pad>"] and pad["weight_on_pads"] > 0
 
 
+def test_the_workbench_walks_what_the_verb_walks(cli):
+    """serve's by-hand panel and `attnlab walk` both call Run.walk: the same JSON for the same
+    matrices; a size the typed W_Q already gives is not read (the page's cleared field is 0)."""
+    from attnlab.serve import views
+
+    params = {"hand_wq": "1 0; 0 1; 1 1", "hand_m": 0, "hand_seed": 5, "hand_causal": False}
+    served = json.loads(views.walk(None, params, {}, "I like apples"))
+    r = cli("walk", "--tokens", "I like apples", "--wq", "1 0; 0 1; 1 1", "--seed", "5",
+            "--no-causal", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert served == json.loads(r.stdout)
+    assert served["inputs"]["source"].startswith("X, W_K, W_V random")
+
+
 # -- what-if on a run -----------------------------------------------------------------------------
 
 
@@ -219,3 +233,14 @@ def test_align_and_the_lstm_options_refuse_in_one_line(cli, words, pair, tmp_pat
                               "--out", tmp_path / "x"))  # fmt: skip
     assert "--arch lstm-attention only" in line
     assert not (tmp_path / "x").exists()
+
+
+def test_the_workbench_aligns_what_the_verb_aligns(cli, pair):
+    """serve's align panel and `attnlab align` both call Run.align: the same JSON."""
+    from attnlab.run import load_run
+    from attnlab.serve import views
+
+    served = json.loads(views.align(load_run(pair[1]), {"align_words": True}, {}, "let's go"))
+    r = cli("align", pair[1], "let's go", "--words", "--json")
+    assert r.returncode == 0, r.stderr
+    assert served == json.loads(r.stdout)

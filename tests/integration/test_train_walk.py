@@ -1,7 +1,8 @@
 """The train path hands its work to the run directory a handful of times (issue 27): from
 ``training.run.train`` to the first ``Trainer.train_step``, every call into attnlab/rundir/ whose
 nearest attnlab caller is outside it is counted (benchmarks/train_walk.py prints them). A new
-run, its resume and a run fine-tuned from it each enter the package at most 5 times."""
+run, its resume and a run fine-tuned from it (with snapshots too) each enter the package at most 5
+times."""
 
 from __future__ import annotations
 
@@ -56,3 +57,9 @@ def test_the_train_path_enters_the_run_directory_at_most_five_times(tmp_path):
     fine = {k: v for k, v in new.items() if k not in ("n_layer", "n_head", "d_model", "tokenizer")}
     tuned = entries({**fine, "init_from": new["out"], "out": str(tmp_path / "fine")})
     assert tuned[0] == "open_model" and len(tuned) <= 5, tuned
+    # snapshots too: the step-0 snapshot is one more hand-off, the evaluation's metrics row
+    # goes with its checkpoint (RunDir.save_checkpoint(metrics=row)), not on its own
+    snap = entries({**fine, "init_from": new["out"], "out": str(tmp_path / "snap"),
+                    "snapshot_every": 1})  # fmt: skip
+    assert "RunDir.write_snapshot" in snap and len(snap) <= 5, snap
+    assert "RunDir.append_metrics" not in snap, snap

@@ -138,3 +138,21 @@ def test_the_walk_catches_the_probes_it_exists_for():
         "    j = getattr(model, c.norm)\n"  # a read of a declared name: not a probe
     )
     assert [line for line, _ in caught] == [2, 3, 5, 7, 8]
+
+
+def test_an_interventions_subject_decides_nothing_itself():
+    """One view of a model (issue 27, item 2): ``Subject`` is the model's declaration bound to
+    a tokenizer and class names, so each of its methods is one statement that hands the question
+    on (to the model, the tokenizer or the prepared input); head names, the metric's position
+    and the loss are the model's (``ModelKind.parse_heads``, ``metric_position``,
+    ``Prepared.loss``), which inspect/ reads too."""
+    tree = ast.parse((SRC / "interventions" / "subjects.py").read_text())
+    (cls,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Subject"]
+    long = []
+    for fn in cls.body:
+        if not isinstance(fn, ast.FunctionDef) or fn.name == "__init__":
+            continue
+        body = fn.body[1:] if ast.get_docstring(fn) is not None else fn.body
+        if len(body) != 1:
+            long.append(f"Subject.{fn.name}: {len(body)} statements")
+    assert long == [], "\n".join(long)

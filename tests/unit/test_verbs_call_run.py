@@ -18,7 +18,7 @@ from attnlab.run import Run
 # verb -> the Run method it calls (the verb's name, with '-' as '_')
 ON_RUN = ["predict", "generate", "translate", "classify", "what-if", "ablate", "patch",
           "circuit", "lens", "attribute", "heads", "trace", "similarity", "influence", "check",
-          "embed", "eval", "attention", "why", "weights"]  # fmt: skip
+          "embed", "eval", "attention", "why", "weights", "explore", "align", "walk"]  # fmt: skip
 
 # the verb's logic lives in one library function of its name, not in Run: no loaded run to act on
 NOT_A_RUN = {
@@ -33,11 +33,11 @@ NOT_A_RUN = {
 
 # act on a run, not moved yet: their logic is still in the CLI module or a library function
 NOT_YET = {
-    "explore": "writes the explorer page from the CLI module",
-    "align": "calls Run.source_attention per text and joins them itself",
-    "walk": "the walkthrough is assembled in the CLI module",
     "paths": "calls Run.path_patch (the method keeps the technique's name)",
 }
+
+# the workbench's views of the same verbs: each calls the Run method the verb calls
+SERVED = {"explorer": "explore", "align": "align", "walk": "walk", "predict": "predict"}
 
 
 def _module(verb: str) -> Path:
@@ -72,3 +72,19 @@ def test_the_verbs_not_moved_yet_are_listed_honestly(verb):
     called = {n.func.attr for n in ast.walk(tree)
               if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}  # fmt: skip
     assert not (hasattr(Run, method) and method in called)
+
+
+def _calls(fn: ast.FunctionDef) -> set[str]:
+    return {n.func.attr for n in ast.walk(fn)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}  # fmt: skip
+
+
+@pytest.mark.parametrize("view", sorted(SERVED))
+def test_the_workbench_view_calls_the_same_run_method(view):
+    """serve's view of a verb reads the Run method the verb calls, not a copy of its logic
+    (explore, align and walk each assembled their answer a second time in serve/views.py)."""
+    from attnlab.serve import views
+
+    tree = ast.parse(Path(views.__file__).read_text())
+    fns = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    assert SERVED[view] in _calls(fns[view]), f"view {view} does not call Run.{SERVED[view]}"

@@ -1,14 +1,12 @@
 """`attnlab align RUN [RUN ...] TEXT`: each decoder step's attention over the source, for one or
 more encoder-decoder runs side by side (the notes' "let's go" -> "vamos" picture).
 
-It loads each run and calls ``Run.source_attention``, then
-``attnlab.inspect.source_attention.side_by_side``.
+It loads each run and calls the first one's ``Run.align`` with the others.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from attnlab.cli import UsageError, Verb, int_at_least, output_file, register
 
@@ -16,7 +14,6 @@ MAX_RUNS = 8  # side by side, each picture still readable
 
 
 def cmd_align(args) -> int:
-    from attnlab.inspect.source_attention import side_by_side
     from attnlab.render.display import console
     from attnlab.run import load_run
 
@@ -24,10 +21,8 @@ def cmd_align(args) -> int:
         raise UsageError(f"{len(args.runs)} runs: align draws at most {MAX_RUNS} side by side")
     png = output_file(args.png, ".png", "--png")
     runs = [load_run(r, args.device) for r in args.runs]  # every run loads before any output
-    results = [r.source_attention(args.text, layer=args.layer, head=args.head, words=args.words)
-               for r in runs]  # fmt: skip
-    names = [f"{Path(path).name or path} ({r.kind})" for path, r in zip(args.runs, runs)]
-    result = side_by_side(results, names, args.text)
+    result = runs[0].align(args.text, *runs[1:], layer=args.layer, head=args.head,
+                           words=args.words)  # fmt: skip
     if png is not None:  # written before anything is printed
         result.save_png(png)
     if args.json:

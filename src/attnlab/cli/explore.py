@@ -1,6 +1,7 @@
 """`attnlab explore RUN TEXT`: a self-contained HTML explorer of TEXT's attention (with
-``--interventions``, their tabs too), or with ``--steps`` the run's snapshots on a step slider
-(``attnlab.inspect.explorer``, ``attnlab.inspect.step_explorer``); the page's path on stdout."""
+``--interventions``, their tabs too), ``Run.explore``; or with ``--steps`` the run's snapshots
+on a step slider (``attnlab.inspect.step_explorer``: it reads the snapshots and loads no
+weights); the page's path on stdout."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ from attnlab.cli.common import load, wrote
 
 
 def cmd_explore(args) -> int:
-    from attnlab.inspect.explorer import explore
-
     # the page: --html FILE, else explorer.html in the run directory
     from attnlab.rundir import EXPLORER_FILE
 
@@ -32,35 +31,14 @@ def cmd_explore(args) -> int:
         return 0
     if args.text is None:
         raise UsageError("explore needs TEXT (or --steps for the run's snapshots over training)")
-    run = load(args)
-    model, rec = run.model, run.record(args.text)
-    tabs = _intervention_tabs(run, args) if args.interventions else None
-    page = explore(
-        rec,
-        model,
-        title=f"attnlab explorer: {args.text}",
-        max_tokens=args.max_tokens,
-        start=args.start,
-        tabs=tabs,
-        tokenizer=run.tokenizer,
-        why={"run": str(args.run), "text": args.text},
-    )
+    page = load(args).explore(args.text, max_tokens=args.max_tokens, start=args.start,
+                              interventions=args.interventions)  # fmt: skip
     page.save(out)
     if page.data["note"]:
         print(f"attnlab: note: {page.data['note']}", file=sys.stderr)
     wrote(out, "explorer page")
     print(out)
     return 0
-
-
-def _intervention_tabs(run, args) -> dict[str, str]:
-    """--interventions: the one-input interventions as extra tabs of the page."""
-    from attnlab.interventions import InterventionError, explorer_tabs
-
-    try:
-        return explorer_tabs(run.subject, args.text)
-    except InterventionError as e:
-        raise UsageError(str(e)) from None
 
 
 def add(sub) -> None:

@@ -1,18 +1,17 @@
 """`attnlab walk`: attention by hand, on your own X, W_Q, W_K, W_V or random ones.
 
-It parses the matrices and the switches and calls ``attnlab.inspect.by_hand.walk`` (or, with
---what-if, ``attnlab.inspect.what_if.what_if_by_hand``). It runs no model.
+It reads the matrices (files, stdin or rows typed inline) and calls ``Run.walk`` with them and
+the switches (on the class: no run is loaded, no model runs).
 """
 
 from __future__ import annotations
 
 import sys
 
-from attnlab.cli import UsageError, Verb, register
+from attnlab.cli import Verb, register
 
 MATRIX_HELP = ("a file (JSON rows, CSV or whitespace-separated rows), '-' for stdin, or the "
                "rows typed inline, ';' between them")  # fmt: skip
-DEFAULT_M, DEFAULT_D_K = 8, 3  # random sizes when nothing says otherwise: fit 80 columns
 
 
 def _read(value: str | None, name: str):
@@ -25,73 +24,24 @@ def _read(value: str | None, name: str):
     return read_matrix(value, name)
 
 
-def matrices(args):
-    """The HandMatrices the options name: --matrices FILE, or each of --x, --wq, --wk, --wv
-    given or drawn at random (sizes from what is given, else --n/--tokens, --m, --d-k, --d-v),
-    from --seed."""
-    from attnlab.inspect.by_hand import HandMatrices, random_matrices, read_bundle, token_labels
-
-    given = {"--x": args.x, "--wq": args.wq, "--wk": args.wk, "--wv": args.wv}
-    if args.matrices is not None:
-        clash = [k for k, v in given.items() if v is not None]
-        if clash:
-            raise UsageError(f"--matrices holds X, W_Q, W_K and W_V: give {', '.join(clash)} "
-                             "without it, or edit the file")  # fmt: skip
-        m = read_bundle(args.matrices)
-        if args.tokens is not None:
-            m = HandMatrices(token_labels(args.tokens), m.x, m.w_q, m.w_k, m.w_v, m.source)
-        return m
-    x, x_labels = _read(args.x, "X")
-    w_q, w_k, w_v = (_read(v, name)[0] for v, name in ((args.wq, "W_Q"), (args.wk, "W_K"),
-                                                       (args.wv, "W_V")))  # fmt: skip
-    tokens = token_labels(args.tokens) if args.tokens is not None else x_labels
-    if x is not None:
-        n = x.shape[0]
-    elif tokens is not None:
-        n = len(tokens)
-    elif args.n is not None:
-        n = args.n
-    else:
-        raise UsageError("give X (--x), the tokens (--tokens \"I like to eat apples\") or how "
-                         "many there are (--n)")  # fmt: skip
-    if args.n is not None and args.n != n:
-        raise UsageError(
-            f"--n {args.n}, but "
-            + (f"X has {n} rows" if x is not None else f"--tokens gives {n} tokens")
-        )
-    m_size = next((a.shape[0] for a in (w_q, w_k, w_v) if a is not None), None)
-    m_size = x.shape[1] if x is not None else (m_size or args.m or DEFAULT_M)
-    d_k = next((a.shape[1] for a in (w_q, w_k) if a is not None), None) or args.d_k or DEFAULT_D_K
-    d_v = w_v.shape[1] if w_v is not None else (args.d_v or d_k)
-    drawn = random_matrices(n, m_size, d_k, d_v, args.seed, tokens or None, args.init)
-    picked = [a if a is not None else b for a, b in ((x, drawn.x), (w_q, drawn.w_q),
-                                                      (w_k, drawn.w_k), (w_v, drawn.w_v))]  # fmt: skip
-    random_ones = [k[2:].upper().replace("W", "W_") for k, v in given.items() if v is None]
-    source = ("given" if not random_ones else drawn.source if len(random_ones) == 4 else
-              f"{', '.join(random_ones)} {drawn.source}, the rest given")  # fmt: skip
-    return HandMatrices(tokens or drawn.tokens, *picked, source)
-
-
 def cmd_walk(args) -> int:
-    from attnlab.inspect.by_hand import Settings, walk
-    from attnlab.inspect.what_if import DEFAULT_PAD, DEFAULT_TEMPERATURE, what_if_by_hand
+    from attnlab.inspect.by_hand import read_bundle
     from attnlab.render.display import console
+    from attnlab.run import Run
 
-    m = matrices(args)
-    if args.what_if:
-        if not args.padding_mask:
-            raise UsageError("--what-if shows the attention without a padding mask itself: "
-                             "drop --no-padding-mask")  # fmt: skip
-        t = DEFAULT_TEMPERATURE if args.temperature is None else args.temperature
-        if t == 1:
-            raise UsageError("--what-if compares temperatures T and 1/T: give --temperature "
-                             "other than 1")  # fmt: skip
-        result = what_if_by_hand(m, Settings(scale=args.scale, causal=args.causal),
-                                 temperature=t, pad=DEFAULT_PAD if args.pad is None else args.pad)  # fmt: skip
+    if args.matrices is not None:  # X and the weights from the file: Run.walk refuses a clash
+        x, w_q, w_k, w_v, x_labels = args.x, args.wq, args.wk, args.wv, None
+        bundle = read_bundle(args.matrices)
     else:
-        result = walk(m, Settings(scale=args.scale, causal=args.causal,
-                                  temperature=1.0 if args.temperature is None else args.temperature,
-                                  pad=args.pad or 0, padding_mask=args.padding_mask))  # fmt: skip
+        x, x_labels = _read(args.x, "X")
+        w_q, w_k, w_v = (_read(v, name)[0] for v, name in ((args.wq, "W_Q"), (args.wk, "W_K"),
+                                                           (args.wv, "W_V")))  # fmt: skip
+        bundle = None
+    result = Run.walk(args.tokens if args.tokens is not None else x_labels, x, w_q, w_k, w_v,
+                      matrices=bundle, n=args.n, m=args.m, d_k=args.d_k, d_v=args.d_v,
+                      seed=args.seed, init=args.init, scale=args.scale, causal=args.causal,
+                      temperature=args.temperature, pad=args.pad,
+                      padding_mask=args.padding_mask, what_if=args.what_if)  # fmt: skip
     if args.json:
         sys.stdout.write(result.to_json() + "\n")
     else:
@@ -100,6 +50,8 @@ def cmd_walk(args) -> int:
 
 
 def add(sub) -> None:
+    from attnlab.inspect.by_hand import DEFAULT_D_K, DEFAULT_M
+
     p = sub.add_parser(
         "walk",
         help=VERB.help,

@@ -324,6 +324,64 @@ def read_bundle(path: str) -> HandMatrices:
     return matrices_from(data, path)
 
 
+DEFAULT_M, DEFAULT_D_K = 8, 3  # random sizes when nothing says otherwise: fit 80 columns
+
+
+def hand_matrices(tokens: list[str] | str | None = None, x=None, w_q=None, w_k=None, w_v=None,
+                  *, matrices: HandMatrices | None = None, n: int | None = None,
+                  m: int | None = None, d_k: int | None = None, d_v: int | None = None,
+                  seed: int = 0, init: str = "linear") -> HandMatrices:  # fmt: skip
+    """The matrices a walk reads: ``matrices`` whole (``tokens`` relabels its rows), or each of
+    X (N, M), W_Q, W_K (M, d_k), W_V (M, d_v) given (arrays, or rows as lists) or drawn at
+    random from ``seed`` (``random_matrices``; ``init``), the sizes taken from what is given,
+    else from ``tokens`` (a list of labels, or text split at whitespace) or ``n``, ``m``,
+    ``d_k``, ``d_v`` (defaults ``DEFAULT_M``, ``DEFAULT_D_K``; d_v = d_k). What ``attnlab
+    walk`` and the workbench's by-hand panel both walk."""
+    given = {"--x": x, "--wq": w_q, "--wk": w_k, "--wv": w_v}
+    if isinstance(tokens, str):
+        tokens = token_labels(tokens)
+    if matrices is not None:
+        clash = [k for k, v in given.items() if v is not None]
+        if clash:
+            raise MatrixError(f"--matrices holds X, W_Q, W_K and W_V: give {', '.join(clash)} "
+                              "without it, or edit the file")  # fmt: skip
+        if tokens is None:
+            return matrices
+        mm = matrices
+        return HandMatrices(tokens, mm.x, mm.w_q, mm.w_k, mm.w_v, mm.source)
+    x, w_q, w_k, w_v = (None if a is None else np.asarray(a, dtype=np.float64)
+                        for a in (x, w_q, w_k, w_v))  # fmt: skip
+    for name, a in (("X", x), ("W_Q", w_q), ("W_K", w_k), ("W_V", w_v)):
+        if a is not None and (a.ndim != 2 or 0 in a.shape):
+            raise MatrixError(f"{name} must be a matrix with rows and columns, got shape "
+                              f"{a.shape}")  # fmt: skip
+    if x is not None:
+        size = x.shape[0]
+    elif tokens is not None:
+        size = len(tokens)
+    elif n is not None:
+        size = n
+    else:
+        raise MatrixError("give X (--x), the tokens (--tokens \"I like to eat apples\") or how "
+                          "many there are (--n)")  # fmt: skip
+    if n is not None and n != size:
+        raise MatrixError(
+            f"--n {n}, but "
+            + (f"X has {size} rows" if x is not None else f"--tokens gives {size} tokens")
+        )
+    width = next((a.shape[0] for a in (w_q, w_k, w_v) if a is not None), None)
+    width = x.shape[1] if x is not None else (width or m or DEFAULT_M)
+    d_k = next((a.shape[1] for a in (w_q, w_k) if a is not None), None) or d_k or DEFAULT_D_K
+    d_v = w_v.shape[1] if w_v is not None else (d_v or d_k)
+    drawn = random_matrices(size, width, d_k, d_v, seed, tokens or None, init)
+    picked = [a if a is not None else b for a, b in ((x, drawn.x), (w_q, drawn.w_q),
+                                                      (w_k, drawn.w_k), (w_v, drawn.w_v))]  # fmt: skip
+    random_ones = [k[2:].upper().replace("W", "W_") for k, v in given.items() if v is None]
+    source = ("given" if not random_ones else drawn.source if len(random_ones) == 4 else
+              f"{', '.join(random_ones)} {drawn.source}, the rest given")  # fmt: skip
+    return HandMatrices(tokens or drawn.tokens, *picked, source)
+
+
 # ---------------------------------------------------------------------------------------------
 # The walk
 # ---------------------------------------------------------------------------------------------

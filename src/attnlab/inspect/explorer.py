@@ -321,7 +321,7 @@ def explorer_data(
         "image": image,
         "prediction": _prediction(rec, model, tokenizer),
         # a residual model's score splits by writer (`attnlab why`); an LSTM's has no writers
-        "why": why if why and getattr(model, "residual", False) else None,
+        "why": why if why and model is not None and model.residual else None,
     }
 
 

@@ -2,15 +2,18 @@
 
 Every intervention (ablation, patching, lens, attribution) needs the same few things from a
 model, whatever its kind: run it on an input and get logits (B, T, V) at the positions it
-predicts; name its residual stream points and its attention heads; read a token's id. A
-``Subject`` answers them from the model's declaration (``attnlab.models.declare``): its stacks,
-head groups, ``prepare``, ``forward_logits``, ``readout`` and output vocabulary. It never asks
-which kind of model it holds.
+predicts; name its residual stream points and its attention heads; read a token's id. The
+model's declaration (``attnlab.models.declare.ModelKind``, the one view of a model that
+``inspect/`` reads too) answers every one of them: its stacks, head groups and their names
+(``parse_heads``), ``prepare`` (and the prepared input's ``loss``), ``metric_position``,
+``forward_logits``, ``readout`` and output vocabulary. A ``Subject`` is that view bound to a
+tokenizer and class names: each of its methods hands the question to the model with them, and
+turns an input the model cannot read into an InterventionError. It decides nothing itself
+(tests/unit/test_model_probes.py checks that each method is one delegating statement).
 """
 
 from __future__ import annotations
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab import hooks
@@ -91,48 +94,9 @@ class Subject:
         return self.model.head_groups()
 
     def parse_heads(self, spec: str | list) -> list[HeadRef]:
-        """Heads from ``"L.H,L.H"`` (one stack), ``"decoder.L.H"``, ``"cross.L.H"``,
-        ``"encoder.L.H"`` (an encoder-decoder), ``"context"`` (an LSTM), or (layer, head)
-        tuples. A layer or head that does not exist is an InterventionError."""
-        items = spec.split(",") if isinstance(spec, str) else list(spec)
-        groups = self.head_groups()
-        if not groups:
-            raise InterventionError("this model has no attention (an LSTM without attention)")
-        kinds = sorted({g.kind for g in groups})
-        out = []
-        for item in items:
-            if isinstance(item, HeadRef):
-                out.append(item)
-                continue
-            if isinstance(item, tuple):
-                parts = [str(p) for p in item]
-            else:
-                parts = item.strip().split(".")
-            if parts == ["context"] or (kinds == ["context"] and parts in (["0", "0"],)):
-                parts = ["context", "0", "0"]
-            if len(parts) == 2:
-                if kinds != ["attn"]:
-                    raise InterventionError(
-                        f"head {item!r}: this model has {', '.join(kinds)} heads; write "
-                        f"{kinds[0]}.LAYER.HEAD"
-                    )
-                parts = ["attn", *parts]
-            if len(parts) != 3 or not parts[1].lstrip("-").isdigit() or not parts[2].isdigit():
-                raise InterventionError(f"head {item!r}: expected LAYER.HEAD, e.g. 1.2")
-            kind, layer, head = parts[0], int(parts[1]), int(parts[2])
-            hit = [g for g in groups if g.kind == kind]
-            if not hit:
-                raise InterventionError(f"head {item!r}: this model has no {kind} heads "
-                                        f"(it has {', '.join(kinds)})")  # fmt: skip
-            group = next((g for g in hit if g.layer == layer), None)
-            if group is None:
-                raise InterventionError(f"head {item!r}: no layer {layer}; this model has "
-                                        f"layers 0..{hit[-1].layer}")  # fmt: skip
-            if not 0 <= head < group.n_heads:
-                raise InterventionError(f"head {item!r}: no head {head}; layer {layer} has heads "
-                                        f"0..{group.n_heads - 1}")  # fmt: skip
-            out.append(HeadRef(group, head))
-        return out
+        """Heads from ``"L.H,L.H"``, ``"decoder.L.H"``, ``"cross.L.H"``, ``"encoder.L.H"``,
+        ``"context"`` or (layer, head) tuples (``ModelKind.parse_heads``)."""
+        return _checked(self.model.parse_heads, spec)
 
     # -- tokens -------------------------------------------------------------------------------
 
@@ -156,19 +120,8 @@ class Subject:
         return _checked(self.model.prepare, self.tokenizer, text, decoder_like, greedy)
 
     def metric_position(self, p: Prepared, position: int | None, target: int | None) -> int:
-        """``position`` checked against the output length, or the default: for an
-        encoder-decoder the first position whose clean output is ``target``, else the last."""
-        T = len(p.tokens)
-        if position is not None:
-            if not -T <= position < T:
-                raise InterventionError(f"--position {position}: the output has positions "
-                                        f"0..{T - 1}")  # fmt: skip
-            return position % T
-        if self.model.predicts == "decoder-step" and target is not None:
-            hits = [i for i, t in enumerate(p.targets.tolist()) if t == target]
-            if hits:
-                return hits[0]
-        return p.position
+        """``position`` checked, or the model's default (``ModelKind.metric_position``)."""
+        return _checked(self.model.metric_position, p, position, target)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -191,19 +144,13 @@ class Subject:
         return _checked(self.model.readout, h, stack)
 
     def loss(self, logits: Tensor, p: Prepared) -> Tensor:
-        """Cross-entropy per output position (B, T); 0 where there is no target. GPT: the next
-        token; a masked LM: each token at its own (unmasked) position; an encoder-decoder: the
-        clean greedy translation, <eos> last; a classifier: the true or the clean class."""
-        B, T, V = logits.shape
-        targets = p.targets.to(logits.device).expand(B, T)
-        ce = F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1),
-                             ignore_index=-100, reduction="none")  # fmt: skip
-        return ce.view(B, T)
+        """Cross-entropy per output position (B, T), 0 where there is no target
+        (``Prepared.loss``)."""
+        return p.loss(logits)
 
     def mean_loss(self, logits: Tensor, p: Prepared) -> Tensor:
         """(B,) the mean cross-entropy over positions that have a target."""
-        n = (p.targets != -100).sum().clamp(min=1)
-        return self.loss(logits, p).sum(-1) / n
+        return p.mean_loss(logits)
 
     @property
     def notes(self) -> list[str]:

@@ -9,11 +9,12 @@ ask which model they hold:
                     seq2seq-transformer, t5, lstm-attention, lstm, lstm-classifier, vit),
                     describe(), model_type and config_class (config.json), tokenizer_fields
                     (what the tokenizer must match)
-    its structure   stacks, output_stack, input_stack, memory_stack, memory_site; head_groups();
-                    source_attention(); points(); graph() (the residual graph: writers,
+    its structure   stacks, output_stack, input_stack, memory_stack, memory_site; head_groups()
+                    and parse_heads("L.H,..."); source_attention(); points(); graph() (the residual graph: writers,
                     readers and edges per stream, from each block's residual steps);
                     hook_points (name pattern -> meaning); residual (has a residual stream)
     its input       reads ("text", "image" or "source"); prepare(tokenizer, text) -> Prepared
+                    (its targets, and its loss(logits)); metric_position(p, position, target)
     its readout     predicts ("next-token", "masked-token", "class", "decoder-step" or
                     "nothing"); forward_logits(*args), logits_at(args, position);
                     readout(h, stack) (a residual vector -> logits: the lens);
@@ -38,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.decoding import Decoder
@@ -139,6 +141,22 @@ class Prepared:
     def batch(self, n: int) -> tuple:
         """The arguments repeated ``n`` times along the batch."""
         return tuple(a.expand(n, *a.shape[1:]) for a in self.args)
+
+    def loss(self, logits: Tensor) -> Tensor:
+        """Cross-entropy of ``logits`` (B, T, V) against ``targets`` per output position
+        (B, T); 0 where there is no target. GPT: the next token; a masked LM: each token at its
+        own (unmasked) position; an encoder-decoder: the clean greedy translation, <eos> last;
+        a classifier: the true or the clean class."""
+        B, T, V = logits.shape
+        targets = self.targets.to(logits.device).expand(B, T)
+        ce = F.cross_entropy(logits.reshape(-1, V).float(), targets.reshape(-1),
+                             ignore_index=-100, reduction="none")  # fmt: skip
+        return ce.view(B, T)
+
+    def mean_loss(self, logits: Tensor) -> Tensor:
+        """(B,) the mean cross-entropy over positions that have a target."""
+        n = (self.targets != -100).sum().clamp(min=1)
+        return self.loss(logits).sum(-1) / n
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +397,45 @@ class ModelKind:
                     out.append(HeadGroup("cross", i, f"{root}.cross", block.cross.n_heads))
         return out
 
+    def parse_heads(self, spec: str | list) -> list[HeadRef]:
+        """Heads from ``"L.H,L.H"`` (one stack), ``"decoder.L.H"``, ``"cross.L.H"``,
+        ``"encoder.L.H"`` (an encoder-decoder), ``"context"`` (an LSTM), or (layer, head)
+        tuples. A layer or head that does not exist is an InputError."""
+        items = spec.split(",") if isinstance(spec, str) else list(spec)
+        groups = self.head_groups()
+        if not groups:
+            raise InputError("this model has no attention (an LSTM without attention)")
+        kinds = sorted({g.kind for g in groups})
+        out = []
+        for item in items:
+            if isinstance(item, HeadRef):
+                out.append(item)
+                continue
+            parts = [str(p) for p in item] if isinstance(item, tuple) else item.strip().split(".")
+            if parts == ["context"] or (kinds == ["context"] and parts in (["0", "0"],)):
+                parts = ["context", "0", "0"]
+            if len(parts) == 2:
+                if kinds != ["attn"]:
+                    raise InputError(f"head {item!r}: this model has {', '.join(kinds)} heads; "
+                                     f"write {kinds[0]}.LAYER.HEAD")  # fmt: skip
+                parts = ["attn", *parts]
+            if len(parts) != 3 or not parts[1].lstrip("-").isdigit() or not parts[2].isdigit():
+                raise InputError(f"head {item!r}: expected LAYER.HEAD, e.g. 1.2")
+            kind, layer, head = parts[0], int(parts[1]), int(parts[2])
+            hit = [g for g in groups if g.kind == kind]
+            if not hit:
+                raise InputError(f"head {item!r}: this model has no {kind} heads (it has "
+                                 f"{', '.join(kinds)})")  # fmt: skip
+            group = next((g for g in hit if g.layer == layer), None)
+            if group is None:
+                raise InputError(f"head {item!r}: no layer {layer}; this model has layers "
+                                 f"0..{hit[-1].layer}")  # fmt: skip
+            if not 0 <= head < group.n_heads:
+                raise InputError(f"head {item!r}: no head {head}; layer {layer} has heads "
+                                 f"0..{group.n_heads - 1}")  # fmt: skip
+            out.append(HeadRef(group, head))
+        return out
+
     def source_attention(self) -> list[HeadGroup]:
         """The head groups whose keys are the source tokens (``memory_site``'s positions): an
         encoder-decoder's cross-attention, an LSTM's context; none in a single-stack model."""
@@ -420,6 +477,21 @@ class ModelKind:
         targets = torch.full((len(ids),), -100, dtype=torch.long)
         targets[:-1] = torch.tensor(ids[1:])
         return Prepared(text, (x,), toks, list(ids), toks, targets, len(ids) - 1, **stacks)
+
+    def metric_position(self, p: Prepared, position: int | None, target: int | None) -> int:
+        """``position`` checked against ``p``'s output length, or the default: for a model that
+        predicts decoder steps the first position whose clean output is ``target``, else
+        ``p.position`` (the last; a masked LM's first mask). An InputError past the output."""
+        T = len(p.tokens)
+        if position is not None:
+            if not -T <= position < T:
+                raise InputError(f"--position {position}: the output has positions 0..{T - 1}")
+            return position % T
+        if self.predicts == "decoder-step" and target is not None:
+            hits = [i for i, t in enumerate(p.targets.tolist()) if t == target]
+            if hits:
+                return hits[0]
+        return p.position
 
     # -- readout ------------------------------------------------------------------------------
 

@@ -290,15 +290,21 @@ class RunDir:
 
     def save_checkpoint(self, model_tensors: dict[str, torch.Tensor],
                         optimizer_tensors: dict[str, torch.Tensor], state: dict,
-                        fault: Fault | None = None, *, model: nn.Module | None = None) -> None:  # fmt: skip
+                        fault: Fault | None = None, *, model: nn.Module | None = None,
+                        metrics: dict | None = None) -> None:  # fmt: skip
         """Write one checkpoint (model, optimizer, trainer state of ``state["step"]``) whole or
         not at all: staged in ``ckpt-tmp/``, committed by renaming it ``ckpt-ready/``, then
         installed. An OSError (a full disk) leaves the previous checkpoint in place. Given the
         ``model`` whose state dict ``model_tensors`` is, its tied copies are stored once.
+        ``metrics``: the row of the evaluation this checkpoint follows, appended to
+        metrics.jsonl first (it is kept whatever becomes of the checkpoint, as a row appended on
+        its own would be).
 
         ``fault(point, staging_dir)`` is called at "start", "optimizer" (model staged) and
         "installed-model" (committed, the model moved into place): where a test injects a
         crash or a full disk (``Trainer`` callbacks' ``on_save``)."""
+        if metrics is not None:
+            self.append_metrics(metrics)
         if model is not None:
             model_tensors = state_dict_for_saving(model, model_tensors)
         d = self.path

@@ -126,12 +126,10 @@ def explorer(run, params: dict, cache: dict, text: str) -> str:
     view, the matrix, the Q·K neuron view, influence bars, a ViT's image, the prediction),
     and ``heads``: for each map, the label ``ablate --head`` takes for each head (null where
     the map's heads cannot be ablated one by one)."""
-    from attnlab.inspect.explorer import MAX_TOKENS, explorer_data
+    from attnlab.inspect.explorer import MAX_TOKENS
 
     max_tokens = _int(params, "max_tokens", MAX_TOKENS, 1, 512)
-    rec = recording(run, cache, text)
-    data = explorer_data(rec, run.model, f"attnlab explorer: {text}", max_tokens, 0,
-                         run.tokenizer, why={"run": str(run.path), "text": text})  # fmt: skip
+    data = run.explore(text, max_tokens=max_tokens, rec=recording(run, cache, text)).data
     groups = {g.path: g for g in run.model.head_groups()} if run.model.residual else {}
     labels = {}
     for m in data["maps"]:
@@ -367,17 +365,10 @@ def align(run, params: dict, cache: dict, text: str) -> str:
     decoder step's weights over the source (an LSTM's alignment, a Transformer's
     cross-attention, mean over heads and layers); param ``align_words`` adds up each word's
     tokens. Two columns, an LSTM beside a Transformer, are ``align LSTM TRANSFORMER TEXT``."""
-    from pathlib import Path
-
-    from attnlab.inspect.source_attention import side_by_side, source_attention
-
     words = params.get("align_words", False)
     if not isinstance(words, bool):
         raise ServeError(f"align_words must be true or false, got {words!r}")
-    result = source_attention(recording(run, cache, text), run.tokenizer, None, None, words, text)
-    return side_by_side([result], [f"{Path(run.path).name} ({run.kind})"], text).to_json(
-        indent=None
-    )
+    return run.align(text, words=words, rec=recording(run, cache, text)).to_json(indent=None)
 
 
 # -- by hand ------------------------------------------------------------------------------------
@@ -399,46 +390,32 @@ def walk(run, params: dict, cache: dict, text: str) -> str:
     as the CLI draws them), ``m``, ``d_k``, ``d_v``, ``seed`` and the switches ``scale``,
     ``causal``, ``temperature``, ``pad``, ``padding_mask`` (prefixed: generation has a seed and
     a temperature of its own). No model runs: the run is not read."""
-    from attnlab.inspect.by_hand import (
-        MAX_TOKENS,
-        MAX_WIDTH,
-        HandMatrices,
-        Settings,
-        parse_matrix,
-        random_matrices,
-        token_labels,
-    )
-    from attnlab.inspect.by_hand import walk as walk_
+    from attnlab.inspect.by_hand import MAX_TOKENS, MAX_WIDTH, parse_matrix, token_labels
+    from attnlab.run import Run
 
     given = {}
     for key, name in (("x", "X"), ("wq", "W_Q"), ("wk", "W_K"), ("wv", "W_V")):
         value = (_str(params, "hand_" + key) or "").strip()
         given[key] = parse_matrix(value, name)[0] if value else None
-    x, w_q, w_k, w_v = given["x"], given["wq"], given["wk"], given["wv"]
     tokens = token_labels(text)
-    m = next((a.shape[0] for a in (w_q, w_k, w_v) if a is not None), None)
-    m = x.shape[1] if x is not None else (m or _int(params, "hand_m", 8, 1, MAX_WIDTH))
-    d_k = next((a.shape[1] for a in (w_q, w_k) if a is not None), None)
-    d_k = d_k or _int(params, "hand_d_k", 3, 1, MAX_WIDTH)
-    d_v = w_v.shape[1] if w_v is not None else _int(params, "hand_d_v", d_k, 1, MAX_WIDTH)
     if len(tokens) > MAX_TOKENS:
         raise ServeError(f"{len(tokens)} words: by hand takes at most {MAX_TOKENS}")
-    seed = _int(params, "hand_seed", 0, 0, 2**32 - 1)
-    drawn = random_matrices(len(tokens), m, d_k, d_v, seed, tokens)
-    picked = [a if a is not None else b for a, b in ((x, drawn.x), (w_q, drawn.w_q),
-                                                      (w_k, drawn.w_k), (w_v, drawn.w_v))]  # fmt: skip
-    random_ones = [n for k, n in (("x", "X"), ("wq", "W_Q"), ("wk", "W_K"), ("wv", "W_V"))
-                   if given[k] is None]  # fmt: skip
-    source = ("given" if not random_ones else drawn.source if len(random_ones) == 4 else
-              f"{', '.join(random_ones)} {drawn.source}, the rest given")  # fmt: skip
     temperature = params.get("hand_temperature", 1.0)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
         raise ServeError(f"temperature must be a number, got {temperature!r}")
-    settings = Settings(scale=_bool(params, "hand_scale", True),
-                        causal=_bool(params, "hand_causal", True), temperature=float(temperature),
-                        pad=_int(params, "hand_pad", 0, 0, MAX_TOKENS),
-                        padding_mask=_bool(params, "hand_padding_mask", True))  # fmt: skip
-    return walk_(HandMatrices(tokens, *picked, source), settings).to_json(indent=None)
+    x, w_q, w_k, w_v = given["x"], given["wq"], given["wk"], given["wv"]
+    # a size is read (and must be valid) only where no matrix typed gives it
+    sizes = {"m": None if any(a is not None for a in (x, w_q, w_k, w_v)) else "hand_m",
+             "d_k": None if w_q is not None or w_k is not None else "hand_d_k",
+             "d_v": None if w_v is not None else "hand_d_v"}  # fmt: skip
+    sizes = {k: _int(params, p, None, 1, MAX_WIDTH) if p else None for k, p in sizes.items()}
+    result = Run.walk(tokens, x, w_q, w_k, w_v, **sizes,
+                      seed=_int(params, "hand_seed", 0, 0, 2**32 - 1),
+                      scale=_bool(params, "hand_scale", True),
+                      causal=_bool(params, "hand_causal", True), temperature=float(temperature),
+                      pad=_int(params, "hand_pad", 0, 0, MAX_TOKENS),
+                      padding_mask=_bool(params, "hand_padding_mask", True))  # fmt: skip
+    return result.to_json(indent=None)
 
 
 # -- the run's files ----------------------------------------------------------------------------

@@ -298,8 +298,10 @@ class Trainer:
         opt_sd = full_optimizer_state_dict(self.raw_model, self.optimizer)
         return model_sd, opt_sd
 
-    def save_checkpoint(self) -> None:
-        """Write model, optimizer and trainer state of this step as one checkpoint."""
+    def save_checkpoint(self, rows: list[dict] | None = None) -> None:
+        """Write model, optimizer and trainer state of this step as one checkpoint (with the
+        metrics row taken from ``rows``, an evaluation's row not yet written: see
+        ``RunDir.save_checkpoint``)."""
         if self.run is None or not (self.writes or self.sharded):
             return
         self._flush()  # a step that was not finite is never saved
@@ -323,7 +325,8 @@ class Trainer:
         }
         try:
             self.run.save_checkpoint(model_tensors, opt_tensors, state, fault=self._on_save,
-                                     model=self.raw_model)  # fmt: skip
+                                     model=self.raw_model,
+                                     metrics=rows.pop() if rows else None)  # fmt: skip
         except OSError as e:
             raise TrainingError(
                 f"could not write the checkpoint of step {self.step} in {self.out_dir}: "
@@ -467,7 +470,19 @@ class Trainer:
             ev = self.evaluate()
         self._eval_seconds = time.perf_counter() - t0
         row = {"step": self.step, **ev, "lr": lr_at(self.step, self.config)}
-        self._write_metrics(row)
+        self._write_metrics(row, to_disk=False)
+        unwritten = [row]  # on disk with the checkpoint below, one hand-off; else on its own
+        try:
+            self._judge_evaluation(ev, row, progress, unwritten)
+        finally:
+            if unwritten and self.writes:
+                self.run.append_metrics(unwritten.pop())
+        return ev
+
+    def _judge_evaluation(self, ev: dict, row: dict, progress: Progress,
+                          unwritten: list[dict]) -> None:  # fmt: skip
+        """After an evaluation: its line and example, a stop if its loss is not finite, best/ if
+        it improved, and the checkpoint of this step (which takes the ``unwritten`` row)."""
         progress.note(eval_line(row, self.metrics))
         if progress.enabled or self.sharded:  # sharded: every process gathers the weights
             with evaluating(self.raw_model), torch.no_grad(), self.unsharded():
@@ -486,8 +501,7 @@ class Trainer:
                          "val_loss": ev.get("val_loss"), "step": self.step}  # fmt: skip
             self.save_best()
         if self.step != self.last_saved_step:
-            self.save_checkpoint()
-        return ev
+            self.save_checkpoint(unwritten)
 
     def _improves(self, value: float, val_loss: float | None) -> bool:
         """Better by the task's best metric; on a tie (e.g. 100% exact match), by val loss."""
@@ -617,10 +631,10 @@ class Trainer:
         """Wall seconds spent in ``fit`` so far, those of the runs it resumed included."""
         return self._elapsed_before + time.perf_counter() - self._fit_began
 
-    def _write_metrics(self, row: dict) -> None:
+    def _write_metrics(self, row: dict, to_disk: bool = True) -> None:
         row["elapsed_s"] = round(self.elapsed(), 3)  # when it was measured: evaluations included
         self.history.append(row)
-        if self.writes:
+        if self.writes and to_disk:
             self.run.append_metrics(row)
         self._notify("on_metrics", row)  # e.g. attnlab.training.tracking.TensorBoardLog
 
