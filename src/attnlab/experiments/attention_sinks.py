@@ -62,6 +62,8 @@ def models(ctx: Context) -> list[Model]:
         for att in ("softmax", "sigmoid"):
             o = dict(task="lm", tokenizer=tok, pos="rotary", attention=att,
                      eval_interval=size["max_iters"], compile=False, **size, **corpus(ctx))  # fmt: skip
+            if ctx.quick:
+                o["eval_iters"] = QUICK_EVAL_ITERS
             if tok == "bpe":
                 o["vocab_size"] = 512
             out.append(Model(f"{tok}-{att}", f"GPT, {tok} tokens, {att} attention", att, o))
@@ -71,8 +73,9 @@ def models(ctx: Context) -> list[Model]:
 
 
 SIZE = dict(n_layer=4, n_head=8, d_model=64, block_size=64, max_iters=1000, lr=3e-3)
-QUICK = dict(n_layer=2, n_head=4, d_model=32, block_size=32, max_iters=40, lr=5e-3)
-QUICK_CHARS = 100_000  # --quick trains on the first this many characters of the corpus
+QUICK = dict(n_layer=2, n_head=4, d_model=32, block_size=16, max_iters=40, lr=5e-3)
+QUICK_EVAL_ITERS = 2  # --quick: held-out batches of each model's one evaluation
+QUICK_CHARS = 30_000  # --quick trains on the first this many characters of the corpus
 
 
 def corpus(ctx: Context) -> dict:
@@ -170,9 +173,10 @@ def imported_run(ctx: Context, seed: int):
             transformers.LlamaForCausalLM(cfg).save_pretrained(hf)
             shutil.copyfile(shared, hf / HF_TOKENIZER)
         import_hf(hf, imported)
+    quick = {"eval_iters": QUICK_EVAL_ITERS} if ctx.quick else {}
     return ctx.train(f"imported-llama-seed{seed}", dict(
         task="lm", init_from=str(imported), max_iters=size["max_iters"], compile=False,
-        eval_interval=size["max_iters"], lr=size["lr"], seed=seed, **text))  # fmt: skip
+        eval_interval=size["max_iters"], lr=size["lr"], seed=seed, **text, **quick))  # fmt: skip
 
 
 def recipe(ctx: Context) -> Report:
@@ -245,7 +249,8 @@ def recipe(ctx: Context) -> Report:
     if missing:
         notes.append(f"The imported decoder was left out: {missing}.")
     if ctx.quick:
-        notes.insert(0, "--quick: tiny models, 40 steps on 100,000 characters, fewer held-out "
+        notes.insert(0, f"--quick: tiny models (block {QUICK['block_size']}), "
+                     f"{QUICK['max_iters']} steps on {QUICK_CHARS:,} characters, fewer held-out "
                      "sequences (16 for the metric, 4 of 3 blocks for perplexity): seconds; its "
                      "figures are not the experiment's")  # fmt: skip
     report = Report(
