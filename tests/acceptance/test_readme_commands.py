@@ -1,7 +1,7 @@
 """Every command of the README's "Every verb, one example each" runs as written, in order, from
 a fresh directory (issue 32, item 5): the files it names exist (the built-in corpus, the
 examples/ folder) or an earlier command writes them. Kept cheap only by the sizes the README
-itself documents: training runs take --max-iters (and --quiet), the experiment --quick and one
+itself documents: training runs take --max-iters (evaluated once, at the end, and --quiet), the experiment --quick and one
 seed ("--quick: under a minute each")."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from attnlab.cli import main
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
-SHORT = {"train": ["--max-iters", "12", "--eval-iters", "2", "--quiet"],
+SHORT = {"train": ["--max-iters", "12", "--eval-iters", "2", "--eval-interval", "12", "--quiet"],
          "experiment": ["--quick", "--seeds", "1"], "serve": ["--port", "0"]}  # fmt: skip
 
 
