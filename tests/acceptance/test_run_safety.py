@@ -494,6 +494,7 @@ def test_the_memory_watch_sees_an_allocation_that_was_freed_before_exit():
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
             block = bytearray(b"\x01") * (mb << 20)  # written, so resident
+            time.sleep(0.3)  # held long enough for a sample on a loaded machine (it flaked)
             del block
             time.sleep(0.05)
             os._exit(0)
