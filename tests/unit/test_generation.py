@@ -294,7 +294,7 @@ def test_the_fast_path_test_draws_every_config_field():
 @settings(max_examples=60, deadline=None)
 @given(fields=st.fixed_dictionaries(FIELDS), seed=st.integers(0, 2**16), data=st.data())
 def test_fast_forward_is_the_forward_pass(fields, seed, data):
-    """What decoding runs equals GPT.forward to 1e-5 of the largest logit (float32 sums taken in
+    """What decoding runs equals GPT.forward to 1e-4 of the largest logit (float32 sums taken in
     another order differ by that much once norm-free layers grow the logits): a whole window
     without a cache; a prefix into the cache, then one token at a time."""
     fields["d_model"] *= fields["n_head"]
@@ -309,7 +309,7 @@ def test_fast_forward_is_the_forward_pass(fields, seed, data):
     ids = torch.randint(0, fields["vocab_size"], (2, T))
     with torch.no_grad():
         full = model(ids)  # (B, T, V)
-        tol = 1e-5 * max(1.0, float(full.abs().max()))
+        tol = 1e-4 * max(1.0, float(full.abs().max()))
         torch.testing.assert_close(fast(ids, None), full[:, -1], atol=tol, rtol=1e-5)
         cache = model.new_cache(2)
         got = [fast(ids[:, :prefix], cache)]
