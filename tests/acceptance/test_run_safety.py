@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import mmap
 import os
 import re
 import shutil
@@ -493,9 +494,19 @@ def test_the_memory_watch_sees_an_allocation_that_was_freed_before_exit():
     for mb in (0, 64):
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child
-            block = bytearray(b"\x01") * (mb << 20)  # written, so resident
-            time.sleep(0.3)  # held long enough for a sample on a loaded machine (it flaked)
-            del block
+            # Fresh pages from the kernel, written so they are resident. Not a bytearray: in a
+            # long-lived test worker, malloc serves 64 MB from freed heap the parent already had
+            # resident, and a copy-on-write page was already counted in the child's RssAnon, so
+            # the peak never moved (CI saw both peaks at 719836 KB).
+            # Private, not mmap's default MAP_SHARED: shared anonymous pages count as RssShmem.
+            block = None
+            if mb:
+                block = mmap.mmap(-1, mb << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                for _ in range(mb):
+                    block.write(b"\x01" * (1 << 20))  # 1 MB at a time: no 64 MB temporary
+            time.sleep(0.3)  # held long enough for a sample on a loaded machine
+            if block is not None:
+                block.close()
             time.sleep(0.05)
             os._exit(0)
         status, _, peak = watch(pid)
