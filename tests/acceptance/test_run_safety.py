@@ -217,8 +217,8 @@ def test_load_tensors_matches_safetensors_for_every_dtype_and_shape(tmp_path):
         header = read_header(path)
         assert header.metadata == {"step": str(trial)}
         reference = load_file(str(path))
-        for mmap in (False, True):
-            got = load_tensors(path, mmap=mmap)
+        for mapped in (False, True):
+            got = load_tensors(path, mmap=mapped)
             assert set(got) == set(reference) == set(header.tensors)
             for k, t in reference.items():
                 assert got[k].dtype == t.dtype == header.tensors[k].dtype
