@@ -135,3 +135,37 @@ def test_a_reader_writes_nothing(tmp_path):
         reader.recover()
         assert reader.start(model, TOK, {}, resumed=True, step=1) == []
     assert (run.path / "ckpt-tmp").is_dir()
+
+
+def test_a_model_built_while_another_thread_checks_a_run_is_initialised():
+    """Checking a run builds its model on the meta device, skipping every initialiser; serve
+    does that on its worker threads while another may build a model for real. That model is
+    the one the same seed gives with nothing else running (the suite once trained a GPT that
+    another thread's meta build had left with torch.empty's memory: values like 1e37)."""
+    import threading
+
+    from attnlab.models.gpt import GPT, GPTConfig
+    from attnlab.rundir.read import build_model
+
+    cfg = GPTConfig(vocab_size=50, d_model=32, n_layer=2, n_head=2, block_size=16)
+    torch.manual_seed(3)
+    want = GPT(cfg).state_dict()
+    described = {"model_type": "gpt", "config": cfg.to_dict()}
+    stop, built = threading.Event(), []
+
+    def check_runs():
+        while not stop.is_set():
+            built.append(build_model(described, device="meta"))
+
+    other = threading.Thread(target=check_runs)
+    other.start()
+    try:
+        for _ in range(40):
+            torch.manual_seed(3)
+            got = GPT(cfg).state_dict()
+            for k, t in want.items():
+                assert got[k].device == t.device and torch.equal(got[k], t), k
+    finally:
+        stop.set()
+        other.join()
+    assert built and all(next(m.parameters()).is_meta for m in built)

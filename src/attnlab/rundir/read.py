@@ -23,12 +23,13 @@ by renaming a whole file onto it, so ``load_run`` works at every instant.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -226,11 +227,10 @@ def build_model(
                        f"({', '.join(WEIGHT_DTYPES)})")  # fmt: skip
     if device is None:
         return with_weights_dtype(cls(config), dtype)
+    if str(device) == "meta":
+        _skip_initialising_meta_tensors()
     try:
-        with (
-            torch.device(device),
-            _no_init() if str(device) == "meta" else contextlib.nullcontext(),
-        ):
+        with torch.device(device):
             return with_weights_dtype(cls(config), dtype)
     except (ValueError, RuntimeError, OverflowError) as e:  # e.g. a size past int64
         raise RunError(
@@ -242,21 +242,31 @@ def build_model(
 _INIT_FUNCTIONS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_",
                    "dirac_", "xavier_uniform_", "xavier_normal_", "kaiming_uniform_",
                    "kaiming_normal_", "orthogonal_", "sparse_")  # fmt: skip
+_skipping = threading.Lock()
 
 
-@contextlib.contextmanager
-def _no_init() -> Iterator[None]:
-    """torch.nn.init does nothing inside this block. A model built on the meta device has
-    nothing to initialise, and the first random fill of a meta tensor costs seconds (its meta
-    kernel imports torch._dynamo). Not thread-safe: it patches the torch.nn.init module."""
-    saved = {name: getattr(nn.init, name) for name in _INIT_FUNCTIONS}
-    for name in _INIT_FUNCTIONS:
-        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
-    try:
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(nn.init, name, fn)
+def _skip_initialising_meta_tensors() -> None:
+    """From now on, torch.nn.init's initialisers return a meta tensor as it is (and do what
+    they always did to any other). A meta tensor has no values to initialise, and the first
+    random fill of one costs seconds (its meta kernel imports torch._dynamo).
+
+    Installed once for the process, never toggled: patching torch.nn.init for the length of
+    one meta build is process-wide, so a model another thread built meanwhile (serve builds
+    runs on its worker threads) kept torch.empty's memory as its weights, values like 1e37."""
+    with _skipping:
+        if getattr(nn.init.normal_, "_skips_meta", False):
+            return
+        for name in _INIT_FUNCTIONS:
+            setattr(nn.init, name, _skipping_meta(getattr(nn.init, name)))
+
+
+def _skipping_meta(fn: Callable) -> Callable:
+    @functools.wraps(fn)
+    def init(tensor, *args, **kwargs):
+        return tensor if tensor.is_meta else fn(tensor, *args, **kwargs)
+
+    init._skips_meta = True  # type: ignore[attr-defined]
+    return init
 
 
 # Tables a model computes instead of storing (position tables) may take at most the size of
