@@ -4,12 +4,32 @@ fixtures live once per tier (tests/*/conftest.py); a fresh-interpreter CLI is
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
 import torch
 
 from printed import Printed
+
+
+def _a_share_of_the_cores() -> None:
+    """Under xdist, each worker (and every process it starts) uses its share of the cores.
+
+    torch starts one thread per core in every process, so two workers on two cores ran four
+    threads, and every parallel op waited on a descheduled thread: the unit tests took 383 s
+    of wall time that way and 128 s with one thread each. A test of thread choice sets or
+    removes OMP_NUM_THREADS itself; one already set by whoever runs the suite is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers <= 1 or os.environ.get("OMP_NUM_THREADS"):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    share = max(1, (cores or 1) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(share)
+    torch.set_num_threads(share)
+
+
+_a_share_of_the_cores()
 
 
 class _Captured:
