@@ -39,9 +39,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 
-# The suite runs in one worker per core (at most 4): on CI's 2 cores that halves its ~18 min.
+# The suite runs in one worker per core (at most 4; each uses its share of the cores, see
+# tests/conftest.py), an idle worker taking tests queued for a busy one (worksteal).
 # Every test passes on a busy machine, so the workers may share the cores.
-PYTEST_WORKERS := -n auto --maxprocesses 4
+PYTEST_WORKERS := -n auto --maxprocesses 4 --dist worksteal
 
 test: $(STAMP) browser lint
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)

@@ -106,7 +106,11 @@ def make_runs(d: Path, kinds: list[str], steps: int = 20) -> dict:
         assert main(["import-hf", str(bert_dir(d / "hf-bert")), "--out", str(d / "bert")]) == 0
         out["bert"] = d / "bert"
     if "gpt2" in kinds:
-        made = out.get("gpt-bpe") or make_runs(d, ["gpt-bpe"], steps)["gpt-bpe"]
+        made = out.get("gpt-bpe") or (
+            d / "gpt-bpe"
+            if (d / "gpt-bpe").is_dir()
+            else make_runs(d, ["gpt-bpe"], steps)["gpt-bpe"]
+        )
         assert main(["export-hf", str(made), str(d / "hf-gpt2")]) == 0  # GPT-2 style
         assert main(["import-hf", str(d / "hf-gpt2"), "--out", str(d / "gpt2")]) == 0
         out["gpt2"] = d / "gpt2"
@@ -116,3 +120,27 @@ def make_runs(d: Path, kinds: list[str], steps: int = 20) -> dict:
     if "minilm" in kinds and main(["import-hf", "minilm", "--out", str(d / "minilm")]) == 0:
         out["minilm"] = d / "minilm"
     return out
+
+
+class Runs:
+    """``make_runs`` one kind at a time, each made the first time a test asks for it
+    (``runs[kind]``, ``kind in runs``): an xdist worker given two of a module's kinds makes
+    two runs, not every kind's."""
+
+    def __init__(self, d: Path, steps: int = 20):
+        self.d, self.steps, self.made = d, steps, {}
+
+    def __contains__(self, kind: str) -> bool:
+        if kind not in self.made:
+            self.made.update(make_runs(self.d, [kind], self.steps))
+            self.made.setdefault(kind, None)  # could not be made here (MiniLM without its package)
+        return self.made[kind] is not None
+
+    def __getitem__(self, kind: str) -> Path:
+        if kind == "_data":
+            if not (self.d / "river.txt").is_file():
+                make_runs(self.d, [], self.steps)
+            return self.d
+        if kind not in self:
+            raise KeyError(kind)
+        return self.made[kind]

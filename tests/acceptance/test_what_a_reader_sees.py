@@ -17,7 +17,7 @@ from rich.cells import cell_len
 
 from attnlab.cli import main, registered
 from attnlab.render.layout import check_figures
-from kinds_helpers import EVERY_KIND, INPUT, MORE_KINDS, make_runs
+from kinds_helpers import EVERY_KIND, INPUT, MORE_KINDS, Runs
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("sklearn")  # the ViT's digits
@@ -37,7 +37,7 @@ HELD_OUT = {"bert": "river.txt", "gpt2": "corpus.txt", "t5": None, "minilm": Non
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    return make_runs(tmp_path_factory.mktemp("kinds"), KINDS)
+    return Runs(tmp_path_factory.mktemp("kinds"))
 
 
 def commands(kind: str, run, data, out) -> list[list[str]]:
