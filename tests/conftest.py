@@ -23,8 +23,9 @@ def _a_share_of_the_cores() -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers <= 1 or os.environ.get("OMP_NUM_THREADS"):
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    share = max(1, (cores or 1) // workers)
+    from attnlab.runtime import usable_cpus
+
+    share = max(1, len(usable_cpus()) // workers)
     os.environ["OMP_NUM_THREADS"] = str(share)
     torch.set_num_threads(share)
 
