@@ -106,11 +106,9 @@ def make_runs(d: Path, kinds: list[str], steps: int = 20) -> dict:
         assert main(["import-hf", str(bert_dir(d / "hf-bert")), "--out", str(d / "bert")]) == 0
         out["bert"] = d / "bert"
     if "gpt2" in kinds:
-        made = out.get("gpt-bpe") or (
-            d / "gpt-bpe"
-            if (d / "gpt-bpe").is_dir()
-            else make_runs(d, ["gpt-bpe"], steps)["gpt-bpe"]
-        )
+        made = out.get("gpt-bpe") or d / "gpt-bpe"  # made by this call or an earlier one
+        if not made.is_dir():
+            make_runs(d, ["gpt-bpe"], steps)
         assert main(["export-hf", str(made), str(d / "hf-gpt2")]) == 0  # GPT-2 style
         assert main(["import-hf", str(d / "hf-gpt2"), "--out", str(d / "gpt2")]) == 0
         out["gpt2"] = d / "gpt2"
