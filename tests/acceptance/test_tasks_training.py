@@ -242,12 +242,11 @@ def forked(forked_cli):
 @pytest.mark.slow
 @pytest.mark.parametrize("task_id", IDS)
 def test_kill_9_while_installing_a_checkpoint_leaves_a_run_that_loads_and_resumes(
-    task_id, data_dir, tmp_path, forked
+    task_id, data_dir, whole, tmp_path, forked
 ):
     """SIGKILL after the model of step 4 is in place but not yet its trainer state: the run
-    loads as it is, and --resume rolls the checkpoint forward and continues bit for bit."""
-    r = forked(*train_args(task_id, data_dir, tmp_path / "whole", "--max-iters", "8", *SCHEDULE))
-    assert r.returncode == 0, r.stderr
+    loads as it is, and --resume rolls the checkpoint forward and continues bit for bit (as
+    the uninterrupted run this module trains once per task)."""
     run = tmp_path / "killed"
     args = train_args(task_id, data_dir, run, "--max-iters", "8", *SCHEDULE)
     r = run_faulty("kill-during-install:3", *args)  # checkpoints 0, 2, then 4
@@ -257,7 +256,7 @@ def test_kill_9_while_installing_a_checkpoint_leaves_a_run_that_loads_and_resume
     r = forked("train", "--data", data, "--out", run, "--resume", "--max-iters", "8")
     assert r.returncode == 0, r.stderr
     assert "resumed from the checkpoint of step 4" in r.stderr
-    assert train_losses(run) == train_losses(tmp_path / "whole")
+    assert train_losses(run) == train_losses(whole(task_id))
 
 
 PROBES = {"lm": "First", "mlm": "Spe[MASK]k.", "classify": "the day was good indeed",

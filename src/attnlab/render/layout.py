@@ -2,6 +2,7 @@
 draws each piece of text: what any test (ours, or one for a new picture) runs on a figure.
 
     problems(fig)            -> list[str], empty when the figure passes; one sentence each
+    lay_out(fig, dpi)        -> the renderer, once every text is placed (no pixel painted)
     check_figures()          a context in which every figure saved (``Figure.savefig``) is
                              checked as it is written; its list holds (figure, problems)
 
@@ -36,14 +37,7 @@ def problems(fig, tight: bool = True, dpi: float | None = None) -> list[str]:
     """Every readability problem of ``fig`` as it would be saved (``tight``: with
     ``bbox_inches="tight"``, as ``attnlab.render.plots.save_png`` saves), at ``dpi`` (the
     figure's own if None). Empty when it passes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    if dpi is not None and dpi != fig.dpi:
-        fig.set_dpi(dpi)
-    if not isinstance(fig.canvas, FigureCanvasAgg):
-        FigureCanvasAgg(fig)
-    fig.canvas.draw()
-    renderer = fig.canvas.get_renderer()
+    renderer = lay_out(fig, dpi)
     out: list[str] = []
     texts = _texts(fig, renderer)
     region = fig.get_tightbbox(renderer) if tight else None
@@ -59,6 +53,20 @@ def problems(fig, tight: bool = True, dpi: float | None = None) -> list[str]:
     out += _turned(fig, renderer)
     out += _legends(fig)
     return list(dict.fromkeys(out))
+
+
+def lay_out(fig, dpi: float | None = None):
+    """Place and measure every piece of ``fig`` as drawing it at ``dpi`` (its own if None)
+    would, without painting a pixel (layout is about half of a draw's time; painting the
+    rest); returns the renderer its sizes are measured with."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    if dpi is not None and dpi != fig.dpi:
+        fig.set_dpi(dpi)
+    if not isinstance(fig.canvas, FigureCanvasAgg):
+        FigureCanvasAgg(fig)
+    fig.draw_without_rendering()
+    return fig.canvas.get_renderer()
 
 
 @contextlib.contextmanager

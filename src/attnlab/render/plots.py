@@ -288,13 +288,10 @@ def fit_tick_labels(fig, dpi: float | None = None) -> None:
     height, turned) on an x axis, against the distance between two ticks."""
     import math
 
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.ticker import FixedLocator
 
-    if dpi is not None and dpi != fig.dpi:
-        fig.set_dpi(dpi)
-    if not isinstance(fig.canvas, FigureCanvasAgg):
-        FigureCanvasAgg(fig)
+    from attnlab.render.layout import lay_out
+
     axes: list = []
 
     def walk(ax):
@@ -306,8 +303,7 @@ def fit_tick_labels(fig, dpi: float | None = None) -> None:
     for ax in fig.axes:
         walk(ax)
     for _ in range(3):  # a smaller label can move the layout: measure again
-        fig.canvas.draw()
-        renderer = fig.canvas.get_renderer()
+        renderer = lay_out(fig, dpi)
         changed = False
         for ax in axes:
             if not ax.get_visible() or not ax.axison:
