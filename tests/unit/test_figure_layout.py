@@ -141,3 +141,32 @@ def test_tick_labels_too_close_for_their_rows_are_fitted_when_saved(tmp_path, ro
     shown = [t for t in ax.yaxis.get_major_ticks() if t.label1.get_visible()]
     assert 2 <= len(shown) <= rows
     assert all(t.label1.get_text() == tokens[int(t.get_loc())] for t in shown)  # its own row
+
+
+def test_labels_fitted_after_a_layout_are_checked_as_fitted_not_as_first_laid_out():
+    """lay_out reuses a layout the figure has not changed since; fitting tick labels changes
+    them without matplotlib marking the figure, so fit_tick_labels marks it: what the check
+    then measures is the labels as saved (small and thinned), not as first laid out."""
+    import matplotlib.pyplot as plt
+
+    from attnlab.render.layout import lay_out
+    from attnlab.render.plots import fit_tick_labels
+
+    fig, ax = plt.subplots(figsize=(2, 2))
+    ax.set_xticks(range(40), [f"token{i}" for i in range(40)], rotation=90)
+    ax.set_yticks(range(40), [f"token{i}" for i in range(40)])
+    ax.set_xlabel("key")
+    ax.set_ylabel("query")
+    renderer = lay_out(fig, 100)
+    before = [t.label1.get_window_extent(renderer).height for t in ax.yaxis.get_major_ticks()]
+    assert problems(fig, dpi=100)  # forty labels in two inches collide
+    fit_tick_labels(fig, 100)
+    shown = [t for t in ax.yaxis.get_major_ticks() if t.label1.get_visible()]
+    assert len(shown) < 40 and shown[0].label1.get_window_extent(renderer).height < before[0]
+    # the axis label stands where a layout of the fitted labels puts it (not where it stood
+    # beside the first, larger ones)
+    where = ax.yaxis.label.get_window_extent(renderer).x0
+    fig.draw_without_rendering()
+    assert ax.yaxis.label.get_window_extent(renderer).x0 == where
+    assert not [p for p in problems(fig, dpi=100) if "overlap" in p], problems(fig, dpi=100)
+    plt.close(fig)

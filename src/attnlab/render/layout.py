@@ -58,14 +58,17 @@ def problems(fig, tight: bool = True, dpi: float | None = None) -> list[str]:
 def lay_out(fig, dpi: float | None = None):
     """Place and measure every piece of ``fig`` as drawing it at ``dpi`` (its own if None)
     would, without painting a pixel (layout is about half of a draw's time; painting the
-    rest); returns the renderer its sizes are measured with."""
+    rest); returns the renderer its sizes are measured with. A figure laid out before and not
+    changed since (matplotlib marks any change ``stale``) is not laid out again."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     if dpi is not None and dpi != fig.dpi:
         fig.set_dpi(dpi)
     if not isinstance(fig.canvas, FigureCanvasAgg):
         FigureCanvasAgg(fig)
-    fig.draw_without_rendering()
+        fig.stale = True
+    if fig.stale:
+        fig.draw_without_rendering()
     return fig.canvas.get_renderer()
 
 

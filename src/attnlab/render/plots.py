@@ -314,6 +314,7 @@ def fit_tick_labels(fig, dpi: float | None = None) -> None:
                 changed |= _fit_axis(ax, axis, along, renderer, math)
         if not changed:
             return
+        fig.stale = True  # a tick label's size or visibility does not mark it (matplotlib)
 
 
 def _fit_axis(ax, axis, along: int, renderer, math) -> bool:
