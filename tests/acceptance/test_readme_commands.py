@@ -2,7 +2,8 @@
 a fresh directory (issue 32, item 5): the files it names exist (the built-in corpus, the
 examples/ folder) or an earlier command writes them. Kept cheap only by the sizes the README
 itself documents: training runs take --max-iters (evaluated once, at the end, and --quiet), the experiment --quick and one
-seed ("--quick: under a minute each")."""
+seed ("--quick: under a minute each"), eval --limit (the whole held-out split of the corpus was
+a quarter of the test's time)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from attnlab.cli import main
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SHORT = {"train": ["--max-iters", "12", "--eval-iters", "2", "--eval-interval", "12", "--quiet"],
-         "experiment": ["--quick", "--seeds", "1"], "serve": ["--port", "0"]}  # fmt: skip
+         "experiment": ["--quick", "--seeds", "1"], "serve": ["--port", "0"],
+         "eval": ["--limit", "64"]}  # fmt: skip
 
 
 def readme_commands() -> list[list[str]]:
