@@ -131,6 +131,23 @@ def test_the_explorer_view_is_the_pages_data_that_explore_writes(server, runs, c
     assert ex["heads"]["blocks.1.attn.weights"] == ["1.0", "1.1"]
 
 
+def test_the_explorer_view_sends_the_data_without_writing_the_page(runs, monkeypatch):
+    """The page embeds the data as JSON (megabytes for a 24-layer model): the workbench,
+    which sends the data only, never writes it; the CLI's page is written when read."""
+    from attnlab.inspect import explorer
+    from attnlab.run import load_run
+    from attnlab.serve.views import VIEWS
+
+    run = load_run(runs / "a")
+    written = []
+    page = explorer.page
+    monkeypatch.setattr(explorer, "page", lambda *a: written.append(a) or page(*a))
+    d = json.loads(VIEWS["explorer"].fn(run, {}, {}, TEXT))
+    assert d["maps"] and written == []
+    html = run.explore(TEXT).html
+    assert len(written) == 1 and "attnlabExplorer" in html
+
+
 def test_requests_without_the_token_are_refused(server):
     u, token = base(server), server.settings.token
     assert call(u, "/api/runs")[0] == 403

@@ -40,7 +40,9 @@ import base64
 import html as html_lib
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
 
@@ -66,10 +68,16 @@ NO_QK = (
 
 @dataclass
 class Explorer(Result):
-    """The explorer page: ``html`` (a complete document) and the ``data`` it embeds."""
+    """The explorer page: ``data`` (what it draws) and ``html``, the complete document that
+    embeds it, written out the first time it is read (``make_html``): the workbench reads only
+    the data, and the document of a 24-layer model's maps is megabytes of JSON."""
 
-    html: str
     data: dict
+    make_html: Callable[[], str] = field(repr=False, compare=False)
+
+    @cached_property
+    def html(self) -> str:
+        return self.make_html()
 
     @property
     def size(self) -> int:
@@ -372,4 +380,4 @@ def explore(
     if title is None:
         title = "attnlab explorer: " + " | ".join(_joined(t) for t in rec.tokens.values())
     data = explorer_data(rec, model, title, max_tokens, start, tokenizer, why)
-    return Explorer(page(data, tabs), data)
+    return Explorer(data, lambda: page(data, tabs))

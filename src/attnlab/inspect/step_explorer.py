@@ -91,6 +91,10 @@ def step_data(run_dir: str | Path) -> dict:
 def explore_steps(run_dir: str | Path) -> Explorer:
     """The step-slider page of a run's snapshots (see the module docstring)."""
     data = step_data(run_dir)
-    template = resources.files("attnlab.inspect").joinpath("step_explorer.html").read_text("utf-8")
-    blob = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
-    return Explorer(template.replace("__ATTNLAB_DATA__", blob), data)
+
+    def document() -> str:
+        page = resources.files("attnlab.inspect").joinpath("step_explorer.html").read_text("utf-8")
+        blob = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+        return page.replace("__ATTNLAB_DATA__", blob)
+
+    return Explorer(data, document)
