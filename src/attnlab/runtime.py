@@ -380,5 +380,12 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     torch = sys.modules.get("torch")
     set_logs = getattr(getattr(torch, "_logging", None), "set_logs", None)
-    if set_logs is not None:
+    global _torch_quiet
+    if set_logs is not None and not _torch_quiet:
+        # once a process: it resets every torch logger (about 35 ms), and the command line
+        # calls this twice a command, a test process some thousands of times
         set_logs(all=logging.ERROR, graph_breaks=False, recompiles=False)
+        _torch_quiet = True
+
+
+_torch_quiet = False  # torch's logs were set to errors only, in this process

@@ -215,3 +215,25 @@ def test_using_threads_applies_the_choice_then_restores_torchs_count():
         assert runtime.thread_choice() == choice
     assert torch.get_num_threads() == before
     assert out.getvalue() == err.getvalue() == ""  # the choice is said by its caller, never here
+
+
+def test_torchs_logs_are_quieted_once_a_process(monkeypatch):
+    """set_logs resets every torch logger (~35 ms); the command line quiets the libraries
+    twice a command, so torch's part is done once a process, the warnings filter every time."""
+    import warnings
+
+    import torch
+
+    from attnlab import runtime
+
+    calls = []
+    monkeypatch.setattr(runtime, "_torch_quiet", False)
+    monkeypatch.setattr(torch._logging, "set_logs", lambda **kw: calls.append(kw))
+    with warnings.catch_warnings():
+        runtime.quiet_libraries()
+        runtime.quiet_libraries()
+        assert len(calls) == 1 and calls[0]["graph_breaks"] is False
+        warnings.resetwarnings()
+        runtime.quiet_libraries()
+        assert warnings.filters[0][0] == "default"  # attnlab's own, put back on each call
+    assert len(calls) == 1
