@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import base64
 import html as html_lib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,7 +52,7 @@ from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.influence import influence, influence_bars
 from attnlab.inspect.recording import InspectError, Recording
 from attnlab.inspect.similarity import layer_label
-from attnlab.render.display import Result
+from attnlab.render.display import Result, script_json
 
 SCALE = 1000  # weights stored as round(w * SCALE): 3 decimals
 MAX_TOKENS = 128
@@ -350,7 +349,7 @@ def page(data: dict, tabs: dict[str, str] | None = None) -> str:
         nav = f'<div id="tabs">{"".join(buttons)}</div>'
         panes = "".join(f'<div id="{i}" class="tabpane" style="display:none">{body}</div>'
                         for i, body in zip(ids, tabs.values()))  # fmt: skip
-    blob = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+    blob = script_json(data)
     # the fragments go in first: the data blob may itself contain the placeholder text
     out = template.replace("<!--ATTNLAB_TABS_NAV-->", nav)
     out = out.replace("<!--ATTNLAB_TABS_PANES-->", panes)

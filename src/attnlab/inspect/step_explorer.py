@@ -17,7 +17,6 @@ snapshot costs H x T^2 bytes per map and probe (T <= 48): 4 heads x 41 snapshots
 from __future__ import annotations
 
 import base64
-import json
 from importlib import resources
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from attnlab.inspect.explorer import Explorer
 from attnlab.inspect.heads import SCORES
 from attnlab.inspect.recording import InspectError
 from attnlab.inspect.timeline import timeline
+from attnlab.render.display import script_json
 from attnlab.rundir import RunDir
 
 
@@ -94,7 +94,6 @@ def explore_steps(run_dir: str | Path) -> Explorer:
 
     def document() -> str:
         page = resources.files("attnlab.inspect").joinpath("step_explorer.html").read_text("utf-8")
-        blob = json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
-        return page.replace("__ATTNLAB_DATA__", blob)
+        return page.replace("__ATTNLAB_DATA__", script_json(data))
 
     return Explorer(data, document)

@@ -13,7 +13,6 @@ edges per position, a unit's positions are summed into its edge, and the label s
 from __future__ import annotations
 
 import html
-import json
 from pathlib import Path
 
 import numpy as np
@@ -226,10 +225,10 @@ def page_data(result) -> dict:
 def write_page(result, path) -> Path:
     """The offline page (no network: everything inline), written atomically."""
     from attnlab.files import atomic_write
+    from attnlab.render.display import script_json
 
-    data = json.dumps(page_data(result)).replace("</", "<\\/")
     text = PAGE.replace("__TITLE__", html.escape(f"circuit: {result.metric}")).replace(
-        "__DATA__", data
+        "__DATA__", script_json(page_data(result))
     )
     path = Path(path)
     atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))

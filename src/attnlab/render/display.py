@@ -115,6 +115,12 @@ class Result:
 CELL = "padding:1px 3px;font:11px monospace;text-align:right;min-width:2.6em"
 
 
+def script_json(data) -> str:
+    """``data`` as JSON to inline in an HTML page's ``<script>``: compact, its text as UTF-8,
+    and ``</`` escaped so no string in it (a token, a title) can close the script."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":")).replace("</", "<\\/")
+
+
 def token_html(t: str) -> str:
     """A token as HTML text: made visible (a space shows as ␣), then escaped."""
     return html.escape(show_token(str(t)))
