@@ -48,7 +48,7 @@ PYTEST_WORKERS := -n auto --maxprocesses 4 --dist worksteal
 # `attnlab` processes, and where PYTHONDONTWRITEBYTECODE is set (as on many CI machines) each
 # would compile every module it imports again (about 0.45 CPU-seconds a process).
 bytecode: $(STAMP)
-	$(BIN)/python -m compileall -q src tests >/dev/null
+	$(BIN)/python -m compileall -q src tests
 
 test: $(STAMP) browser lint bytecode
 	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
