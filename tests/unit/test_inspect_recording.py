@@ -49,6 +49,31 @@ def test_gpt_record_text_labels_every_map_with_its_tokens():
     assert rec.blocks() == ["blocks.0.", "blocks.1.", "blocks.2."]
 
 
+def test_a_gpt_recording_computes_its_other_positions_logits_only_when_they_are_read():
+    from attnlab.inspect.trace import trace
+    from attnlab.models.declare import LaterLogits
+
+    tok = char_tokenizer()
+    torch.manual_seed(3)
+    model = tiny_gpt(tok, n_layer=2).eval()
+    rec = record(model, tok, SENTENCE)
+    assert isinstance(rec.output, LaterLogits) and rec.has_logits
+    tr = trace(model, tok, SENTENCE, rec=rec)  # its predictions read the last position only
+    assert isinstance(rec.output, LaterLogits)
+    step = next(s for s in tr.steps if s.name == "logits")
+    assert step.shape == (len(SENTENCE), tok.vocab_size)
+    last = rec.last_logits.clone()
+    whole = rec.logits  # computed now, once
+    assert not isinstance(rec.output, LaterLogits) and rec.logits is whole
+    assert torch.equal(whole[:, -1], last)  # the last row is the one computed first, to the bit
+    with torch.no_grad():
+        torch.testing.assert_close(whole, model(torch.tensor([tok.encode(SENTENCE)])))
+    assert not whole.requires_grad
+    torch.testing.assert_close(torch.as_tensor(step.value), whole[0])
+    preds = next(s for s in tr.steps if s.name == "predictions").extra["predictions"]
+    assert preds[0]["id"] == int(last[0].argmax())
+
+
 def test_generic_record_text_serves_a_single_stack_encoder():
     tok = char_tokenizer()
     model = TinyEncoder(tok.vocab_size).eval()

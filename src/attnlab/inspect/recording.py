@@ -115,7 +115,9 @@ class Recording:
     ``cache`` holds (B=1) activations by name. ``tokens`` maps each stack to its token strings,
     ``{"": tokens}`` for a single-stack model. ``ids`` likewise holds the token ids.
     ``memory_stack`` names the stack cross-attention reads from (None without one).
-    ``logits`` is the model's output (1, T, vocab) where it has one. ``extra`` holds what a
+    ``logits`` is the model's output (1, T, vocab) where it has one (``output``: a GPT's is
+    a ``LaterLogits``, made whole when ``logits`` is first read; ``last_logits`` reads the
+    last position without that). ``extra`` holds what a
     model adds (an encoder-decoder: ``translation`` and ``predicted`` decoder tokens; a ViT: the
     ``image``). ``kind`` and ``description`` say what the model is (``model.kind`` and
     ``model.describe()``); every tool's JSON carries them as ``about``.
@@ -125,7 +127,7 @@ class Recording:
     tokens: dict[str, list[str]]
     ids: dict[str, list[int]] = field(default_factory=dict)
     memory_stack: str | None = None
-    logits: Tensor | None = None
+    output: Tensor | declare.LaterLogits | None = None  # what ``logits`` reads
     model_type: str = ""
     key_stacks: dict[str, str] = field(default_factory=dict)
     map_kinds: dict[str, str] = field(default_factory=dict)  # map name -> its kind, if declared
@@ -143,6 +145,26 @@ class Recording:
         if key not in self.derived:
             self.derived[key] = compute()
         return self.derived[key]
+
+    @property
+    def logits(self) -> Tensor | None:
+        """The model's output (1, T, vocab), None where it has none."""
+        if isinstance(self.output, declare.LaterLogits):
+            with torch.no_grad():
+                self.output = self.output.rest()
+        return self.output
+
+    @property
+    def has_logits(self) -> bool:
+        """Whether the model has an output (``logits`` is not None), without computing it."""
+        return self.output is not None
+
+    @property
+    def last_logits(self) -> Tensor | None:
+        """The output at the last position (1, vocab), without computing the others."""
+        if isinstance(self.output, declare.LaterLogits):
+            return self.output.last[:, -1]
+        return None if self.output is None else self.output[:, -1]
 
     @property
     def about(self) -> dict:
@@ -318,7 +340,7 @@ def record(model: nn.Module, tokenizer, text: str) -> Recording:
         memory_stack=model.memory_stack,
         key_stacks=dict(model.key_stacks),
         map_kinds=dict(model.map_kinds),
-        logits=None if logits is None else logits.detach(),
+        output=logits.detach() if isinstance(logits, Tensor) else logits,
         model_type=model.model_type,
         extra=dict(p.shown),
         kind=model.kind,

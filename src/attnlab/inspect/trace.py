@@ -24,6 +24,7 @@ and then only what the model itself predicts, in its own words:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,17 +56,25 @@ class Step:
     """One step of the forward pass: what it is, its shape, what it means, its numbers.
 
     ``lines`` are how the terminal and a notebook show a step that is not a matrix (tokens,
-    predictions); ``extra`` is its data for JSON."""
+    predictions); ``extra`` is its data for JSON. ``numbers`` is the step's array, or a
+    function that computes it when ``value`` is first read (a GPT's logits: most readers of
+    a trace, the workbench's step list and its predictions, never ask for them)."""
 
     name: str
     title: str
     shape: tuple[int, ...]
     meaning: str
-    value: np.ndarray | None = None
+    numbers: np.ndarray | Callable[[], np.ndarray] | None = None
     rows: list[str] | None = None  # token labels when the matrix is token x token
     cols: list[str] | None = None
     extra: dict = field(default_factory=dict)
     lines: list[str] = field(default_factory=list)
+
+    @property
+    def value(self) -> np.ndarray | None:
+        if callable(self.numbers):
+            self.numbers = self.numbers()
+        return self.numbers
 
     def to_dict(self) -> dict:
         d = {
@@ -658,29 +667,29 @@ def _output_steps(steps, model, tokenizer, rec, stack, top_k) -> None:
         _masked_lm_steps(steps, tokenizer, rec, top_k)
     elif predicts == "class":
         _class_steps(steps, rec, top_k, model.class_reads)
-    elif predicts == "nothing" or (rec.logits is None and not model.causal):
+    elif predicts == "nothing" or (not rec.has_logits and not model.causal):
         h = _np(c[root + "ln_f"][0]) if root + "ln_f" in c else None
         add(Step("output", "contextual vectors (no prediction head)",
                  h.shape if h is not None else (len(toks),),
                  "this encoder has no masked-LM or classification head: its output is one "
                  "vector per token, read in context both ways; it predicts no token and no "
                  "class (`attnlab embed` pools the vectors into a sentence embedding)."))  # fmt: skip
-    elif rec.logits is not None:
-        lg = _np(c.get(root + "logits", rec.logits)[0])
-        causal = model.causal
-        add(Step("logits", "logits", lg.shape,
-                 f"each position scores all {lg.shape[-1]} vocabulary entries"
+    elif rec.has_logits:
+        last = rec.last_logits[0]  # (V,): the others are computed only if the step is read
+        V, causal = last.shape[-1], model.causal
+        add(Step("logits", "logits", (len(toks), V),
+                 f"each position scores all {V} vocabulary entries"
                  + (" (the LM head: a dot product with every token's embedding)." if causal
                     else ": the model's output at every position.")  # fmt: skip
-                 , lg))  # fmt: skip
+                 , lambda: _np(c.get(root + "logits", rec.logits))[0]))  # fmt: skip
         if causal:
-            probs = torch.softmax(torch.as_tensor(lg[-1], dtype=torch.float64), -1)
+            probs = torch.softmax(last.double(), -1)
             preds = [{"id": int(i), "prob": float(p),
                       "token": tokenizer.decode([int(i)]) if tokenizer else str(int(i))}
                      for p, i in _top(probs, top_k)]  # fmt: skip
             add(Step("predictions",
                      f"top {len(preds)} next-token predictions after {show_token(toks[-1])!r}",
-                     (lg.shape[-1],),
+                     (V,),
                      "softmax of the last position's logits: the model's guess for the next "
                      "token.", extra={"predictions": preds},
                      lines=[f"{show_token(p['token']):>8}  p={p['prob']:.3f}" for p in preds]))  # fmt: skip

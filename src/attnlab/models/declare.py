@@ -17,6 +17,7 @@ ask which model they hold:
                     (its targets, and its loss(logits)); metric_position(p, position, target)
     its readout     predicts ("next-token", "masked-token", "class", "decoder-step" or
                     "nothing"); forward_logits(*args), logits_at(args, position);
+                    record_logits(args) (a recording's: a tensor, or LaterLogits);
                     readout(h, stack) (a residual vector -> logits: the lens);
                     dla_embeddings(cache, position) and dla_readout() (the same readout as
                     parts, for direct logit attribution); output_name(i) and output_id(token)
@@ -36,6 +37,7 @@ as ``model(ids)`` with token ids (1, T); a kind overrides what differs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -82,6 +84,16 @@ class InputError(AttnlabError):
 # ---------------------------------------------------------------------------------------------
 # Structure
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LaterLogits:
+    """A recorded pass's logits whose last position is computed and the rest only when first
+    read (``record_logits``): ``last`` (B, 1, V); ``rest()`` gives all of them (B, T, V), whose
+    last row is ``last``."""
+
+    last: Tensor
+    rest: Callable[[], Tensor]
 
 
 @dataclass(frozen=True)
@@ -503,9 +515,10 @@ class ModelKind:
         """Logits (B, V) at one output position: ``forward_logits(*args)[:, position]``."""
         return self.forward_logits(*args)[:, position]
 
-    def record_logits(self, args: tuple) -> Tensor | None:
-        """What a Recording keeps as its ``logits``: the forward pass's, or None for a model
-        that predicts nothing."""
+    def record_logits(self, args: tuple) -> Tensor | LaterLogits | None:
+        """What a Recording keeps as its ``logits``: the forward pass's, None for a model that
+        predicts nothing, or a ``LaterLogits`` (a GPT: the last position now, the rest when
+        read)."""
         return self.forward_logits(*args)
 
     def readout(self, h: Tensor, stack: str | None = None) -> Tensor:

@@ -23,7 +23,7 @@ from attnlab.blocks import ACTIVATIONS, FFNS, LAYOUTS, Block, Residual, layout_n
 from attnlab.config import BaseConfig, ConfigError
 from attnlab.decoding import GPTDecoder
 from attnlab.hooks import Hook
-from attnlab.models.declare import ModelKind, Unembed, register
+from attnlab.models.declare import LaterLogits, ModelKind, Unembed, register
 from attnlab.norms import NORMS, make_norm
 from attnlab.positional import POSITIONAL, RopeScaling, Rotary, RotaryHalf
 
@@ -413,6 +413,16 @@ class GPT(ModelKind, nn.Module):
                 logits = self.forward(ids, cache=cache, logits_to_keep=logits_to_keep,
                                       attention_mask=attention_mask)  # fmt: skip
             return logits, acts
+        x = self.final_stream(ids, cache, attention_mask)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return self.hook_logits(self.head(x))  # (B, T, vocab)
+
+    def final_stream(
+        self, ids: Tensor, cache: list[KVCache] | None = None, attention_mask: Tensor | None = None
+    ) -> Tensor:
+        """ids (B, T) -> the last block's output after the final norm (B, T, C): what the LM
+        head reads (``forward``'s arguments)."""
         B, T = ids.shape
         offset = cache[0].length if cache else 0
         if offset + T > self.config.block_size:
@@ -429,20 +439,28 @@ class GPT(ModelKind, nn.Module):
         mask = None if attention_mask is None else from_hf_attention_mask(attention_mask)
         for i, block in enumerate(self.blocks):
             x = block(x, mask=mask, cache=cache[i] if cache else None)
-        x = self.hook_ln_f(self.ln_f(x))
-        if logits_to_keep:
-            x = x[:, -logits_to_keep:]
-        logits = self.lm_head(x)  # (B, T, vocab)
-        if self.config.final_softcap is not None:  # Gemma 2: squashed into (-cap, cap)
-            logits = softcap(logits, self.config.final_softcap)
-        return self.hook_logits(logits)
+        return self.hook_ln_f(self.ln_f(x))
+
+    def head(self, x: Tensor) -> Tensor:
+        """The final stream (B, T, C) -> logits (B, T, vocab): the LM head, then the final
+        softcap where there is one (Gemma 2: squashed into (-cap, cap))."""
+        logits = self.lm_head(x)
+        cap = self.config.final_softcap
+        return logits if cap is None else softcap(logits, cap)
+
+    def record_logits(self, args: tuple) -> LaterLogits:
+        """The last position's logits now, the others when first read: at a recorded length
+        the LM head over a large vocabulary is a quarter of the pass (64 tokens, 151,936
+        entries), and what most readers of a recording ask is the next token. The whole
+        (1, T, vocab) ends with the same last row, to the bit."""
+        h = self.final_stream(*args)  # (1, T, C)
+        last = self.head(h[:, -1:])  # (1, 1, vocab)
+        return LaterLogits(last, lambda: torch.cat([self.head(h[:, :-1]), last], 1))
 
     def readout(self, h: Tensor, stack: str | None = None) -> Tensor:
         """A residual stream h (B, T, C) -> logits (B, T, vocab): the final norm, the LM head
         and the final softcap (the logit lens; on the last block's output, the model's logits)."""
-        logits = self.lm_head(self.ln_f(h))
-        cap = self.config.final_softcap
-        return logits if cap is None else softcap(logits, cap)
+        return self.head(self.ln_f(h))
 
     def dla_readout(self) -> list:
         """The head after ln_f: the LM head, its logits capped where final_softcap is set."""

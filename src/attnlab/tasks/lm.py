@@ -479,10 +479,12 @@ class LanguageModel(Task):
 
     def predict_recorded(self, model, rec, options):
         """The next tokens from the recorded logits at the last position: log_softmax of
-        ``rec.logits[0, -1]``, as the decoding protocol's first step computes it."""
-        if rec.logits is None or rec.logits.dim() != 3:
+        ``rec.last_logits`` (the others are not computed), as the decoding protocol's first
+        step computes it."""
+        last = rec.last_logits  # (1, V)
+        if last is None or last.dim() != 2:
             return None
-        logp = torch.log_softmax(rec.logits[0, -1], dim=-1)  # (V,)
+        logp = torch.log_softmax(last[0], dim=-1)  # (V,)
         return self._next(rec.text, logp, options.top_k)
 
     def _next(self, text: str, logp, top_k: int) -> dict:
