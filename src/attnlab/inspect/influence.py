@@ -369,9 +369,9 @@ def context_moved(model, rec: Recording, prefix: str) -> torch.Tensor:
     others = w.clone()
     if T == S:
         others.diagonal(dim1=-2, dim2=-1).zero_()  # token i's attention to itself
-    WO = out_proj.weight.detach().double().view(-1, H, v.size(-1))  # (C, H, d_v)
+    WO = out_proj.weight.detach().double()  # (C, H * d_v)
     z_other = others @ v  # (H, T, d_v): what head h brought to token i from the other tokens
-    ctx = torch.einsum("chd,htd->tc", WO, z_other)  # (T, C)
+    ctx = z_other.transpose(0, 1).reshape(T, -1) @ WO.T  # (T, C): sum over h of W_O^h z_h
     stream = c[prefix + "resid_pre"][0].double() + c[prefix + "attn.out"][0].double()  # (T, C)
     if prefix + "cross.out" in c:
         cross = c[prefix + "cross.out"][0].double()
