@@ -192,6 +192,29 @@ def test_the_naive_gpt_is_the_model():
 
 
 @pytest.mark.slow  # 11-12 s under load 5 (still run in CI)
+def test_a_pre_norm_models_terms_are_held_once_however_many_readers_read_them():
+    """A writer's term reaches every later reader unchanged in a pre-norm model: one tensor
+    for all of them, so L layers' terms take memory in L (they took L^2 stacked per reader
+    group: about 20 GB at 12 GPT-2 layers, batch 8, 64 tokens)."""
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=11, block_size=16, n_layer=4, n_head=2, d_model=16)
+    model = perturb(GPT(cfg).eval(), 0.3).double()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 11, (2, 6), generator=g)
+    batch = Batch([0, 1], (ids,), (ids,), torch.tensor([1, 2]), torch.tensor([3, 4]),
+                  torch.tensor([5, 5]), {"": 6})  # fmt: skip
+    circ = Circuits(Subject(model))
+    terms = circ.record(batch.clean, batch, "logit-diff")
+    embed = [v[0] for v in terms.parts.values()]  # the embeddings come first at every group
+    assert len(embed) > 4 and all(t is embed[0] for t in embed)
+    writers = {id(t) for v in terms.parts.values() for t in v}
+    assert len(writers) == len(circ.graph.writers)  # the readout reads them all: each once
+    stacked = sum(t.numel() * t.element_size() for v in terms.parts.values() for t in v)
+    assert terms.row_bytes() * 2 < stacked / 2
+    mean = terms.mean()
+    assert all(v[0] is mean.parts[next(iter(mean.parts))][0] for v in mean.parts.values())
+
+
 def test_exact_patching_and_eap_agree_with_a_naive_per_edge_implementation():
     """Exact: M(corrupt with one edge's term swapped for its clean term) - M(corrupt), one
     naive run per edge; EAP: the term difference times the gradient of M at the reader's input

@@ -276,8 +276,7 @@ class Prepared:
         K = keep.size(0)
         out = np.zeros((K, self.n_pairs))
         for b, clean, src in zip(self.batches, self.clean, self.src):
-            per_row = sum(t.numel() for t in clean.parts.values()) // len(b) * 4
-            chunk = max(1, BUDGET // max(1, per_row * len(b)))
+            chunk = max(1, BUDGET // max(1, clean.row_bytes() * len(b)))
             for c in range(0, K, chunk):
                 m = self.circ.mixed(b, b.clean, src, ~keep[c : c + chunk], self.edges,
                                     self.metric)  # fmt: skip

@@ -158,18 +158,44 @@ def short(node: Node) -> str:
 @dataclass
 class Terms:
     """One input's (or the mean's) terms at every reader: for each (stack, at), the upstream
-    writers' terms stacked (W, B, T, C); each reader's source (B, T, C); the recording."""
+    writers' terms in the graph's order, each (B, T, C); each reader's source (B, T, C); the
+    recording. A term that reaches later readers unchanged (no norm between: a pre-norm model)
+    is one tensor at all of them, so the terms of L layers take memory in L, not L^2."""
 
-    parts: dict[tuple[str, tuple[int, int]], Tensor]
+    parts: dict[tuple[str, tuple[int, int]], list[Tensor]]
     inputs: dict[str, Tensor]
     cache: dict
     metric: Tensor  # (B,)
 
     def mean(self) -> Terms:
         """Each term and input averaged over the rows, position by position (B = 1)."""
-        return Terms({k: v.mean(1, keepdim=True) for k, v in self.parts.items()},
+        means: dict[int, Tensor] = {}  # a term shared by several readers is averaged once
+
+        def mean(t: Tensor) -> Tensor:
+            if id(t) not in means:
+                means[id(t)] = t.mean(0, keepdim=True)
+            return means[id(t)]
+
+        return Terms({k: [mean(t) for t in v] for k, v in self.parts.items()},
                      {k: v.mean(0, keepdim=True) for k, v in self.inputs.items()},
                      self.cache, self.metric.mean(0, keepdim=True))  # fmt: skip
+
+    def row_bytes(self) -> int:
+        """About the memory one row of a patched run (``Circuits.mixed``) holds in terms: each
+        writer's once (a tensor shared by several readers counted once), and the largest
+        reader group's stacked as a patch reads them."""
+        ts = {id(t): t for v in self.parts.values() for t in v}
+        once = sum(t.numel() * t.element_size() for t in ts.values())
+        group = max((sum(t.numel() * t.element_size() for t in v) for v in self.parts.values()),
+                    default=0)  # fmt: skip
+        return (once + group) // max(1, self.metric.numel())
+
+
+def differences(a: list[Tensor], b: list[Tensor], rows: Tensor | None = None,
+                dim: int = 0) -> Tensor:  # fmt: skip
+    """(W, B, T, C): each writer's term in ``a`` (its ``rows``) less its term in ``b``; the
+    writers along ``dim`` (2: (B, T, W, C))."""
+    return torch.stack([(x if rows is None else x[rows]) - y for x, y in zip(a, b)], dim)
 
 
 @contextmanager
@@ -212,8 +238,9 @@ class Circuits:
         return self.subject.forward(*args)
 
     def terms(self, cache: dict, dtype: torch.dtype | None = None) -> tuple[dict, dict]:
-        """From a recording: the writers' terms at each reader group, stacked (W, B, T, C), and
-        each reader's input (its source, before the norm), in the model's dtype."""
+        """From a recording: the writers' terms at each reader group (a list of (B, T, C), see
+        ``Terms``), and each reader's input (its source, before the norm), in the model's
+        dtype."""
         dtype = dtype or self.dtype
         walkers = {s: Walker(self.model, s, cache, dtype=dtype) for s in self.graph.stacks}
         parts = {}
@@ -221,7 +248,7 @@ class Circuits:
             stack, at = key
             got = walkers[stack].to(at)
             ups = self.graph.upstream(self.groups[key][0])
-            parts[key] = torch.stack([got[w.name].to(dtype) for w in ups])
+            parts[key] = [got[w.name].to(dtype) for w in ups]
         inputs = {r.source: cache[r.source] for r in self.graph.readers}
         return parts, inputs
 
@@ -315,11 +342,11 @@ class Circuits:
                        for s in self.graph.stacks}  # fmt: skip
             memo: dict = {}
 
-            def this_terms(key) -> Tensor:  # (W, N, T, C) this run's terms at a reader group
+            def this_terms(key) -> list[Tensor]:  # W x (N, T, C): this run's terms at a group
                 if key not in memo:
                     got = walkers[key[0]].to(key[1])
                     ups = self.graph.upstream(self.groups[key][0])
-                    memo[key] = torch.stack([got[w.name] for w in ups])
+                    memo[key] = [got[w.name] for w in ups]
                 return memo[key]
 
             for source in dict.fromkeys(r.source for r in self.graph.readers):
@@ -343,14 +370,14 @@ class Circuits:
             out = y.clone()
             for r, idx in readers:
                 key, x = (r.stack, r.at), live[r.source]  # x (N, T, C) this run's input
-                this = this_terms(key)  # (W, N, T, C)
+                this = this_terms(key)  # W x (N, T, C)
                 delta = torch.zeros_like(x)
                 full = None
                 for ms, terms, rows in ((masks.get(r.name), src, src_rows),
                                         (fmasks.get(r.name), base, pair)):  # fmt: skip
                     if ms is None:
                         continue
-                    diff = (terms.parts[key][:, rows] - this).to(x.dtype)  # (W, N, T, C)
+                    diff = differences(terms.parts[key], this, rows).to(x.dtype)  # (W, N, T, C)
                     delta += (
                         torch.einsum("npw,wntc->ntc", ms.to(x.dtype), diff)
                         if ms.size(1) > 1
@@ -438,19 +465,21 @@ class Scored:
 
 def _unit_scores(circ: Circuits, edges: Edges, diffs: Callable, grads: dict) -> Tensor:
     """(B, units): sum over the channels of each writer's term difference at each reader
-    (``diffs(key)`` (W, B, T, C)) times the reader's gradient (B, T, C), per position or
-    summed over them."""
-    cols = []
-    memo: dict = {}
+    (``diffs(key)`` (B, T, W, C)) times the reader's gradient (B, T, C), per position or
+    summed over them. A reader group's readers (a layer's heads' q, k and v inputs) share the
+    differences: one matrix product per position scores all of them."""
+    groups: dict[tuple, list[Node]] = {}
     for r in edges.readers:
-        key = (r.stack, r.at)
-        if key not in memo:  # one difference per reader group (a layer's heads share it)
-            memo.clear()
-            memo[key] = diffs(key)
-        D = memo[key]  # (W, B, T, C)
-        s = torch.einsum("wbtc,btc->bwt", D, grads[r.name].to(D.dtype)).double()  # (B, W, T)
-        cols.append(s.flatten(1) if edges.positions else s.sum(-1))
-    return torch.cat(cols, dim=1)
+        groups.setdefault((r.stack, r.at), []).append(r)
+    cols = {}
+    for key, readers in groups.items():
+        D = diffs(key)  # (B, T, W, C)
+        G = torch.stack([grads[r.name].to(D.dtype) for r in readers], -1)  # (B, T, C, R)
+        S = torch.matmul(D, G).double()  # (B, T, W, R)
+        for i, r in enumerate(readers):
+            s = S[..., i].transpose(1, 2)  # (B, W, T)
+            cols[r.name] = s.flatten(1) if edges.positions else s.sum(-1)
+    return torch.cat([cols[r.name] for r in edges.readers], dim=1)
 
 
 def score_batch(circ: Circuits, batch: Batch, edges: Edges, metric: str, method: str = "eap",
@@ -495,7 +524,9 @@ def score_batch(circ: Circuits, batch: Batch, edges: Edges, metric: str, method:
     if method == "exact":
         scores = exact_scores(circ, batch, edges, clean, corrupt, metric)
     else:
-        scores = _unit_scores(circ, edges, lambda key: clean.parts[key] - corrupt.parts[key], grads)
+        scores = _unit_scores(
+            circ, edges, lambda key: differences(clean.parts[key], corrupt.parts[key], dim=2), grads
+        )
     return Scored(scores, node_scores, clean, corrupt)
 
 
@@ -507,13 +538,12 @@ def exact_scores(circ: Circuits, batch: Batch, edges: Edges, clean: Terms, corru
     B = len(batch)
     moved = torch.zeros(edges.count, dtype=torch.bool)
     for r in edges.readers:
-        D = (clean.parts[(r.stack, r.at)] - corrupt.parts[(r.stack, r.at)]).abs()  # (W, B, T, C)
+        D = differences(clean.parts[(r.stack, r.at)], corrupt.parts[(r.stack, r.at)]).abs()
         D = D.amax(dim=(1, 3))  # (W, T)
         moved[edges.block(r)] = (D > 0).flatten() if edges.positions else (D > 0).any(-1)
     todo = moved.nonzero().flatten().tolist()
     out = torch.zeros(B, edges.count, dtype=torch.float64)
-    per_row = max(t.numel() for t in clean.parts.values() if t is not None) // B * 4
-    chunk = max(1, budget // max(1, per_row * B))
+    chunk = max(1, budget // max(1, clean.row_bytes() * B))
     for c in range(0, len(todo), chunk):
         units = todo[c : c + chunk]
         patched = torch.zeros(len(units), edges.count, dtype=torch.bool)
