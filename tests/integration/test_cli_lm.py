@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from attnlab import load_run
@@ -83,6 +85,16 @@ def test_generate_batch_and_eval_in_process(trained, capsys):
     text = capsys.readouterr().out
     for key in ("loss", "perplexity", "bits/char"):
         assert key in text
+    # --limit N scores N windows of the block (it was taken and ignored); --max-tokens still caps
+    from attnlab.run import load_run
+
+    block = load_run(run).model.config.block_size
+    for extra, windows in (
+        (["--limit", "3"], 3),
+        (["--limit", "3", "--max-tokens", str(block * 2)], 2),
+    ):
+        assert main(["eval", str(run), "--data", str(data), "--json", *extra]) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] == windows * block
 
 
 @pytest.mark.slow

@@ -112,7 +112,8 @@ def add(sub) -> None:
     e.add_argument("--alpha", type=float, default=ed["alpha"],
                    help="encoder-decoder: length penalty exponent")  # fmt: skip
     e.add_argument("--limit", type=int, default=ed["limit"],
-                   help="score only the first N examples (0 = all)")  # fmt: skip
+                   help="score only the first N examples (a GPT: N windows of its block, "
+                   "spread over the text; 0 = all)")  # fmt: skip
     e.add_argument("--ablate", metavar="L.H[,L.H...]",
                    help="the figures intact and with these heads ablated (1.2; decoder.0.1, "
                    "cross.1.0, encoder.0.3 in an encoder-decoder; context for an LSTM): eval's "

@@ -523,8 +523,12 @@ class LanguageModel(Task):
             tokens = self.val_tokens if split == "val" else self.train_tokens
             cpt = self.info.chars_per_token
             where = f"the {split} split of {self.options.data}"
+        max_tokens = o.max_tokens
+        if o.limit:  # N examples: N windows of the block, spread as --max-tokens spreads them
+            cap = o.limit * model.config.block_size
+            max_tokens = cap if max_tokens is None else min(max_tokens, cap)
         try:
-            r = score_tokens(model, tokens, cpt, o.batch_size, o.max_tokens)
+            r = score_tokens(model, tokens, cpt, o.batch_size, max_tokens)
         except data.DataError as e:
             raise data.DataError(f"{o.data or where}: {e}") from None  # shorter than one window
         count = r["tokens"]
