@@ -298,6 +298,9 @@ def test_eval_of_an_induction_run_reports_both_halves_with_and_without_ablation(
     assert r["ablated"]["loss_repeated_half"] != r["intact"]["loss_repeated_half"]
     assert main(["eval", str(whole), "--ablate", "1.7"]) == 2
     assert "1.7" in capsys.readouterr().err
+    assert clean["sequences"] == 64
+    assert main(["eval", str(whole), "--json", "--limit", "5"]) == 0  # it was taken and ignored
+    assert json.loads(capsys.readouterr().out)["sequences"] == 5
 
 
 # -- the step slider of `explore --steps` -------------------------------------------------------

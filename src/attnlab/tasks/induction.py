@@ -251,13 +251,15 @@ class Induction(LanguageModel):
                 "half": x.size(1) // 2}  # fmt: skip
 
     def score(self, model, options=None):
-        """``attnlab eval``: the in-context loss (``evaluate_in_context``); with
-        ``options.data``, a language model's figures on that text."""
+        """``attnlab eval``: the in-context loss (``evaluate_in_context``; ``options.limit``:
+        of that many sequences, at most the usual ``EVAL_SEQUENCES``); with ``options.data``,
+        a language model's figures on that text."""
         from attnlab.evaluation import Evaluation, Figure
 
         if options is not None and options.data is not None:
             return super().score(model, options)
-        r = self.evaluate_in_context(model)
+        limit = options.limit if options is not None else 0
+        r = self.evaluate_in_context(model, min(limit, EVAL_SEQUENCES) if limit else EVAL_SEQUENCES)
         figures = [
             Figure("loss_first_half", "first-half loss", r["loss_first_half"], "nats/token"),
             Figure(
