@@ -205,9 +205,12 @@ class Run:
 
     def eval_options(self, data: str | None = None, options: EvalOptions | None = None,
                      **given) -> EvalOptions:  # fmt: skip
-        """``options`` with ``data`` and the ``given`` fields put in (what ``evaluate`` takes)."""
+        """``options`` with ``data`` and the ``given`` fields put in (what ``evaluate`` takes),
+        each one the run's task reads (an option it would ignore is a ConfigError)."""
         base = options.to_dict() if options is not None else {}
-        return EvalOptions.from_dict({**base, **given, **({"data": data} if data else {})})
+        options = EvalOptions.from_dict({**base, **given, **({"data": data} if data else {})})
+        self.task.check_eval_options(options)
+        return options
 
     def scoring_task(self, options: EvalOptions) -> Task:
         """The task ``evaluate`` scores with, its data read: a RunError (or DataError) saying

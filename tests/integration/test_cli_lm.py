@@ -95,6 +95,10 @@ def test_generate_batch_and_eval_in_process(trained, capsys):
     ):
         assert main(["eval", str(run), "--data", str(data), "--json", *extra]) == 0
         assert json.loads(capsys.readouterr().out)["tokens"] == windows * block
+    # an option the task's eval would not read is refused in one line, not ignored
+    assert main(["eval", str(run), "--data", str(data), "--beam", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--beam does not apply to the eval of a lm run" in err and "\n" not in err
 
 
 @pytest.mark.slow

@@ -228,6 +228,7 @@ class Task:
     best: ClassVar[str] = "val_loss"  # the metric that chooses best/
     data_files: ClassVar[tuple[str, ...]] = ()  # files prepare() writes into the run directory
     splits: ClassVar[tuple[str, ...]] = ("val", "train")  # what eval scores; the first by default
+    eval_reads: ClassVar[frozenset[str]] = frozenset({"data", "split", "limit"})  # EvalOptions'
 
     def __init__(self, options: BaseConfig, seed: int = 1337):
         self.options = options
@@ -428,6 +429,18 @@ class Task:
         """The task's figures on ``options.data`` or, without it, on the held-out split that
         ``reload`` rebuilt (``open_task(run, with_data=True)``)."""
         raise NotImplementedError(f"the {self.name} task has no evaluation yet")
+
+    def check_eval_options(self, options: EvalOptions) -> None:
+        """A ConfigError naming the first option set away from its default that this task's
+        ``score`` does not read (``eval_reads``): eval --beam of a GPT was taken and ignored."""
+        default = EvalOptions()
+        for f in dataclasses.fields(EvalOptions):
+            if f.name not in self.eval_reads and getattr(options, f.name) != getattr(
+                default, f.name
+            ):
+                reads = ", ".join(f"--{n.replace('_', '-')}" for n in sorted(self.eval_reads))
+                raise ConfigError(f"--{f.name.replace('_', '-')} does not apply to the eval of a "
+                                  f"{self.name} run (it reads {reads})")  # fmt: skip
 
     def check_split(self, options: EvalOptions) -> str:
         """The split ``eval`` scores: ``options.split`` if this task has it, else its first."""

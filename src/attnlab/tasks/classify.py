@@ -99,6 +99,7 @@ def read_labelled(path: str | Path, encoding: str = "utf-8", min_labels: int = 2
 @register
 class TextClassifier(Task):
     name = "classify"
+    eval_reads = Task.eval_reads | {"encoding", "batch_size"}
     order = 30
     label = "--task classify"
     Options = ClassifyOptions

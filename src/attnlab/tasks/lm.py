@@ -225,6 +225,7 @@ class LMOptions(BaseConfig):
 @register
 class LanguageModel(Task):
     name = "lm"
+    eval_reads = Task.eval_reads | {"encoding", "batch_size", "max_tokens"}
     order = 10
     label = "--task lm"
     Options = LMOptions

@@ -98,6 +98,7 @@ def check_fingerprint(corpus: data.Corpus, cfg: dict) -> None:
 @register
 class MaskedLM(Task):
     name = "mlm"
+    eval_reads = Task.eval_reads | {"encoding", "batch_size"}
     order = 20
     label = "--task mlm"
     Options = EncoderOptions

@@ -162,6 +162,7 @@ def score_pairs(model: nn.Module, tokenizer: PairTokenizer, pairs: list[tuple[st
 @register
 class Seq2Seq(Task):
     name = "seq2seq"
+    eval_reads = Task.eval_reads | {"encoding", "beam", "alpha"}
     order = 40
     label = "--task seq2seq"
     Options = Seq2SeqOptions
