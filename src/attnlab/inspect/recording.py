@@ -321,7 +321,8 @@ def record(model: nn.Module, tokenizer, text: str) -> Recording:
     """One recorded forward pass over ``text`` (an image path or ``test:N`` for a ViT): the
     model's declaration makes the input ready (``prepare``), ``hooks.record`` captures every
     named activation (attention therefore runs the reference path: the same outputs), and
-    ``record_logits`` is kept as the Recording's ``logits``; tokens, ids, the memory stack,
+    ``record_logits`` is kept as the Recording's ``logits`` (a GPT's: computed past the last
+    position only when read, and not in the cache); tokens, ids, the memory stack,
     what the model adds (a translation, an image), ``kind`` and ``description`` come from the
     declaration too."""
     if not isinstance(model, ModelKind):
