@@ -98,11 +98,11 @@ def test_a_gpt_with_the_weighting_trains_and_its_cache_changes_nothing(weighting
     first = None
     for _ in range(30):
         loss = model.loss(ids[:, :-1], ids[:, 1:])
-        first = first if first is not None else float(loss)
+        first = first if first is not None else loss.item()
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert float(loss) < first - 0.5
+    assert loss.item() < first - 0.5
     prompt = ids[:2, :3]
     cfg = SamplingConfig(10, temperature=0.0)
     cached = generate_ids(model, prompt, cfg)
