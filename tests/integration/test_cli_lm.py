@@ -98,7 +98,7 @@ def test_generate_batch_and_eval_in_process(trained, capsys):
     # an option the task's eval would not read is refused in one line, not ignored
     assert main(["eval", str(run), "--data", str(data), "--beam", "4"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--beam does not apply to the eval of a lm run" in err and "\n" not in err
+    assert "--beam does not apply to eval of this lm run" in err and "\n" not in err
 
 
 @pytest.mark.slow

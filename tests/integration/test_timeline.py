@@ -301,6 +301,9 @@ def test_eval_of_an_induction_run_reports_both_halves_with_and_without_ablation(
     assert clean["sequences"] == 64
     assert main(["eval", str(whole), "--json", "--limit", "5"]) == 0  # it was taken and ignored
     assert json.loads(capsys.readouterr().out)["sequences"] == 5
+    # without --data it reads its own sequences: a text's options are refused, not ignored
+    assert main(["eval", str(whole), "--max-tokens", "100"]) == 2
+    assert "--max-tokens does not apply to eval of this induction run" in capsys.readouterr().err
 
 
 # -- the step slider of `explore --steps` -------------------------------------------------------

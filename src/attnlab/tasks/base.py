@@ -430,17 +430,21 @@ class Task:
         ``reload`` rebuilt (``open_task(run, with_data=True)``)."""
         raise NotImplementedError(f"the {self.name} task has no evaluation yet")
 
+    def eval_fields(self, options: EvalOptions) -> frozenset[str]:
+        """The EvalOptions fields ``score`` reads with ``options`` (``eval_reads``; a task
+        whose options change with ``--data`` says so here)."""
+        return self.eval_reads
+
     def check_eval_options(self, options: EvalOptions) -> None:
         """A ConfigError naming the first option set away from its default that this task's
-        ``score`` does not read (``eval_reads``): eval --beam of a GPT was taken and ignored."""
-        default = EvalOptions()
-        for f in dataclasses.fields(EvalOptions):
-            if f.name not in self.eval_reads and getattr(options, f.name) != getattr(
-                default, f.name
-            ):
-                reads = ", ".join(f"--{n.replace('_', '-')}" for n in sorted(self.eval_reads))
-                raise ConfigError(f"--{f.name.replace('_', '-')} does not apply to the eval of a "
-                                  f"{self.name} run (it reads {reads})")  # fmt: skip
+        ``score`` does not read (``eval_fields``): eval --beam of a GPT was taken and ignored."""
+        default, reads = EvalOptions(), self.eval_fields(options)
+        ignored = [f.name for f in dataclasses.fields(EvalOptions)
+                   if f.name not in reads and getattr(options, f.name) != getattr(default, f.name)]  # fmt: skip
+        if ignored:
+            flags = [f"--{n.replace('_', '-')}" for n in [ignored[0], *sorted(reads)]]
+            raise ConfigError(f"{flags[0]} does not apply to eval of this {self.name} run (it "
+                              f"reads {', '.join(flags[1:])})")  # fmt: skip
 
     def check_split(self, options: EvalOptions) -> str:
         """The split ``eval`` scores: ``options.split`` if this task has it, else its first."""

@@ -51,7 +51,7 @@ from attnlab.data.batches import RandomBatches
 from attnlab.metrics import Metric, half_losses
 from attnlab.models.gpt import GPTConfig
 from attnlab.modes import evaluating
-from attnlab.tasks.base import register
+from attnlab.tasks.base import Task, register
 from attnlab.tasks.lm import LanguageModel, LMOptions
 from attnlab.tokenizers import CharTokenizer
 from attnlab.train_config import default_snapshot_interval
@@ -249,6 +249,10 @@ class Induction(LanguageModel):
         return {"loss_first_half": first, "loss_repeated_half": repeated,
                 "ln_vocab": math.log(model.config.vocab_size), "sequences": n,
                 "half": x.size(1) // 2}  # fmt: skip
+
+    def eval_fields(self, options):
+        """A language model's with ``--data``; without it, only what its own sequences read."""
+        return super().eval_fields(options) if options.data is not None else Task.eval_reads
 
     def score(self, model, options=None):
         """``attnlab eval``: the in-context loss (``evaluate_in_context``; ``options.limit``:
