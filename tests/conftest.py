@@ -53,10 +53,12 @@ def capsys(capsys):
     return _Captured(capsys)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def forked_cli():
     """The real CLI, a process per call forked from one warm interpreter (``forked_cli.py``);
-    a module whose tests make many calls takes it as its ``cli``."""
+    a module whose tests make many calls takes it as its ``cli``. One server a worker: it
+    holds no state between calls (each child gets its own cwd, environment and files), and
+    starting one (torch imported) was ~2.5 s of the critical path for each of ~25 modules."""
     from forked_cli import ForkedCLI
 
     server = ForkedCLI()
