@@ -246,3 +246,27 @@ def test_composition_scores_cover_every_pair_of_consecutive_layers():
     assert len(rows) == 2 * (2 * 2)  # 2 layer pairs x 2 readers x 2 writers
     assert {r["reader"][0] for r in rows} == {"1", "2"}
     assert all(0 <= r[k] <= 1 for r in rows for k in "QKV")
+
+
+def test_composition_from_the_factors_equals_the_c_by_c_maps_multiplied_out():
+    """The composition scores are taken in the heads' widths (attnlab.models.graph.LowRank);
+    they equal Elhage et al.'s norms of the C x C products, on grouped-query heads behind an
+    RMSNorm with a gain (Gemma's offset included)."""
+    from attnlab.models.graph import LowRank, head_factors, norm_gain, product_norm
+    from attnlab.norms import RMSNorm
+
+    torch.manual_seed(3)
+    attn = MultiHeadAttention(24, 6, n_kv_heads=2, bias=False)
+    ln = RMSNorm(24)
+    ln.offset = 1.0
+    with torch.no_grad():
+        ln.weight.normal_()
+    gain = norm_gain(ln, 24)
+    maps = [head_factors(attn, h, gain) for h in range(6)]
+    for (qk, ov), (_, writer) in zip(maps, maps[::-1]):
+        for m in (qk, qk.T, ov):
+            full = m.full() @ writer.full()
+            assert product_norm(m, writer) == pytest.approx(float(full.norm()), rel=1e-10)
+            assert m.norm() == pytest.approx(float(m.full().norm()), rel=1e-10)
+    a, b = LowRank(torch.randn(5, 2).double(), torch.randn(2, 5).double()), maps[0][0]
+    assert a.T.full().equal(a.full().T) and b.T.T.full().equal(b.full())

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.recording import InspectError
 from attnlab.models.declare import max_positions
-from attnlab.norms import RMSNorm
+from attnlab.models.graph import LowRank, head_factors, norm_gain, product_norm
 from attnlab.render.display import Result
 from attnlab.training.probes import (
     KIND_NAMES,
@@ -50,26 +50,21 @@ __all__ = ["KIND_NAMES", "PROBE_HALF", "SCORES", "SELF_MAPS", "THRESHOLDS", "Hea
 def head_matrices(attn: nn.Module, ln: nn.Module | None = None) -> list[dict[str, Tensor]]:
     """Per head h of a MultiHeadAttention, in the column-vector convention y = W x:
     W_QK = W_Q^T W_K (C, C), so a query x_q and a key x_k score x_q^T W_QK x_k, and
-    W_OV = W_O W_V (C, C), what the head writes for a value x. The LayerNorm gain before the
-    attention (``ln``) is folded into W_Q, W_K and W_V (its centring and scaling per token are
-    not); biases are left out. With rotary positions this is W_QK at relative offset 0."""
-    H, D, dv = attn.n_heads, attn.d_k, attn.d_v
-    g = H // attn.n_kv_heads  # query heads per K/V head (grouped-query)
-    gain = None
-    if ln is not None and ln.weight is not None:  # Gemma's RMSNorm multiplies by (1 + w)
-        offset = ln.offset if isinstance(ln, RMSNorm) else 0.0
-        gain = offset + ln.weight.detach().float()
+    W_OV = W_O W_V (C, C), what the head writes for a value x (``head_factors``, multiplied
+    out). The norm's gain before the attention (``ln``) is folded into W_Q, W_K and W_V (its
+    centring and scaling per token are not); biases are left out. With rotary positions this
+    is W_QK at relative offset 0."""
     out = []
-    for h in range(H):
-        j = h // g  # the K/V head query head h reads
-        wq = attn.q_proj.weight[h * D : (h + 1) * D].detach().float()  # (D, C)
-        wk = attn.k_proj.weight[j * D : (j + 1) * D].detach().float()
-        wv = attn.v_proj.weight[j * dv : (j + 1) * dv].detach().float()  # (d_v, C)
-        wo = attn.out_proj.weight[:, h * attn.d_v : (h + 1) * attn.d_v].detach().float()  # (C, d_v)
-        if gain is not None:
-            wq, wk, wv = wq * gain, wk * gain, wv * gain
-        out.append({"QK": wq.T @ wk, "OV": wo @ wv})  # (C, C) each
+    for qk, ov in _factors(attn, ln):
+        out.append({"QK": qk.full().float(), "OV": ov.full().float()})  # (C, C) each
     return out
+
+
+def _factors(attn: nn.Module, ln: nn.Module | None) -> list[tuple[LowRank, LowRank]]:
+    """Each head's (QK, OV) factored (``attnlab.models.graph.head_factors``)."""
+    C = attn.q_proj.weight.size(1)
+    gain = norm_gain(ln, C) if ln is not None and getattr(ln, "weight", None) is not None else None
+    return [head_factors(attn, h, gain) for h in range(attn.n_heads)]
 
 
 def _reading_norm(block: nn.Module, step) -> nn.Module | None:
@@ -101,12 +96,15 @@ def composition_scores(model: nn.Module) -> list[dict] | None:
     if tuple(model.stacks) != ("",) or len(model.stack_blocks("")) < 2:
         return None
     blocks = model.stack_blocks("")
-    mats = [head_matrices(b.attn, _reading_norm(b, b.step("attn"))) for b in blocks]
+    heads = [_factors(b.attn, _reading_norm(b, b.step("attn"))) for b in blocks]
     rows = []
-    for layer in range(1, len(mats)):
-        for r, reader in enumerate(mats[layer]):
-            for w, writer in enumerate(mats[layer - 1]):
-                c = composition(reader, writer["OV"])
+    for layer in range(1, len(heads)):
+        for r, (qk, ov) in enumerate(heads[layer]):
+            for w, (_, writer) in enumerate(heads[layer - 1]):
+                wn = writer.norm()
+                c = {"Q": product_norm(qk.T, writer) / max(qk.norm() * wn, 1e-12),
+                     "K": product_norm(qk, writer) / max(qk.norm() * wn, 1e-12),
+                     "V": product_norm(ov, writer) / max(ov.norm() * wn, 1e-12)}  # fmt: skip
                 rows.append({"writer": f"{layer - 1}.{w}", "reader": f"{layer}.{r}", **c})
     return rows
 

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from attnlab.interventions.edges import graph_of
 from attnlab.interventions.subjects import InterventionError, Subject
-from attnlab.models.graph import norm_gain
+from attnlab.models.graph import LowRank, head_factors, norm_gain, product_norm
 
 
 @dataclass
@@ -37,8 +37,16 @@ class HeadMaps:
     name: str  # blocks.1.attn.head0
     label: str  # 1.0
     layer: int
-    qk: Tensor  # (C, C)
-    ov: Tensor  # (C, C)
+    qk_factors: LowRank  # QK = left @ right, rank <= d_k
+    ov_factors: LowRank  # OV, rank <= d_v
+
+    @property
+    def qk(self) -> Tensor:  # (C, C)
+        return self.qk_factors.full()
+
+    @property
+    def ov(self) -> Tensor:  # (C, C)
+        return self.ov_factors.full()
 
 
 def _gain(model, norm: str, C: int) -> Tensor:
@@ -54,17 +62,9 @@ def head_maps(subject: Subject) -> list[HeadMaps]:
         if w.kind != "head" or w.sublayer != "attn":
             continue
         attn = model.get_submodule(w.path)
-        H, G, dk, dv = attn.n_heads, attn.n_kv_heads, attn.d_k, attn.d_v
-        j = w.head // (H // G)
         q_reader = graph.node(f"{w.path}.head{w.head}.q")
-        C = attn.q_proj.weight.size(1)
-        gamma = _gain(model, q_reader.norm, C)
-        Wq = attn.q_proj.weight.detach().double()[w.head * dk : (w.head + 1) * dk]  # (dk, C)
-        Wk = attn.k_proj.weight.detach().double()[j * dk : (j + 1) * dk]  # (dk, C)
-        Wv = attn.v_proj.weight.detach().double()[j * dv : (j + 1) * dv]  # (dv, C)
-        Wo = attn.out_proj.weight.detach().double()[:, w.head * dv : (w.head + 1) * dv]  # (C, dv)
-        qk = (Wq * gamma).T @ (Wk * gamma)  # (C, C)
-        ov = Wo @ (Wv * gamma)  # (C, C)
+        gamma = _gain(model, q_reader.norm, attn.q_proj.weight.size(1))
+        qk, ov = head_factors(attn, w.head, gamma)
         label = w.path.split("blocks.")[-1].split(".")[0] + f".{w.head}"
         if w.stack:
             label = f"{w.stack}.{label}"
@@ -72,29 +72,11 @@ def head_maps(subject: Subject) -> list[HeadMaps]:
     return out
 
 
-def _score(kind: str, a: Tensor, b_qk: Tensor, b_ov: Tensor) -> float:
-    if kind == "q":
-        m, n = b_qk.T @ a, b_qk
-    elif kind == "k":
-        m, n = b_qk @ a, b_qk
-    else:
-        m, n = b_ov @ a, b_ov
-    return float(m.norm() / (n.norm() * a.norm()))
-
-
-def baseline(C: int, d: int, kind: str, draws: int = 20, seed: int = 0) -> float:
-    """The composition score of random rank-``d`` C x C Gaussian products (module doc)."""
-    g = torch.Generator().manual_seed(seed)
-    total = 0.0
-    for _ in range(draws):
-        r = lambda: (
-            torch.randn(C, d, generator=g, dtype=torch.float64)
-            @ torch.randn(  # noqa: E731
-                d, C, generator=g, dtype=torch.float64
-            )
-        )
-        total += _score(kind, r(), r(), r())
-    return total / draws
+def _score(kind: str, a: LowRank, b_qk: LowRank, b_ov: LowRank) -> float:
+    """The composition of writer A (its OV, ``a``) into reader B (module doc), all factored."""
+    n = b_ov if kind == "v" else b_qk
+    m = b_qk.T if kind == "q" else n
+    return product_norm(m, a) / (n.norm() * a.norm())
 
 
 def composition_scores(subject: Subject) -> dict:
@@ -107,12 +89,26 @@ def composition_scores(subject: Subject) -> dict:
             if b.layer <= a.layer or a.name.split("blocks.")[0] != b.name.split("blocks.")[0]:
                 continue
             pairs.append({"from": a.label, "to": b.label,
-                          **{k: _score(k, a.ov, b.qk, b.ov) for k in "qkv"}})  # fmt: skip
+                          **{k: _score(k, a.ov_factors, b.qk_factors, b.ov_factors)
+                             for k in "qkv"}})  # fmt: skip
     attn = subject.model.get_submodule(maps[0].name.rsplit(".", 1)[0]) if maps else None
-    C = maps[0].qk.size(0) if maps else 0
+    C = maps[0].qk_factors.left.size(0) if maps else 0
     base = {k: baseline(C, attn.d_k, k) for k in "qkv"} if maps else {}
     return {"pairs": pairs, "baseline": base, "definition": __doc__.split("The composition")[1]
             .split("with a baseline")[0].strip()}  # fmt: skip
+
+
+def baseline(C: int, d: int, kind: str, draws: int = 20, seed: int = 0) -> float:
+    """The composition score of random rank-``d`` C x C Gaussian products (module doc)."""
+    g = torch.Generator().manual_seed(seed)
+    total = 0.0
+    for _ in range(draws):
+        r = lambda: LowRank(  # noqa: E731
+            torch.randn(C, d, generator=g, dtype=torch.float64),
+            torch.randn(d, C, generator=g, dtype=torch.float64),
+        )
+        total += _score(kind, r(), r(), r())
+    return total / draws
 
 
 TOKEN_TABLE_MAX = 256  # vocabularies up to this size get the token x token tables

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 from torch import Tensor, nn
@@ -327,6 +328,62 @@ def norm_gain(ln: nn.Module | None, C: int) -> Tensor:
     w = None if ln is None else getattr(ln, "weight", None)
     g = torch.ones(C, dtype=torch.float64) if w is None else w.detach().double()
     return g + (float(ln.offset) if isinstance(ln, RMSNorm) else 0.0)
+
+
+@dataclass
+class LowRank:
+    """A C x C map held as its factors, M = left @ right (left (C, d), right (d, C), float64):
+    a head's QK or OV map has rank at most its head width d, so products and Frobenius norms
+    of these maps are taken in d x d (``product_norm``): at C = 896 and d = 64 that is some
+    3,000 times less work than multiplying the C x C maps (Qwen2.5-0.5B's 24 x 14 heads' every
+    pair took minutes)."""
+
+    left: Tensor  # (C, d)
+    right: Tensor  # (d, C)
+
+    def __post_init__(self) -> None:
+        self.gram_left = self.left.T @ self.left  # (d, d): left^T left
+        self.gram_right = self.right @ self.right.T  # (d, d): right right^T
+
+    @cached_property
+    def T(self) -> LowRank:  # noqa: N802  (M^T = right^T left^T, its grams swapped)
+        t = LowRank.__new__(LowRank)
+        t.left, t.right = self.right.T, self.left.T
+        t.gram_left, t.gram_right = self.gram_right, self.gram_left
+        return t
+
+    def full(self) -> Tensor:
+        """(C, C) M itself."""
+        return self.left @ self.right
+
+    def norm(self) -> float:
+        """|M|_F, from ||L R||_F^2 = tr(L^T L R R^T)."""
+        return float((self.gram_left * self.gram_right).sum().clamp_min(0.0).sqrt())
+
+
+def product_norm(a: LowRank, b: LowRank) -> float:
+    """|A B|_F of two factored maps, in the factors' widths: A B = L_a (R_a L_b) R_b, and
+    ||L X R||_F^2 = tr(X^T (L^T L) X (R R^T)) with X = R_a L_b (d_a, d_b)."""
+    x = a.right @ b.left
+    return float((a.gram_left @ x @ b.gram_right * x).sum().clamp_min(0.0).sqrt())
+
+
+def head_factors(attn: nn.Module, h: int, gain: Tensor | None = None) -> tuple[LowRank, LowRank]:
+    """Head ``h`` of a self-attention module as its QK and OV maps on the stream, factored
+    (float64), in the column-vector convention: QK = (W_Q^h diag(g))^T (W_K^j diag(g)), so a
+    query x_q and a key x_k score x_q^T QK x_k; OV = W_O^h (W_V^j diag(g)), what the head writes
+    for a value x. ``g`` is the gain of the norm before the attention (``norm_gain``; its
+    centring and 1/sigma left out), j the K/V head that head h reads (grouped-query); biases
+    and rotary positions are left out (a rotary head's QK at offset 0)."""
+    H, dk, dv = attn.n_heads, attn.d_k, attn.d_v
+    j = h // (H // attn.n_kv_heads)
+    wq = attn.q_proj.weight.detach()[h * dk : (h + 1) * dk].double()  # (dk, C)
+    wk = attn.k_proj.weight.detach()[j * dk : (j + 1) * dk].double()  # (dk, C)
+    wv = attn.v_proj.weight.detach()[j * dv : (j + 1) * dv].double()  # (dv, C)
+    wo = attn.out_proj.weight.detach()[:, h * dv : (h + 1) * dv].double()  # (C, dv)
+    if gain is not None:
+        wq, wk, wv = wq * gain, wk * gain, wv * gain
+    return LowRank(wq.T, wk), LowRank(wo, wv)
 
 
 def _rows(x: Tensor, select) -> Tensor:
