@@ -42,10 +42,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 
-# The suite runs in one worker per core (at most 4; each uses its share of the cores, see
-# tests/conftest.py), an idle worker taking tests queued for a busy one (worksteal).
-# Every test passes on a busy machine, so the workers may share the cores.
-PYTEST_WORKERS := -n auto --maxprocesses 4 --dist worksteal
+# The suite runs in one worker per core plus one (at most 4; each uses its share of the cores,
+# one thread at least, see tests/conftest.py), an idle worker taking tests queued for a busy one
+# (worksteal). With one worker a core, 2 cores were busy 183% of the time: many tests wait on a
+# child process, a socket or a browser, and the extra worker runs while they wait. Every test
+# passes on a busy machine, so the workers may share the cores.
+WORKERS := $(shell $(PY) -c "import os; f = getattr(os, 'sched_getaffinity', None); \
+	print(min(4, (len(f(0)) if f else os.cpu_count() or 1) + 1))")
+PYTEST_WORKERS := -n $(WORKERS) --dist worksteal
 
 # Bytecode is written the first time a module is imported, for every process these targets
 # start: where PYTHONDONTWRITEBYTECODE is set (as on many CI machines), the few hundred fresh
