@@ -20,7 +20,8 @@ from torch import Tensor, nn
 from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.recording import InspectError
 from attnlab.models.declare import max_positions
-from attnlab.models.graph import LowRank, head_factors, norm_gain, product_norm
+from attnlab.models.graph import LowRank, head_factors, norm_gain
+from attnlab.models.graph import composition as lowrank_composition
 from attnlab.render.display import Result
 from attnlab.training.probes import (
     KIND_NAMES,
@@ -62,8 +63,7 @@ def head_matrices(attn: nn.Module, ln: nn.Module | None = None) -> list[dict[str
 
 def _factors(attn: nn.Module, ln: nn.Module | None) -> list[tuple[LowRank, LowRank]]:
     """Each head's (QK, OV) factored (``attnlab.models.graph.head_factors``)."""
-    C = attn.q_proj.weight.size(1)
-    gain = norm_gain(ln, C) if ln is not None and getattr(ln, "weight", None) is not None else None
+    gain = norm_gain(ln, attn.q_proj.weight.size(1))  # ones where there is no gain
     return [head_factors(attn, h, gain) for h in range(attn.n_heads)]
 
 
@@ -101,10 +101,7 @@ def composition_scores(model: nn.Module) -> list[dict] | None:
     for layer in range(1, len(heads)):
         for r, (qk, ov) in enumerate(heads[layer]):
             for w, (_, writer) in enumerate(heads[layer - 1]):
-                wn = writer.norm()
-                c = {"Q": product_norm(qk.T, writer) / max(qk.norm() * wn, 1e-12),
-                     "K": product_norm(qk, writer) / max(qk.norm() * wn, 1e-12),
-                     "V": product_norm(ov, writer) / max(ov.norm() * wn, 1e-12)}  # fmt: skip
+                c = {k.upper(): lowrank_composition(k, writer, qk, ov) for k in "qkv"}
                 rows.append({"writer": f"{layer - 1}.{w}", "reader": f"{layer}.{r}", **c})
     return rows
 

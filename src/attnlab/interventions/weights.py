@@ -29,7 +29,7 @@ from torch import Tensor
 
 from attnlab.interventions.edges import graph_of
 from attnlab.interventions.subjects import InterventionError, Subject
-from attnlab.models.graph import LowRank, head_factors, norm_gain, product_norm
+from attnlab.models.graph import LowRank, composition, head_factors, norm_gain
 
 
 @dataclass
@@ -72,13 +72,6 @@ def head_maps(subject: Subject) -> list[HeadMaps]:
     return out
 
 
-def _score(kind: str, a: LowRank, b_qk: LowRank, b_ov: LowRank) -> float:
-    """The composition of writer A (its OV, ``a``) into reader B (module doc), all factored."""
-    n = b_ov if kind == "v" else b_qk
-    m = b_qk.T if kind == "q" else n
-    return product_norm(m, a) / (n.norm() * a.norm())
-
-
 def composition_scores(subject: Subject) -> dict:
     """Q-, K- and V-composition of every earlier head into every later one of the same stream:
     {"pairs": [{"from", "to", "q", "k", "v"}], "baseline": {"q", "k", "v"}, "definition"}."""
@@ -89,7 +82,7 @@ def composition_scores(subject: Subject) -> dict:
             if b.layer <= a.layer or a.name.split("blocks.")[0] != b.name.split("blocks.")[0]:
                 continue
             pairs.append({"from": a.label, "to": b.label,
-                          **{k: _score(k, a.ov_factors, b.qk_factors, b.ov_factors)
+                          **{k: composition(k, a.ov_factors, b.qk_factors, b.ov_factors)
                              for k in "qkv"}})  # fmt: skip
     attn = subject.model.get_submodule(maps[0].name.rsplit(".", 1)[0]) if maps else None
     C = maps[0].qk_factors.left.size(0) if maps else 0
@@ -107,7 +100,7 @@ def baseline(C: int, d: int, kind: str, draws: int = 20, seed: int = 0) -> float
             torch.randn(C, d, generator=g, dtype=torch.float64),
             torch.randn(d, C, generator=g, dtype=torch.float64),
         )
-        total += _score(kind, r(), r(), r())
+        total += composition(kind, r(), r(), r())
     return total / draws
 
 

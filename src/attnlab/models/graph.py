@@ -368,6 +368,16 @@ def product_norm(a: LowRank, b: LowRank) -> float:
     return float((a.gram_left @ x @ b.gram_right * x).sum().clamp_min(0.0).sqrt())
 
 
+def composition(kind: str, writer_ov: LowRank, reader_qk: LowRank, reader_ov: LowRank) -> float:
+    """Elhage et al.'s composition of an earlier head's output (its OV, ``writer_ov``) into a
+    later head, |M OV_A|_F / (|M|_F |OV_A|_F): ``kind`` "q" with M = QK_B^T (read by B's
+    queries), "k" with M = QK_B (by its keys), "v" with M = OV_B (by its values); 0 for a
+    head whose map is zero."""
+    n = reader_ov if kind == "v" else reader_qk
+    m = reader_qk.T if kind == "q" else n
+    return product_norm(m, writer_ov) / max(n.norm() * writer_ov.norm(), 1e-12)
+
+
 def head_factors(attn: nn.Module, h: int, gain: Tensor | None = None) -> tuple[LowRank, LowRank]:
     """Head ``h`` of a self-attention module as its QK and OV maps on the stream, factored
     (float64), in the column-vector convention: QK = (W_Q^h diag(g))^T (W_K^j diag(g)), so a
