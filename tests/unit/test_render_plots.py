@@ -137,3 +137,35 @@ def test_every_heatmap_in_src_is_drawn_by_the_one_renderer():
             if isinstance(node, ast.Attribute) and node.attr in drawers:
                 found.append(f"{path.relative_to(SRC)}:{node.lineno} {node.attr}")
     assert found == []
+
+
+@pytest.mark.parametrize("tight_layout", [False, True])
+def test_save_png_writes_what_a_tight_savefig_writes_with_one_layout_pass_less(
+    tmp_path, monkeypatch, tight_layout
+):
+    """save_png crops to the box it has just measured, so matplotlib does not lay the figure
+    out a second time (with "tight", or after ``tight_layout``): one layout pass and one
+    painted draw where the labels fit, and the same pixels as ``bbox_inches="tight"``."""
+    from matplotlib.figure import Figure
+
+    from attnlab.render.plots import fit_tick_labels
+
+    def figure():
+        fig, axes = plt.subplots(1, 2, figsize=(6, 3))
+        for i, ax in enumerate(axes):
+            heatmap(ax, np.arange(9.0).reshape(3, 3) + i, list("abc"), list("xyz"))
+        fig.suptitle("two maps")
+        if tight_layout:
+            fig.tight_layout()
+        return fig
+
+    fig = figure()
+    fit_tick_labels(fig, 110)
+    fig.savefig(tmp_path / "tight.png", format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    draws = []
+    real = Figure.draw
+    monkeypatch.setattr(Figure, "draw", lambda self, r: draws.append(1) or real(self, r))
+    save_png(figure(), tmp_path / "ours.png")
+    assert len(draws) == 2  # the layout fit_tick_labels measures, then the pixels
+    assert (tmp_path / "ours.png").read_bytes() == (tmp_path / "tight.png").read_bytes()

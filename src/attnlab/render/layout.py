@@ -83,7 +83,8 @@ def check_figures(tight_only: bool = False):
     real = Figure.savefig
 
     def savefig(self, fname, *args, **kw):
-        tight = kw.get("bbox_inches") == "tight"
+        box = kw.get("bbox_inches")  # "tight", or the box it gives (render.plots.tight_box)
+        tight = box == "tight" if isinstance(box, str) else box is not None
         found = problems(self, tight=tight, dpi=kw.get("dpi"))
         seen.append((_label(self, fname), found))
         return real(self, fname, *args, **kw)

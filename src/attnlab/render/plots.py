@@ -180,7 +180,7 @@ def shared_colorbar(fig, axes, im, label: str | None = None, fontsize: float = 8
     """One colourbar right of a grid of heatmaps drawn with the same colour range, exactly as
     tall as the grid (from the lowest axes' bottom to the highest one's top). Call it once the
     layout is final (after ``tight_layout``): it reads where the axes were drawn."""
-    fig.canvas.draw()  # applies each axes' aspect, so positions are where they are drawn
+    fig.draw_without_rendering()  # applies each axes' aspect: positions as they are drawn
     boxes = [ax.get_position(original=False) for ax in axes]
     x1 = max(b.x1 for b in boxes)
     y0, y1 = min(b.y0 for b in boxes), max(b.y1 for b in boxes)
@@ -362,10 +362,34 @@ def save_png(fig, path: str | Path, dpi: int = 110) -> Path:
         if not path.parent.is_dir():
             raise AttnlabError(f"{path.parent}: no such directory")
         fit_tick_labels(fig, dpi)
-        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight"))
+        atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=dpi,
+                                                   bbox_inches=tight_box(fig, dpi)))  # fmt: skip
     finally:
         plt.close(fig)
     return path
+
+
+def tight_box(fig, dpi: float):
+    """What ``savefig(bbox_inches="tight")`` would crop ``fig`` to at ``dpi`` (inches, padded
+    by ``savefig.pad_inches``), read from the layout ``fit_tick_labels`` has just measured, so
+    that saving draws the figure once more instead of twice.
+
+    matplotlib lays a figure out again before saving when it is asked for "tight", and also
+    when the figure keeps a layout engine: ``Figure.tight_layout`` leaves a placeholder one
+    that lays nothing out. That placeholder is dropped here (the layout it stands for is
+    done); a real engine (constrained layout) is kept, and matplotlib runs it as before."""
+    import matplotlib as mpl
+
+    from attnlab.render.layout import lay_out
+
+    renderer = lay_out(fig, dpi)
+    engine = fig.get_layout_engine()
+    if type(engine).__name__ == "PlaceHolderLayoutEngine" and hasattr(fig, "_layout_engine"):
+        fig._layout_engine = None
+    stale = fig.stale
+    box = fig.get_tightbbox(renderer)
+    fig.stale = stale  # it places the titles where the layout already had them, and says so
+    return box.padded(mpl.rcParams["savefig.pad_inches"])
 
 
 def png_html(fig, dpi: int = 80) -> str:
@@ -380,7 +404,7 @@ def png_html(fig, dpi: int = 80) -> str:
     buf = io.BytesIO()
     try:
         fit_tick_labels(fig, dpi)
-        fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=dpi, bbox_inches=tight_box(fig, dpi))
     finally:
         plt.close(fig)
     title = fig.get_suptitle() if hasattr(fig, "get_suptitle") else ""  # matplotlib >= 3.8
