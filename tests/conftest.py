@@ -32,6 +32,11 @@ def _a_share_of_the_cores() -> None:
 
 _a_share_of_the_cores()
 
+# Training draws no loss.png here (about a third of a second of CPU for each of the suite's
+# ~500 runs, a tenth of its time) except in the tests of the picture itself, which set
+# ATTNLAB_LOSS_PNG=1 (attnlab.training.plots.loss_png_wanted); one set by whoever runs the suite is kept.
+os.environ.setdefault("ATTNLAB_LOSS_PNG", "0")
+
 
 class _Captured:
     """pytest's capsys, its captures handed out as ``Printed`` (tests/printed.py): what a

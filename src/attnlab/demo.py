@@ -183,7 +183,9 @@ def demo() -> None:
     generate(model, tokenizer, PROMPT, SamplingConfig(400, 0.8, top_k=40, seed=0), stream=stream)
     print("\n")
     print(f"[demo] run directory : {RUN}/ (config.json, model.safetensors, tokenizer.json, best/)")
-    print(f"[demo] loss curve    : {RUN / CURVE_FILE}   metrics: {RUN / METRICS_FILE}")
+    curve = RUN / CURVE_FILE
+    drawn = curve if curve.is_file() else "not drawn (ATTNLAB_LOSS_PNG=0)"
+    print(f"[demo] loss curve    : {drawn}   metrics: {RUN / METRICS_FILE}")
     for what, command in hints(RUN):
         print(f"[demo] {what}:")
         print("\n".join(command_lines(command, terminal_width())))

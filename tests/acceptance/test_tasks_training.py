@@ -54,7 +54,9 @@ def whole(data_dir, tmp_path_factory):
     def get(task_id: str):
         if task_id not in runs:
             out = tmp_path_factory.mktemp("whole") / task_id
-            assert main(train_args(task_id, data_dir, out, "--max-iters", "8", *SCHEDULE)) == 0
+            with pytest.MonkeyPatch.context() as mp:  # its loss curve is checked
+                mp.setenv("ATTNLAB_LOSS_PNG", "1")
+                assert main(train_args(task_id, data_dir, out, "--max-iters", "8", *SCHEDULE)) == 0
             runs[task_id] = out
         return runs[task_id]
 

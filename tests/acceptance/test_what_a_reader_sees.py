@@ -154,6 +154,7 @@ def test_the_demo_fits_80_columns_piped(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("COLUMNS", raising=False)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(demo, "MAX_ITERS", 4)
+    monkeypatch.setenv("ATTNLAB_LOSS_PNG", "1")  # the demo's loss curve is one of its pictures
     with check_figures() as seen:
         demo.main()
     out = capsys.readouterr().out

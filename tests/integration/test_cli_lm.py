@@ -29,6 +29,7 @@ def trained(tmp_path_factory):
         "6",
         "--eval-interval",
         "3",
+        env={"ATTNLAB_LOSS_PNG": "1"},  # its loss curve is checked below
     )
     assert r.returncode == 0, r.stderr
     return data, run, r

@@ -112,7 +112,8 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     )
 
 
-def test_run_directory_holds_a_loadable_checkpoint(tmp_path):
+def test_run_directory_holds_a_loadable_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_LOSS_PNG", "1")  # the loss curve is one of its files
     make_trainer(tmp_path / "r", max_iters=8).fit()
     run = tmp_path / "r"
     for name in (
@@ -464,3 +465,15 @@ def test_arch_llama_trains_by_its_own_recipe_unless_its_preset_has_one():
     assert plan(arch="llama", beta2=0.99).beta2 == 0.99  # a flag given wins
     fast = plan(arch="llama", preset="fast")  # the preset's recipe is for its shape
     assert {k: getattr(fast, k) for k in PRESET_TRAINING["fast"]} == PRESET_TRAINING["fast"]
+
+
+def test_loss_png_is_drawn_unless_attnlab_loss_png_is_0(tmp_path, monkeypatch):
+    from attnlab.training.plots import loss_png_wanted
+
+    monkeypatch.delenv("ATTNLAB_LOSS_PNG", raising=False)
+    assert loss_png_wanted()  # a user's default
+    monkeypatch.setenv("ATTNLAB_LOSS_PNG", "0")
+    assert not loss_png_wanted()
+    make_trainer(tmp_path / "r", max_iters=4).fit()
+    assert (tmp_path / "r" / "metrics.jsonl").is_file()
+    assert not (tmp_path / "r" / "loss.png").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from attnlab.cli import Verb, register
 
@@ -38,7 +39,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"about": about_run(p.out), **outcome.to_dict()}, ensure_ascii=False))
         return 0
     print(outcome.summary)
-    print(f"run: {p.out}  (model.safetensors, metrics.jsonl, loss.png; best/ holds the best model)")
+    from attnlab.rundir import CURVE_FILE
+
+    curve = ", loss.png" if (Path(p.out) / CURVE_FILE).is_file() else ""
+    print(f"run: {p.out}  (model.safetensors, metrics.jsonl{curve}; best/ holds the best model)")
     return 0
 
 

@@ -103,7 +103,7 @@ from attnlab.training.optim import (
     optimizer_tensors,
     set_lr,
 )
-from attnlab.training.plots import plot_metrics
+from attnlab.training.plots import loss_png_wanted, plot_metrics
 from attnlab.training.progress import Progress, eval_line, log_line
 from attnlab.training.state import check_rng_state, rng_state, set_rng_state
 
@@ -734,7 +734,7 @@ class Trainer:
                 fn(self, *args)
 
     def _plot(self) -> None:
-        if not (self.writes and self.history):
+        if not (self.writes and self.history and loss_png_wanted()):
             return
         headline = None if self.best_metric.name == "val_loss" else self.best_metric
         with contextlib.suppress(Exception):  # a plot must never hide the real outcome

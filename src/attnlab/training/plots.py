@@ -8,12 +8,22 @@ evaluation.
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
 from attnlab.files import atomic_write
 from attnlab.metrics import Metric
 from attnlab.rundir import read_metrics
+
+LOSS_PNG_ENV = "ATTNLAB_LOSS_PNG"  # "0": training writes no loss.png (sweeps, test suites)
+
+
+def loss_png_wanted() -> bool:
+    """Whether training draws loss.png: unless ATTNLAB_LOSS_PNG is "0". A run's numbers are in
+    metrics.jsonl either way; the picture is about a third of a second of CPU a run, which a
+    sweep of hundreds of small runs (or a test suite) may not want to spend."""
+    return os.environ.get(LOSS_PNG_ENV, "1").strip() != "0"
 
 
 def loss_figure(rows: list[dict], loss_unit: str, headline: Metric | None = None, title: str = ""):
