@@ -74,13 +74,26 @@ def test_the_grid_has_a_title_layer_and_head_labels_and_one_colourbar(run):
     plt.close(fig)
 
 
-def test_a_long_input_grid_shows_positions_not_tokens():
+def _tiles(fig):
+    """The one image axes of a tiled grid (the other axes is its colour bar)."""
+    (ax,) = [ax for ax in fig.axes if ax.images]
+    (bar,) = [b for b in fig.axes if b is not ax]
+    assert getattr(bar, "_colorbar", None) is not None  # and one colour bar
+    return ax
+
+
+def test_a_grid_whose_tokens_do_not_fit_is_one_image_of_tiles_named_by_head_and_map():
     import matplotlib.pyplot as plt
 
     tok = char_tokenizer()
     model = tiny_gpt(tok, block_size=80).eval()
-    fig = _drawn(attention_grid(record(model, tok, (SENTENCE + " ") * 3)).figure())
-    assert all(not ax.get_xticklabels() for ax in fig.axes[:4])
+    grid = attention_grid(record(model, tok, (SENTENCE + " ") * 3))
+    fig = _drawn(grid.figure())
+    ax = _tiles(fig)  # one image, not an axes a head: no token labels to place
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["0", "1"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["layer 0 self", "layer 1 self"]
+    n = len((SENTENCE + " ") * 3)
+    assert f"every layer x head ({n} x {n} tokens a tile)" in ax.get_title()
     plt.close(fig)
 
 
@@ -89,12 +102,10 @@ def test_an_encoder_decoder_grid_labels_each_map_self_and_cross():
 
     rec = _seq2seq_rec(lstm=False)
     grid = attention_grid(rec)
-    fig = _drawn(grid.figure())
-    labels = [ax.get_ylabel().split("\n")[0] for ax in fig.axes if ax.get_ylabel()]
-    assert [i.label for i in grid.maps] == [x for x in labels
-                                            if not x.startswith("attention weight")]  # fmt: skip
-    assert "decoder layer 1 cross" in labels and len(_colourbars(fig)) == 1
-    assert fig._suptitle.get_text().startswith("'bad cafe deaf bead'")
+    fig = _drawn(grid.figure())  # the decoder's 24 positions do not fit as labels: tiles
+    labels = [t.get_text() for t in _tiles(fig).get_yticklabels()]
+    assert [i.label for i in grid.maps] == labels and "decoder layer 1 cross" in labels
+    assert _tiles(fig).get_title().startswith("'bad cafe deaf bead'")
     plt.close(fig)
 
 
@@ -134,3 +145,28 @@ def test_attention_all_prints_the_grid_summary_not_one_heads_table(run, capsys, 
     d = json.loads(out)
     assert d["png"] == str(tmp_path / "h.png") and d["title"] == f"{path}: {SENTENCE!r}"
     assert [m["name"] for m in d["maps"]] == ["blocks.0.attn.weights", "blocks.1.attn.weights"]
+
+
+@pytest.mark.parametrize("layers, heads, tokens", [(12, 1, 5), (24, 14, 16)])
+def test_a_tall_grid_passes_the_readability_check(layers, heads, tokens):
+    """A 24-layer, 14-head model's grid (Qwen2.5-0.5B's shape: tiles) and a tall grid of axes
+    whose tokens fit: the title once ran into the heads' names on both."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from attnlab.inspect.attention import AttentionGrid
+    from attnlab.inspect.recording import AttentionInfo
+    from attnlab.render.layout import problems
+    from attnlab.render.plots import fit_tick_labels
+
+    rng = np.random.default_rng(0)
+    causal = np.tril(np.ones((tokens, tokens)))
+    maps = [AttentionInfo(f"blocks.{i}.attn.weights", "", i, "self", "", "", heads)
+            for i in range(layers)]  # fmt: skip
+    weights = [rng.random((heads, tokens, tokens)) * causal for _ in maps]
+    labels = [([f"t{i}" for i in range(tokens)],) * 2 for _ in maps]
+    fig = AttentionGrid(maps, [w / w.sum(-1, keepdims=True) for w in weights], labels, "'x'",
+                        [None] * layers).figure()  # fmt: skip
+    fit_tick_labels(fig, 110)
+    assert problems(fig, dpi=110) == []
+    plt.close(fig)

@@ -169,3 +169,30 @@ def test_save_png_writes_what_a_tight_savefig_writes_with_one_layout_pass_less(
     save_png(figure(), tmp_path / "ours.png")
     assert len(draws) == 2  # the layout fit_tick_labels measures, then the pixels
     assert (tmp_path / "ours.png").read_bytes() == (tmp_path / "tight.png").read_bytes()
+
+
+def test_tiles_put_each_matrix_in_its_place_on_one_colour_range_with_masked_cells_grey():
+    from matplotlib.colors import to_rgba
+
+    from attnlab.render.plots import MASKED, tiles
+
+    rng = np.random.default_rng(0)
+    grid = [[rng.random((3, 4)), rng.random((3, 4))], [rng.random((2, 4)), None]]  # ragged
+    hidden = [np.zeros((3, 4), bool), None]
+    hidden[0][0, 3] = True
+    fig, ax = plt.subplots()
+    bar, ys, xs = tiles(ax, grid, vmax=2.0, masked=hidden)
+    img = ax.images[0].get_array()  # (rows, cols, RGBA)
+    colour = bar.to_rgba  # the colour bar's map: 0..2
+    for r, row in enumerate(grid):
+        for c, m in enumerate(row):
+            y0, x0 = round(ys[r] - (3 - 1) / 2), round(xs[c] - (4 - 1) / 2)
+            if m is None:
+                assert (img[y0 : y0 + 3, x0 : x0 + 4] == 1).all()  # white: no map there
+                continue
+            want = colour(m)
+            if hidden[r] is not None:
+                want[hidden[r]] = to_rgba(MASKED)
+            assert np.allclose(img[y0 : y0 + m.shape[0], x0 : x0 + 4], want)
+    assert (img[3, :] == 1).all() and (img[:, 4] == 1).all()  # a white gap between tiles
+    assert bar.norm.vmin == 0.0 and bar.norm.vmax == 2.0

@@ -22,7 +22,7 @@ from attnlab.render.display import (
     rounded,
     table_html,
 )
-from attnlab.render.plots import heatmap, png_html, save_png, shared_colorbar
+from attnlab.render.plots import heatmap, png_html, save_png, shared_colorbar, tiles
 
 
 @dataclass
@@ -180,7 +180,8 @@ class AttentionGrid(Result):
     def figure(self):
         """Rows: the maps (labelled "layer 1 self", "decoder layer 0 cross"); columns: the heads
         ("head 0", ...); one colour range (0 to the largest weight) and one colourbar for all;
-        the tokens on the ticks while they fit (about 8 points per label), positions beyond."""
+        the tokens on the ticks while they fit (about 8 points per label). Where they do not,
+        the maps are tiles of one image (``tiled_figure``), far quicker to draw."""
         import matplotlib.pyplot as plt
 
         rows, H = len(self.maps), self.n_heads
@@ -191,7 +192,8 @@ class AttentionGrid(Result):
         # labels along a side: 72 pt/inch, 6.5 pt a label, along the ~0.35 inch less than a
         # cell its axes get once the tick labels and the gap between axes have theirs
         room = int((cell - 0.35) * 72 / (fontsize + 0.5))
-        fits = n <= room
+        if n > room:
+            return self.tiled_figure()
         fig, axes = plt.subplots(
             rows, H, figsize=(cell * H + 1.4, cell * rows + 1.0), squeeze=False
         )
@@ -203,7 +205,7 @@ class AttentionGrid(Result):
                 if h >= w.shape[0]:
                     ax.axis("off")
                     continue
-                labels = (q, k) if fits else (None, None)
+                labels = (q, k)
                 hidden = self.masked[r] if self.masked else None
                 im = heatmap(ax, w[h], *labels, colorbar=False, fontsize=fontsize, vmin=0.0,
                              vmax=vmax, xlabel="", ylabel="", masked=hidden)  # fmt: skip
@@ -217,10 +219,43 @@ class AttentionGrid(Result):
         title = self.title or "attention"
         fig.suptitle(f"{title}\nattention weights, every layer x head (row = query, column = key)",
                      fontsize=9)  # fmt: skip
-        fig.tight_layout(rect=(0, 0, 0.93, 1))
+        # tight_layout leaves the suptitle out: keep its two lines (~0.45 inch) free on top
+        fig.tight_layout(rect=(0, 0, 0.93, 1 - 0.45 / fig.get_figheight()))
         masked = any(m is not None and m.any() for m in (self.masked or []))
         label = "attention weight" + ("  (grey: masked, may not attend)" if masked else "")
         shared_colorbar(fig, drawn, im, label, fontsize=7)
+        return fig
+
+    def tiled_figure(self):
+        """The grid as tiles of one image: a row of tiles per map, a column per head, each tile
+        the map's (T, S) weights (rows = queries, columns = keys), masked cells grey; heads and
+        maps named on the axes, one colour bar."""
+        import matplotlib.pyplot as plt
+
+        rows, H = len(self.maps), self.n_heads
+        t = max(w.shape[1] for w in self.weights)
+        s = max(w.shape[2] for w in self.weights)
+        # inches a tile's width, as a cell of the grid of axes; the picture at most ~14 inches
+        tile = min(2.2 if max(t, s) <= 24 else 1.8, 10.5 / H)
+        height = tile * t / s
+        fig, ax = plt.subplots(figsize=(tile * 1.1 * H + 2.4, height * 1.1 * rows + 1.3))
+        vmax = max(1e-9, max(float(np.nanmax(w)) for w in self.weights))
+        grid = [[w[h] if h < w.shape[0] else None for h in range(H)] for w in self.weights]
+        bar, ys, xs = tiles(ax, grid, vmax, self.masked)
+        ax.set_xticks(xs)
+        ax.set_xticklabels([str(h) for h in range(H)], fontsize=7)
+        ax.set_yticks(ys)
+        ax.set_yticklabels([i.label for i in self.maps], fontsize=7)
+        ax.tick_params(length=0)
+        ax.set_xlabel("head (in each tile: a column per key)", fontsize=8)
+        ax.set_ylabel("attention map (in each tile: a row per query)", fontsize=8)
+        title = self.title or "attention"
+        ax.set_title(f"{title}\nattention weights, every layer x head ({t} x {s} tokens a tile)",
+                     fontsize=9)  # fmt: skip
+        fig.tight_layout(rect=(0, 0, 0.93, 1))
+        masked = any(m is not None and m.any() for m in (self.masked or []))
+        label = "attention weight" + ("  (grey: masked, may not attend)" if masked else "")
+        shared_colorbar(fig, [ax], bar, label, fontsize=7)
         return fig
 
     def save_png(self, path: str | Path) -> Path:
