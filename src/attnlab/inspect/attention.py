@@ -197,7 +197,7 @@ class AttentionGrid(Result):
         fig, axes = plt.subplots(
             rows, H, figsize=(cell * H + 1.4, cell * rows + 1.0), squeeze=False
         )
-        vmax = max(1e-9, max(float(np.nanmax(w)) for w in self.weights))
+        vmax = self._vmax()
         drawn, im = [], None
         for r, (info, w, (q, k)) in enumerate(zip(self.maps, self.weights, self.labels)):
             for h in range(H):
@@ -205,9 +205,8 @@ class AttentionGrid(Result):
                 if h >= w.shape[0]:
                     ax.axis("off")
                     continue
-                labels = (q, k)
                 hidden = self.masked[r] if self.masked else None
-                im = heatmap(ax, w[h], *labels, colorbar=False, fontsize=fontsize, vmin=0.0,
+                im = heatmap(ax, w[h], q, k, colorbar=False, fontsize=fontsize, vmin=0.0,
                              vmax=vmax, xlabel="", ylabel="", masked=hidden)  # fmt: skip
                 drawn.append(ax)
                 if r == 0:
@@ -221,10 +220,17 @@ class AttentionGrid(Result):
                      fontsize=9)  # fmt: skip
         # tight_layout leaves the suptitle out: keep its two lines (~0.45 inch) free on top
         fig.tight_layout(rect=(0, 0, 0.93, 1 - 0.45 / fig.get_figheight()))
-        masked = any(m is not None and m.any() for m in (self.masked or []))
-        label = "attention weight" + ("  (grey: masked, may not attend)" if masked else "")
+        label = self._bar_label()
         shared_colorbar(fig, drawn, im, label, fontsize=7)
         return fig
+
+    def _vmax(self) -> float:
+        """The top of the one colour range every map and head shares."""
+        return max(1e-9, max(float(np.nanmax(w)) for w in self.weights))
+
+    def _bar_label(self) -> str:
+        masked = any(m is not None and m.any() for m in (self.masked or []))
+        return "attention weight" + ("  (grey: masked, may not attend)" if masked else "")
 
     def tiled_figure(self):
         """The grid as tiles of one image: a row of tiles per map, a column per head, each tile
@@ -239,7 +245,7 @@ class AttentionGrid(Result):
         tile = min(2.2 if max(t, s) <= 24 else 1.8, 10.5 / H)
         height = tile * t / s
         fig, ax = plt.subplots(figsize=(tile * 1.1 * H + 2.4, height * 1.1 * rows + 1.3))
-        vmax = max(1e-9, max(float(np.nanmax(w)) for w in self.weights))
+        vmax = self._vmax()
         grid = [[w[h] if h < w.shape[0] else None for h in range(H)] for w in self.weights]
         bar, ys, xs = tiles(ax, grid, vmax, self.masked)
         ax.set_xticks(xs)
@@ -253,8 +259,7 @@ class AttentionGrid(Result):
         ax.set_title(f"{title}\nattention weights, every layer x head ({t} x {s} tokens a tile)",
                      fontsize=9)  # fmt: skip
         fig.tight_layout(rect=(0, 0, 0.93, 1))
-        masked = any(m is not None and m.any() for m in (self.masked or []))
-        label = "attention weight" + ("  (grey: masked, may not attend)" if masked else "")
+        label = self._bar_label()
         shared_colorbar(fig, [ax], bar, label, fontsize=7)
         return fig
 

@@ -21,7 +21,7 @@ LOSS_PNG_ENV = "ATTNLAB_LOSS_PNG"  # "0": training writes no loss.png (sweeps, t
 
 def loss_png_wanted() -> bool:
     """Whether training draws loss.png: unless ATTNLAB_LOSS_PNG is "0". A run's numbers are in
-    metrics.jsonl either way; the picture is about a third of a second of CPU a run, which a
+    metrics.jsonl either way; the picture is 0.13-0.3 s of CPU a run, which a
     sweep of hundreds of small runs (or a test suite) may not want to spend."""
     return os.environ.get(LOSS_PNG_ENV, "1").strip() != "0"
 
