@@ -717,7 +717,9 @@ def test_loading_costs_one_copy_of_the_weights(tmp_path):
         f"weights {weights / 1e6:.1f} MB: loading + one forward grew the peak RSS by "
         f"{grew / 1e6:.1f} MB ({grew / weights:.2f}x)"
     )
-    assert grew < 1.5 * weights  # building, then copying the weights in, took 2.0x
+    # building, then copying the weights in, took 2.0x; 1 MB masks in the finiteness check left
+    # 8-22 MB of heap behind (1.23-1.53x). Now 1.13x: the rest is code pages of a first call
+    assert grew < 1.3 * weights
 
 
 # ---------------------------------------------------------------------------------------------

@@ -62,3 +62,23 @@ def test_every_verb_refuses_weights_that_are_not_finite(poisoned, cli, tmp_path,
     assert r.stdout == ""
     assert list(tmp_path.iterdir()) == []  # nothing written
     assert sorted(p.name for p in poisoned.iterdir()) == before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_nonfinite_counts_every_bad_value_across_chunks(dtype):
+    """The check reads a tensor in chunks (small masks, no second copy of the weights): a bad
+    value in any chunk, the last partial one included, is counted once, and integer tensors
+    are skipped."""
+    import torch
+
+    from attnlab.safetensors_io import nonfinite
+
+    chunk = 1 << 16
+    w = torch.zeros(3 * chunk + 17, dtype=getattr(torch, dtype))
+    w[[0, chunk - 1, chunk, 2 * chunk + 5, 3 * chunk + 16]] = torch.tensor(
+        [float("nan"), float("inf"), -float("inf"), float("nan"), float("inf")], dtype=w.dtype
+    )
+    tensors = {"ids": torch.arange(5), "fine": torch.ones(7), "w": w}
+    assert nonfinite(tensors, chunk) == ("w", 5)
+    assert nonfinite(tensors) == ("w", 5)  # the default chunk
+    assert nonfinite({"fine": torch.ones(chunk + 1)}, chunk) is None
