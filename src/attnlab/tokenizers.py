@@ -37,6 +37,7 @@ from pathlib import Path
 from attnlab.errors import AttnlabError
 
 UNK = "<unk>"
+BOS_TOKEN = "<bos>"  # a language model's start-of-text token (train --bos), never typed text
 PAD, BOS, EOS = 0, 1, 2  # encoder-decoder ids; a PairTokenizer shifts each side's ids by 3
 PAIR_SPECIALS = ("<pad>", "<bos>", "<eos>")
 ENCODER_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # at ids 0-4
@@ -48,14 +49,20 @@ class TokenizerError(AttnlabError):
 
 
 class Tokenizer:
+    """``encode(text)`` frames the text as the model was trained on it: with ``<bos>`` first
+    when the tokenizer has one (``bos_id``), or BERT's ``[CLS] ... [SEP]``;
+    ``encode(text, add_special_tokens=False)`` gives the text's own ids alone (a corpus, a
+    target token)."""
+
     kind = "base"
     special_tokens: dict[str, int] = {}
+    bos_id: int | None = None  # the id every sequence starts with (train --bos), if any
 
     @property
     def vocab_size(self) -> int:
         raise NotImplementedError
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         raise NotImplementedError
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -77,15 +84,21 @@ class Tokenizer:
 
 
 class CharTokenizer(Tokenizer):
-    """One token per character; the vocabulary is the sorted set of the corpus's characters."""
+    """One token per character; the vocabulary is the sorted set of the corpus's characters.
+
+    ``bos``: a ``<bos>`` id after the characters' (so theirs are unchanged), which ``encode``
+    puts first and ``decode`` drops; no text encodes to it, ``"<bos>"`` typed included."""
 
     kind = "char"
 
-    def __init__(self, chars: Iterable[str], unk: bool = False):
+    def __init__(self, chars: Iterable[str], unk: bool = False, bos: bool = False):
         chars = sorted(set(chars) - {UNK})
         self.itos = ([UNK] if unk else []) + chars
-        self.stoi = {s: i for i, s in enumerate(self.itos)}
+        self.stoi = {s: i for i, s in enumerate(self.itos)}  # characters only: never <bos>
         self.unk_id = 0 if unk else None
+        if bos:
+            self.bos_id = len(self.itos)
+            self.itos.append(BOS_TOKEN)
 
     @classmethod
     def from_text(cls, text: str, unk: bool = False) -> CharTokenizer:
@@ -95,28 +108,37 @@ class CharTokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return len(self.itos)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         stoi = self.stoi
         try:
-            return [stoi[ch] for ch in text]
+            ids = [stoi[ch] for ch in text]
         except KeyError:
-            if self.unk_id is not None:
-                return [stoi.get(ch, self.unk_id) for ch in text]
-            missing = sorted({ch for ch in text if ch not in stoi})
-            shown = ", ".join(repr(ch) for ch in missing[:10])
-            more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
-            raise TokenizerError(f"characters not in the vocabulary: {shown}{more}") from None
+            if self.unk_id is None:
+                missing = sorted({ch for ch in text if ch not in stoi})
+                shown = ", ".join(repr(ch) for ch in missing[:10])
+                more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
+                raise TokenizerError(f"characters not in the vocabulary: {shown}{more}") from None
+            ids = [stoi.get(ch, self.unk_id) for ch in text]
+        if self.bos_id is not None and add_special_tokens is not False:
+            ids.insert(0, self.bos_id)
+        return ids
 
     def decode(self, ids: Iterable[int]) -> str:
-        itos = self.itos
-        return "".join(itos[int(i)] for i in ids)
+        itos, bos = self.itos, self.bos_id
+        return "".join(itos[int(i)] for i in ids if int(i) != bos)
+
+    def labels(self, ids: Iterable[int]) -> list[str]:
+        return [self.itos[int(i)] for i in ids]
 
     def tokens(self, text: str) -> list[str]:
         return [self.itos[i] for i in self.encode(text)]
 
     def to_json(self) -> str:
-        body = {"type": "char", "vocab": self.itos[1:] if self.unk_id is not None else self.itos}
+        chars = self.itos[:-1] if self.bos_id is not None else self.itos
+        body = {"type": "char", "vocab": chars[1:] if self.unk_id is not None else chars}
         body["unk"] = self.unk_id is not None
+        if self.bos_id is not None:  # written only when on: older runs' files are unchanged
+            body["bos"] = True
         return json.dumps({"attnlab": body}, ensure_ascii=False)
 
 
@@ -147,7 +169,7 @@ class WordTokenizer(Tokenizer):
     def vocab_size(self) -> int:
         return len(self.itos)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool | None = None) -> list[int]:
         return [self.stoi.get(w, 0) for w in WORD_RE.findall(text)]
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -193,6 +215,10 @@ class HFTokenizer(Tokenizer):
         # default, because the model was trained on inputs framed that way; GPT-2's adds none.
         post = tok.post_processor
         self.add_special_tokens = post is not None and post.num_special_tokens_to_add(False) > 0
+        if self.add_special_tokens:  # a template that puts one token first and none after
+            framed, bare = (tok.encode("a", add_special_tokens=f).ids for f in (True, False))
+            if len(framed) == len(bare) + 1 and framed[1:] == bare:
+                self.bos_id = framed[0]  # train --bos's <bos>, Llama's <s>
 
     @property
     def vocab_size(self) -> int:
@@ -209,7 +235,8 @@ class HFTokenizer(Tokenizer):
         return [e.ids for e in self.tok.encode_batch(texts, add_special_tokens=special)]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+        bos = self.bos_id
+        return self.tok.decode([int(i) for i in ids if int(i) != bos], skip_special_tokens=False)
 
     def tokens(self, text: str, add_special_tokens: bool | None = None) -> list[str]:
         return self.labels(self.encode(text, add_special_tokens))
@@ -330,7 +357,8 @@ def tokenizer_from_json(text: str, readers: dict | None = None) -> Tokenizer:
     if isinstance(data, dict) and "attnlab" in data:
         body = data["attnlab"]
         if body.get("type") == "char":
-            return CharTokenizer(body["vocab"], unk=body.get("unk", False))
+            return CharTokenizer(body["vocab"], unk=body.get("unk", False),
+                                 bos=body.get("bos", False))  # fmt: skip
         if body.get("type") == "word":
             return WordTokenizer(body["vocab"])
         if body.get("type") == "shared-pair":  # a T5 run's: one vocabulary, the model's ids
@@ -381,6 +409,7 @@ def build_tokenizer(
     *,
     unk: bool = False,
     encoder: bool = False,
+    bos: bool = False,
 ) -> Tokenizer:
     """The one tokenizer builder: a ``char``, ``word``, ``bpe`` or ``wordpiece`` tokenizer
     learned from ``texts`` (one string, or an iterable of pieces read in a stream, such as a
@@ -389,9 +418,13 @@ def build_tokenizer(
     ``unk``: char tokenizers map unseen characters to ``<unk>`` (word tokenizers always do).
     ``encoder``: a BERT-style tokenizer with [PAD] [UNK] [CLS] [SEP] [MASK] at ids 0-4 that
     frames every text as ``[CLS] text [SEP]`` (any kind; wordpiece is for encoders only).
+    ``bos``: every text starts with ``<bos>`` (``with_bos``; char and bpe).
     """
     if kind not in TOKENIZER_KINDS:
         raise TokenizerError(f"unknown tokenizer {kind!r}; choose {', '.join(TOKENIZER_KINDS)}")
+    if bos:
+        return with_bos(build_tokenizer(kind, texts, vocab_size, min_freq, unk=unk,
+                                        encoder=encoder))  # fmt: skip
     pieces = _pieces(texts)
     if encoder:
         return _encoder_tokenizer(kind, pieces, vocab_size)
@@ -408,6 +441,31 @@ def build_tokenizer(
     if kind == "bpe":
         return train_bpe(pieces, vocab_size=vocab_size)
     raise TokenizerError("the wordpiece tokenizer is for encoder tasks (--task mlm or classify)")
+
+
+def with_bos(tokenizer: Tokenizer) -> Tokenizer:
+    """``tokenizer`` with a ``<bos>`` id after its others (so theirs are unchanged) that
+    ``encode`` puts first: a char tokenizer, or a byte-level BPE (``<bos>`` a special token of
+    its vocabulary, put first by its template). A TokenizerError for any other kind; the
+    tokenizer itself if it has a BOS already."""
+    if tokenizer.bos_id is not None:
+        return tokenizer
+    if isinstance(tokenizer, CharTokenizer):
+        chars = tokenizer.itos[1:] if tokenizer.unk_id is not None else tokenizer.itos
+        return CharTokenizer(chars, unk=tokenizer.unk_id is not None, bos=True)
+    if isinstance(tokenizer, HFTokenizer) and not tokenizer.add_special_tokens:
+        from tokenizers import Tokenizer as HFTok
+        from tokenizers import processors
+
+        tok = HFTok.from_str(tokenizer.to_json())  # a copy: the cached one stays as it was
+        if tok.token_to_id(BOS_TOKEN) is None:
+            tok.add_special_tokens([BOS_TOKEN])
+        bos = tok.token_to_id(BOS_TOKEN)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B", special_tokens=[(BOS_TOKEN, bos)]
+        )
+        return HFTokenizer(tok)
+    raise TokenizerError(f"a <bos> token is for the char and bpe tokenizers, not {tokenizer.kind}")
 
 
 def _pieces(texts: str | Iterable[str]) -> Iterable[str]:

@@ -169,6 +169,9 @@ def add(sub) -> None:
       help="--task lm: how a head's scores become weights: softmax; softmax1, softmax with an "
       "extra logit fixed at 0; sigmoid, each key on its own, unnormalised (rows of softmax1 and "
       "sigmoid need not sum to 1)")  # fmt: skip
+    a("--bos", action="store_true",
+      help="--task lm, char or bpe tokens: a <bos> token starts every window the model reads "
+      "(and every text a verb gives it), so the first position is always the same token")  # fmt: skip
     a("--qk-norm", action=argparse.BooleanOptionalAction,
       help="--task lm: an RMSNorm on each head's queries and keys (Qwen3, Gemma 3, the "
       "speedrun)")  # fmt: skip

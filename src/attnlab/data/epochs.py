@@ -82,6 +82,7 @@ class EpochWindows:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        bos: int | None = None,
     ):
         if len(tokens) < block_size + 1:
             raise DataError(
@@ -89,6 +90,7 @@ class EpochWindows:
             )
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
         self.seed, self.rank, self.world_size = int(seed), rank, world_size
+        self.bos = bos  # each window read after it (``windows``)
         self.epoch, self.index, self.drawn = 0, 0, 0
         self._plan = None
 
@@ -124,7 +126,8 @@ class EpochWindows:
         B = self.batch_size
         starts = self.positions(B * self.world_size)
         self.drawn += 1
-        return windows(self.tokens, starts[self.rank * B : (self.rank + 1) * B], self.block_size)
+        mine = starts[self.rank * B : (self.rank + 1) * B]
+        return windows(self.tokens, mine, self.block_size, self.bos)
 
     def state_dict(self) -> dict:
         return {

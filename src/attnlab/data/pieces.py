@@ -96,7 +96,7 @@ def array_encoder(tokenizer: Tokenizer, dtype: np.dtype) -> ArrayEncoder:
         return _word_encoder(tokenizer, dtype)
 
     def generic(pieces: list[str]) -> np.ndarray:
-        ids = [i for p in pieces for i in tokenizer.encode(p)]
+        ids = [i for p in pieces for i in tokenizer.encode(p, add_special_tokens=False)]
         return np.asarray(ids, dtype=dtype)
 
     return generic

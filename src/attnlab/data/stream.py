@@ -48,7 +48,13 @@ from attnlab.data.shards import (
 )
 from attnlab.data.tokens import RandomWindows
 from attnlab.heartbeat import beating
-from attnlab.tokenizers import Tokenizer, TokenizerError, build_tokenizer, load_tokenizer
+from attnlab.tokenizers import (
+    Tokenizer,
+    TokenizerError,
+    build_tokenizer,
+    load_tokenizer,
+    with_bos,
+)
 
 STREAM_BYTES = 32 << 20  # corpora this large or larger stream from the cache by default
 SAMPLE_BYTES = 16 << 20  # a tokenizer trains on at most this much text (BPE: ~10 s on 2 cores)
@@ -248,6 +254,7 @@ def prepare_lm_tokens(
     workers: int | None = None,
     sample_bytes: int = SAMPLE_BYTES,
     log: Log = None,
+    bos: bool = False,
 ) -> LMTokens:
     """Tokenizer and shards for a new run (see the module for the small and streamed ways).
 
@@ -256,7 +263,8 @@ def prepare_lm_tokens(
     shards (``RUN/tokens``; None: only a streamed corpus can be prepared); nothing else is
     written there. ``tokenizer``: use this one instead of building a ``kind`` tokenizer (e.g.
     the one another rank built). ``workers``: encoding processes (0: this process; default one
-    per core). ``log`` receives progress lines.
+    per core). ``log`` receives progress lines. ``bos``: the tokenizer built gets a ``<bos>``
+    (``with_bos``: no other id changes, so a cached tokenizer serves runs with and without).
     """
     streamed = streams(corpus, cache)
     tok_reused = tokenizer is not None
@@ -266,6 +274,7 @@ def prepare_lm_tokens(
             tokenizer, tok_reused = cached_tokenizer(
                 kind, corpus, cache, vocab_size, min_freq, sample_bytes, log
             )
+            tokenizer = with_bos(tokenizer) if bos else tokenizer
         key = shards_key(corpus_fingerprint(corpus), tokenizer_sha256(tokenizer))
         dest = cache / "tokens" / f"{corpus.name}-{key}"
     else:
@@ -275,7 +284,7 @@ def prepare_lm_tokens(
             if log is not None:
                 log(f"building the {kind} tokenizer on {corpus.name} ...")
             with beating(f"building the {kind} tokenizer", log):
-                tokenizer = build_tokenizer(kind, corpus.chunks(), vocab_size, min_freq)
+                tokenizer = build_tokenizer(kind, corpus.chunks(), vocab_size, min_freq, bos=bos)
         dest = Path(run_dir) / TOKENS_DIR
     result = shards_for(corpus, tokenizer, dest, SHARD_BYTES, workers, log)
     record = {
@@ -363,7 +372,10 @@ def lm_batches(
     seed: int,
     rank: int = 0,
     world_size: int = 1,
+    bos: int | None = None,
 ) -> RandomWindows | EpochWindows:
-    """The training batches: ``RandomWindows`` or, for ``sampler == "epochs"``, ``EpochWindows``."""
+    """The training batches: ``RandomWindows`` or, for ``sampler == "epochs"``, ``EpochWindows``
+    (``bos``: each window read after it, see ``windows``)."""
     source = EpochWindows if sampler == "epochs" else RandomWindows
-    return source(train, block_size, batch_size, seed=seed, rank=rank, world_size=world_size)
+    return source(train, block_size, batch_size, seed=seed, rank=rank, world_size=world_size,
+                  bos=bos)  # fmt: skip

@@ -59,7 +59,7 @@ def encode_to_file(
     try:
         with open(tmp, "wb") as f:
             for chunk in corpus.chunks():
-                ids = np.asarray(tokenizer.encode(chunk), dtype=dtype)
+                ids = np.asarray(tokenizer.encode(chunk, add_special_tokens=False), dtype=dtype)
                 ids.tofile(f)
                 n_tokens += ids.size
                 n_chars += len(chunk)
@@ -125,11 +125,17 @@ def split_tokens(
 
 
 def windows(
-    tokens: np.ndarray, starts: np.ndarray, block_size: int
+    tokens: np.ndarray, starts: np.ndarray, block_size: int, bos: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x, y (B, T) int64 from windows starting at ``starts``; y is x shifted by one token."""
-    idx = starts[:, None] + np.arange(block_size + 1)[None, :]  # (B, T + 1)
-    w = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))  # (B, T + 1)
+    """x, y (B, T) int64 from windows starting at ``starts``; y is x shifted by one token.
+
+    ``bos``: each window is ``bos`` and the first T - 1 tokens from its start, so ``bos`` is
+    read first and is never a target (a model trained with ``--bos``)."""
+    n = block_size if bos is not None else block_size + 1
+    idx = starts[:, None] + np.arange(n)[None, :]  # (B, n)
+    w = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))  # (B, n)
+    if bos is not None:
+        w = torch.cat([torch.full((len(w), 1), bos, dtype=torch.int64), w], dim=1)  # (B, T + 1)
     return w[:, :-1], w[:, 1:]
 
 
@@ -149,13 +155,14 @@ class RandomWindows:
         seed: int = 0,
         rank: int = 0,
         world_size: int = 1,
+        bos: int | None = None,
     ):
         if len(tokens) < block_size + 1:
             raise DataError(
                 f"need at least block_size + 1 = {block_size + 1} tokens, got {len(tokens)}"
             )
         self.tokens, self.block_size, self.batch_size = tokens, block_size, batch_size
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.bos = rank, world_size, bos
         self.generator = torch.Generator().manual_seed(seed)
         self.drawn = 0
 
@@ -168,7 +175,7 @@ class RandomWindows:
         starts = torch.randint(n_starts, (B * self.world_size,), generator=self.generator)
         self.drawn += 1
         mine = starts[self.rank * B : (self.rank + 1) * B].numpy()
-        return windows(self.tokens, mine, self.block_size)
+        return windows(self.tokens, mine, self.block_size, self.bos)
 
     def state_dict(self) -> dict:
         state = self.generator.get_state().numpy().tobytes()
@@ -181,17 +188,28 @@ class RandomWindows:
 
 
 def fixed_batches(
-    tokens: np.ndarray, block_size: int, batch_size: int, n_batches: int, seed: int = 0
+    tokens: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    n_batches: int,
+    seed: int = 0,
+    bos: int | None = None,
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The same ``n_batches`` random batches every time (for comparable evaluations)."""
-    source = RandomWindows(tokens, block_size, batch_size, seed=seed)
+    source = RandomWindows(tokens, block_size, batch_size, seed=seed, bos=bos)
     return [next(source) for _ in range(n_batches)]
 
 
 def sequential_batches(
-    tokens: np.ndarray, block_size: int, batch_size: int, max_tokens: int | None = None
+    tokens: np.ndarray,
+    block_size: int,
+    batch_size: int,
+    max_tokens: int | None = None,
+    bos: int | None = None,
 ):
-    """Non-overlapping windows spread evenly over ``tokens``, in batches (for ``eval``)."""
+    """Non-overlapping windows spread evenly over ``tokens``, in batches (for ``eval``); with
+    ``bos``, each window's targets are the block_size tokens after its start, read after
+    ``bos`` (``windows``), so every token is still scored once."""
     n_windows = (len(tokens) - 1) // block_size
     if n_windows == 0:
         raise DataError(
@@ -200,4 +218,4 @@ def sequential_batches(
     keep = n_windows if max_tokens is None else max(1, min(n_windows, max_tokens // block_size))
     starts = (np.linspace(0, n_windows - 1, keep).round().astype(np.int64)) * block_size
     for i in range(0, keep, batch_size):
-        yield windows(tokens, starts[i : i + batch_size], block_size)
+        yield windows(tokens, starts[i : i + batch_size] + (bos is not None), block_size, bos)

@@ -96,17 +96,18 @@ def corpus(ctx: Context) -> dict:
 
 
 def held_out(run, n: int, length: int) -> torch.Tensor:
-    """``n`` held-out windows of ``length`` tokens, spread evenly over the run's held-out text:
+    """``n`` held-out windows of ``length`` tokens, spread evenly over the run's held-out text,
+    each starting with <bos> where the run was trained with one (as its training windows did):
     (n, length) token ids."""
+    from attnlab import data
     from attnlab.tasks import open_task
 
     tokens = open_task(run.path, with_data=True, cfg=run.config, tokenizer=run.tokenizer).val_tokens
     total = len(tokens)
     if total < n * length:
         raise ValueError(f"{run.path}: {total} held-out tokens, fewer than {n} x {length}")
-    starts = np.linspace(0, total - length, n).astype(np.int64)
-    return torch.stack([torch.as_tensor(np.asarray(tokens[s : s + length]), dtype=torch.int64)
-                        for s in starts])  # fmt: skip
+    starts = np.linspace(0, total - length - 1, n).astype(np.int64)
+    return data.windows(tokens, starts, length, run.tokenizer.bos_id)[0]
 
 
 def measure_run(run, quick: bool = False) -> dict:
@@ -144,7 +145,7 @@ def imported_run(ctx: Context, seed: int):
         return None
     from attnlab import data
     from attnlab.interop.hf import import_hf
-    from attnlab.tokenizers import HFTokenizer, train_bpe
+    from attnlab.tokenizers import HFTokenizer, train_bpe, with_bos
 
     size = QUICK if ctx.quick else SIZE
     text = corpus(ctx)
@@ -153,8 +154,8 @@ def imported_run(ctx: Context, seed: int):
     shared = ctx.out / "hf" / HF_TOKENIZER  # one tokenizer for every seed: its tokens cached
     if not shared.is_file():
         shared.parent.mkdir(parents=True, exist_ok=True)
-        bpe = train_bpe(data.open_corpus(text["data"]).chunks(), vocab_size=512)
-        bpe.tok.save(str(shared))
+        bpe = with_bos(train_bpe(data.open_corpus(text["data"]).chunks(), vocab_size=512))
+        bpe.tok.save(str(shared))  # <bos> $A: the imported run starts each window with <bos>
     if not (imported / CONFIG_FILE).is_file():
         if not (hf / HF_CONFIG).is_file():
             from tokenizers import Tokenizer

@@ -171,16 +171,15 @@ def corpus_loss(subject: Subject, data: str, windows: int = 16, encoding: str = 
     T = subject.model.config.block_size
     ids: list[int] = []
     for chunk in corpus.chunks():
-        ids.extend(subject.tokenizer.encode(chunk))
+        ids.extend(subject.tokenizer.encode(chunk, add_special_tokens=False))
         if len(ids) > 200 * T * windows:
             break
     if len(ids) < T + 2:
         raise InterventionError(f"{data}: shorter than one window of {T + 1} tokens")
-    tokens = torch.tensor(ids)
     g = torch.Generator().manual_seed(seed)
-    starts = torch.randint(0, len(ids) - T - 1, (windows,), generator=g)
-    x = torch.stack([tokens[s : s + T] for s in starts]).to(subject.device)  # (N, T)
-    y = torch.stack([tokens[s + 1 : s + T + 1] for s in starts]).to(subject.device)
+    starts = torch.randint(0, len(ids) - T - 1, (windows,), generator=g).numpy()
+    x, y = corpora.windows(np.asarray(ids), starts, T, subject.tokenizer.bos_id)  # (N, T) each
+    x, y = x.to(subject.device), y.to(subject.device)
 
     def evaluate() -> float:
         logits = subject.model(x)

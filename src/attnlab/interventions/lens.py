@@ -202,14 +202,15 @@ def training_batches(subject: Subject, data: str, max_tokens: int, encoding: str
     if model.causal:  # a causal model reads windows; an encoder one line at a time
         ids: list[int] = []
         for chunk in corpus.chunks():
-            ids.extend(tok.encode(chunk))
+            ids.extend(tok.encode(chunk, add_special_tokens=False))
             if len(ids) >= max_tokens + block:
                 break
         n = min(len(ids), max_tokens) // block
         if n < 2:
             raise InterventionError(f"{data}: too short; the tuned lens needs at least two "
                                     f"windows of {block} tokens")  # fmt: skip
-        x = torch.tensor(ids[: n * block]).view(n, block)
+        starts = np.arange(n, dtype=np.int64) * block
+        x = corpora.windows(np.asarray(ids), starts, block, tok.bos_id)[0]  # (n, block)
         return [x[i : i + 16].to(dev) for i in range(0, n, 16)]
     batches, total = [], 0
     for chunk in corpus.chunks():

@@ -93,7 +93,9 @@ def induction_pairs(subject: Subject, n: int = 32, half: int = 12, seed: int = 0
         raise InterventionError(f"induction pairs of {half} tokens need 2 x {half} different "
                                 f"tokens; the vocabulary has {vocab}")  # fmt: skip
     names = [tok.decode([i]) for i in range(vocab)]
-    usable = [i for i, s in enumerate(names) if s and tok.encode(s) == [i]]
+    usable = [
+        i for i, s in enumerate(names) if s and tok.encode(s, add_special_tokens=False) == [i]
+    ]
     if len(usable) < 2 * half:
         raise InterventionError(f"the induction pairs need {2 * half} tokens that read back as "
                                 f"themselves; this vocabulary has {len(usable)} (a character "

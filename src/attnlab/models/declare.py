@@ -285,7 +285,7 @@ def text_token_id(tok, token: str) -> int:
         ids = tok.encode(token, add_special_tokens=False)
     else:
         try:
-            ids = tok.encode(token)
+            ids = tok.encode(token, add_special_tokens=False)
         except Exception as e:
             raise InputError(f"target {token!r}: {e}") from None
     if len(ids) != 1:

@@ -169,7 +169,7 @@ def imported_task(cfg: dict) -> str:
 ARCHITECTURE_OPTIONS = ("preset", "arch", "n_layer", "n_head", "d_model", "pos", "norm", "ffn",
                         "kv_heads", "qk_norm", "tokenizer", "vocab_size", "min_freq",
                         "src_tokenizer", "tgt_tokenizer", "patch_size", "score",
-                        "attention")  # fmt: skip
+                        "attention", "bos")  # fmt: skip
 
 
 @dataclasses.dataclass

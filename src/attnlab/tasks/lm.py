@@ -37,7 +37,7 @@ from attnlab.train_config import TrainConfig
 MODEL_OPTIONS = ("n_layer", "n_head", "d_model", "block_size", "dropout", "pos")
 # the modern-decoder pieces, and the speedrun's (each None unless given: the preset's)
 DECODER_OPTIONS = ("arch", "ffn", "kv_heads", "qk_norm", "activation", "tie_weights", "zero_init",
-                   "softcap", "bias", "attention")  # fmt: skip
+                   "softcap", "bias", "attention", "bos")  # fmt: skip
 
 # How a preset is trained when it is not the TrainConfig default. ``fast``: the quickest way
 # found to val <= 1.88 on tiny Shakespeare (nanoGPT's CPU run reaches 1.886 in 2000 steps at lr
@@ -116,15 +116,16 @@ def bits_per_char(loss_nats_per_token: float, chars_per_token: float) -> float:
 
 
 def score_tokens(model: nn.Module, tokens, chars_per_token: float, batch_size: int = 32,
-                 max_tokens: int | None = None) -> dict:  # fmt: skip
+                 max_tokens: int | None = None, bos: int | None = None) -> dict:  # fmt: skip
     """Loss (nats/token), perplexity and bits per character of ``model`` over non-overlapping
     windows of block_size spread evenly over ``tokens`` (an array, or token shards: then only
-    the windows scored are read, a batch at a time); at most ``max_tokens`` are scored."""
+    the windows scored are read, a batch at a time); at most ``max_tokens`` are scored. ``bos``:
+    each window is read after it (a run trained with ``--bos``)."""
     block = model.config.block_size
     device = next(model.parameters()).device
     total, count = 0.0, 0
     with torch.no_grad():
-        for x, y in data.sequential_batches(tokens, block, batch_size, max_tokens):
+        for x, y in data.sequential_batches(tokens, block, batch_size, max_tokens, bos):
             logits = model(x.to(device))  # (B, T, V)
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(),
                                    y.to(device).reshape(-1), reduction="sum")  # fmt: skip
@@ -169,6 +170,7 @@ class LMOptions(BaseConfig):
     softcap: float | None = None  # logits -> cap tanh(logits / cap); 0: none
     bias: bool | None = None  # biases in the linear layers and LayerNorms
     token_cache: str | None = None  # stream the tokens through shards cached here
+    bos: bool | None = None  # every window starts with a <bos> token (char and bpe tokenizers)
 
     def to_dict(self) -> dict:
         """Every option, less the modern-decoder ones not given: a run's config.json is what
@@ -179,6 +181,9 @@ class LMOptions(BaseConfig):
     def validate(self) -> None:
         self._one_of("tokenizer", ("char", "word", "bpe"))
         self._positive("vocab_size", "min_freq")
+        if self.bos and self.tokenizer == "word":
+            raise ConfigError("--bos adds a <bos> token to the char and bpe tokenizers, not to "
+                              "word; use --tokenizer char or bpe, or drop --bos")  # fmt: skip
         if not 0 <= self.val_fraction < 1:
             raise ConfigError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
         self.model_config(vocab_size=1)  # sizes, d_model % n_head, ...
@@ -305,9 +310,10 @@ class LanguageModel(Task):
             if self.tokenizer is None:  # else --init-from's, the run's own
                 self.log(f"building the {o.tokenizer} tokenizer on {corpus.name} ...")
                 with beating(f"building the {o.tokenizer} tokenizer", self.log):
-                    self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq)  # fmt: skip
+                    self.tokenizer = build_tokenizer(o.tokenizer, corpus.chunks(), o.vocab_size, o.min_freq, bos=bool(o.bos))  # fmt: skip
             text = corpus.read()
-            tokens = np.asarray(self.tokenizer.encode(text), dtype=data.token_dtype(self.tokenizer.vocab_size))  # fmt: skip
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            tokens = np.asarray(ids, dtype=data.token_dtype(self.tokenizer.vocab_size))
             self.info = data.TokenFileInfo(len(tokens), len(text), tokens.dtype.name, str(o.data))
             self._split(data.split_tokens, tokens)
             return
@@ -345,7 +351,7 @@ class LanguageModel(Task):
         o = self.options
         return data.prepare_lm_tokens(corpus, o.tokenizer, run_dir, vocab_size=o.vocab_size,
                                       min_freq=o.min_freq, cache=o.token_cache,
-                                      tokenizer=tokenizer, log=self.log)  # fmt: skip
+                                      tokenizer=tokenizer, log=self.log, bos=bool(o.bos))  # fmt: skip
 
     def _corpus(self):
         """The run's text, needed on --resume only to encode damaged shards again; None if it
@@ -390,13 +396,21 @@ class LanguageModel(Task):
 
     def train_batches(self, batch_size, seed, rank=0, world_size=1):
         return data.lm_batches(self.train_tokens, self.sampler, self.block_size, batch_size,
-                               seed=seed, rank=rank, world_size=world_size)  # fmt: skip
+                               seed=seed, rank=rank, world_size=world_size, bos=self.bos_id)  # fmt: skip
 
     def val_batches(self, batch_size, eval_iters):
-        return data.fixed_batches(self.val_tokens, self.block_size, batch_size, eval_iters, 0)
+        return data.fixed_batches(self.val_tokens, self.block_size, batch_size, eval_iters, 0,
+                                  self.bos_id)  # fmt: skip
 
     def train_eval_batches(self, batch_size, eval_iters):
-        return data.fixed_batches(self.train_tokens, self.block_size, batch_size, eval_iters, 1)
+        return data.fixed_batches(self.train_tokens, self.block_size, batch_size, eval_iters, 1,
+                                  self.bos_id)  # fmt: skip
+
+    @property
+    def bos_id(self) -> int | None:
+        """The id every window starts with: the tokenizer's <bos> (``--bos``, or an imported
+        tokenizer that puts one first, Llama's <s>), if it has one."""
+        return getattr(self.tokenizer, "bos_id", None)
 
     def loss(self, model, batch):
         return next_token_loss(model, batch)
@@ -515,7 +529,8 @@ class LanguageModel(Task):
             parts, n_chars = [], 0
             dtype = data.token_dtype(self.tokenizer.vocab_size)
             for chunk in corpus.chunks():
-                parts.append(np.asarray(self.tokenizer.encode(chunk), dtype=dtype))
+                ids = self.tokenizer.encode(chunk, add_special_tokens=False)
+                parts.append(np.asarray(ids, dtype=dtype))
                 n_chars += len(chunk)
             tokens = np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
             cpt, where = n_chars / max(len(tokens), 1), str(o.data)
@@ -529,7 +544,7 @@ class LanguageModel(Task):
             cap = o.limit * model.config.block_size
             max_tokens = cap if max_tokens is None else min(max_tokens, cap)
         try:
-            r = score_tokens(model, tokens, cpt, o.batch_size, max_tokens)
+            r = score_tokens(model, tokens, cpt, o.batch_size, max_tokens, self.bos_id)
         except data.DataError as e:
             raise data.DataError(f"{o.data or where}: {e}") from None  # shorter than one window
         count = r["tokens"]

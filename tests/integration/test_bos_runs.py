@@ -1,0 +1,71 @@
+"""train --bos end to end: the run reads <bos> first in training, in eval and in every verb,
+never predicts it, never prints it as text; and --bos is refused in one line where it means
+nothing (a word tokenizer, another task, --init-from, which keeps its source's tokenizer)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from attnlab import load_run
+from attnlab.tasks import open_task
+from lm_helpers import TINY_TRAIN, write_text
+
+
+@pytest.fixture(scope="module")
+def bos_run(tmp_path_factory, forked_cli):
+    d = tmp_path_factory.mktemp("bos")
+    data = write_text(d)
+    run = d / "run"
+    r = forked_cli("train", "--data", data, "--out", run, "--bos", *TINY_TRAIN, "--pos", "rotary",
+                   "--max-iters", "4", "--eval-interval", "4", "--eval-iters", "1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    return d, run
+
+
+def test_training_and_eval_windows_read_bos_first(bos_run):
+    _, run = bos_run
+    model, tok = load_run(run)
+    assert tok.bos_id == model.config.vocab_size - 1
+    assert json.loads((run / "tokenizer.json").read_text())["attnlab"]["bos"] is True
+    task = open_task(run, with_data=True)
+    for x, y in [next(task.train_batches(4, seed=0)), task.val_batches(4, 1)[0]]:
+        assert (x[:, 0] == tok.bos_id).all() and not (y == tok.bos_id).any()
+        assert (x[:, 1:] == y[:, :-1]).all()
+    assert tok.bos_id not in set(task.train_tokens[np.arange(2000)].tolist())  # the text has none
+
+
+def test_verbs_give_the_model_bos_first_and_print_no_bos(bos_run, forked_cli):
+    d, run = bos_run
+    r = forked_cli("generate", run, "--prompt", "All:", "--max-new-tokens", "12", "--seed", "1")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("All:") and "<bos>" not in r.stdout
+    sinks = forked_cli("generate", run, "--prompt", "All:", "--max-new-tokens", "12", "--seed",
+                       "1", "--window", "sinks", "--sinks", "1")  # fmt: skip
+    assert sinks.returncode == 0 and sinks.stdout == r.stdout  # the block is not reached
+    trace = forked_cli("attention", run, "All:", "--json")
+    assert trace.returncode == 0, trace.stderr
+    assert json.loads(trace.stdout)["queries"][:2] == ["<bos>", "A"]
+    ev = forked_cli("eval", run, "--json")
+    assert ev.returncode == 0 and json.loads(ev.stdout)["tokens"] > 0
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--tokenizer", "word"], "not to word"),
+    (["--task", "classify"], "--bos"),
+])  # fmt: skip
+def test_bos_is_refused_in_one_line_where_it_means_nothing(tmp_path, forked_cli, extra, needle):
+    data = write_text(tmp_path)
+    r = forked_cli("train", "--data", data, "--out", tmp_path / "r", "--bos", *TINY_TRAIN,
+                   "--max-iters", "1", *extra)  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, r.stderr
+    assert needle in r.stderr and not (tmp_path / "r").exists()
+
+
+def test_init_from_keeps_its_tokenizer_so_bos_is_refused(bos_run, forked_cli, tmp_path):
+    d, run = bos_run
+    r = forked_cli("train", "--data", d / "corpus.txt", "--init-from", run, "--bos",
+                   "--out", tmp_path / "tuned", "--max-iters", "1")  # fmt: skip
+    assert r.returncode == 2 and "--bos" in r.stderr and len(r.stderr.splitlines()) == 1
