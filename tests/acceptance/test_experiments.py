@@ -71,6 +71,10 @@ def test_quick_experiment_writes_published_beside_measured(name, cli, tmp_path, 
     assert d["runs"] and len(d["runs"]) % len(seeds) == 0
     for run in d["runs"]:
         assert (out / run["path"] / "model.safetensors").is_file()
+        if name == "attention-sinks":  # every model, the imported one too, reads <bos> first
+            from attnlab.tokenizers import load_tokenizer
+
+            assert load_tokenizer(out / run["path"] / "tokenizer.json").bos_id is not None
     first = out / d["runs"][0]["path"]
     ev = cli("eval", first, "--json")  # a run any verb opens
     assert ev.returncode == 0, ev.stderr
