@@ -69,3 +69,23 @@ def test_init_from_keeps_its_tokenizer_so_bos_is_refused(bos_run, forked_cli, tm
     r = forked_cli("train", "--data", d / "corpus.txt", "--init-from", run, "--bos",
                    "--out", tmp_path / "tuned", "--max-iters", "1")  # fmt: skip
     assert r.returncode == 2 and "--bos" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+def test_resume_keeps_bos_as_trained_and_refuses_adding_it(bos_run, forked_cli, tmp_path):
+    import shutil
+
+    d, run = bos_run
+    plain = tmp_path / "plain"
+    r = forked_cli("train", "--data", d / "corpus.txt", "--out", plain, *TINY_TRAIN,
+                   "--max-iters", "1", "--eval-iters", "1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = forked_cli("train", "--data", d / "corpus.txt", "--out", plain, "--resume", "--bos",
+                   "--max-iters", "2")  # fmt: skip
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert "--bos cannot change on --resume (the run was trained without it)" in r.stderr
+    again = tmp_path / "again"
+    shutil.copytree(run, again)
+    r = forked_cli("train", "--data", d / "corpus.txt", "--out", again, "--resume", "--bos",
+                   "--max-iters", "5", "--eval-iters", "1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert load_run(again).tokenizer.bos_id == load_run(run).tokenizer.bos_id

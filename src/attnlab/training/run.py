@@ -427,11 +427,17 @@ def _reopen(p: TrainPlan, run_dir: RunDir, log) -> tuple[Task, TrainConfig, torc
     state = checked.state
     saved_train = (state or {}).get("train_config") or cfg.get("train_config") or {}
     model_cfg = cfg.get("config") or {}
+    defaults = {f.name: f.default for f in dataclasses.fields(cls.Options)}
+    if cfg.get("init_from") is not None:  # its source fixes these: refused below, saying so
+        defaults = {k: v for k, v in defaults.items() if k not in ARCHITECTURE_OPTIONS}
     for name in sorted(set(p.given) - RUN_OPTIONS - RESUMABLE - IGNORED_ON_RESUME):
         was = [d[name] for d in (saved_train, saved, model_cfg) if name in d]
+        if not was and name in defaults:  # a task option config.json leaves out when unset
+            was = [defaults[name]]
         if was and p.given[name] not in was:
+            trained = "without it" if was[0] in (None, False) else f"with {was[0]}"
             raise ConfigError(
-                f"{flag(name)} cannot change on --resume (the run was trained with {was[0]}); "
+                f"{flag(name)} cannot change on --resume (the run was trained {trained}); "
                 "start a new run with another --out instead"
             )
     try:
