@@ -25,7 +25,10 @@ an edge at one position) scored by exact patching, EAP and EAP-IG (5 steps):
 - the same over the units whose exact score is distinguishable from 0 across the pairs (its
   mean more than 2 standard errors from 0), at most 50: the ranking of the effects that exist;
 - the faithfulness of EAP-IG's top 5% of units with its bootstrap 95% CI, and the mean of 20
-  random sets of that size (corrupt ablation).
+  random sets of that size (corrupt ablation);
+- under "noising", the same agreement figures and circuit with every method's scores taken
+  the other way round (``--direction noising``): exact patching moves one unit alone in the
+  clean run, EAP takes the gradient at the clean run, EAP-IG's points start there.
 """
 
 from __future__ import annotations
@@ -70,13 +73,35 @@ def head_roles(subject, batch, half: int) -> tuple[list[str], list[str], list, l
             prev.tolist(), ind.tolist())  # fmt: skip
 
 
-def scores(circ, subject, edges_of, seed: int, pairs: int, half: int) -> dict:
+def scores(circ, subject, edges_of, seed: int, pairs: int, half: int,
+           direction: str = "denoising") -> dict:  # fmt: skip
     """{method: (pairs, units) scores} on the induction pairs of ``seed``."""
     prompts = induction_pairs(subject, n=pairs, half=half, seed=seed)
     (batch,) = prepare_pairs(subject, prompts, "logit-diff")
     edges = edges_of(batch)
-    return {m: score_batch(circ, batch, edges, "logit-diff", m, steps=n).scores.numpy()
+    return {m: score_batch(circ, batch, edges, "logit-diff", m, steps=n,
+                           direction=direction).scores.numpy()
             for m, n in METHODS}, edges, batch  # fmt: skip
+
+
+def agreement(got: dict, again: dict, pairs: int) -> dict:
+    """Spearman of EAP's and EAP-IG's mean scores with exact patching's over exact's top 50
+    units, the same for exact on the other pair set, sign agreement over the top 50, and the
+    same Spearman over the units whose exact score is above noise."""
+    mean = {m: v.mean(0) for m, v in got.items()}
+    ex = mean["exact"]
+    top = np.argsort(-np.abs(ex))[:50]
+    se = got["exact"].std(0, ddof=1) / np.sqrt(pairs)
+    real = [u for u in np.argsort(-np.abs(ex)) if abs(ex[u]) > 2 * se[u]][:50]
+    out = {}
+    for label, units in (("top50", top), ("above_noise", real)):
+        rho = {m: round(spearman(ex[units], mean[m][units]), 3) for m in ("eap", "eap-ig")}
+        rho["exact on other pairs"] = round(spearman(ex[units], again["exact"].mean(0)[units]), 3)
+        out[f"spearman_{label}"] = rho
+    out["sign_agreement_top50"] = {m: float(np.mean(np.sign(ex[top]) == np.sign(mean[m][top])))
+                                   for m in ("eap", "eap-ig")}  # fmt: skip
+    out["units_above_noise"] = len(real)
+    return out
 
 
 def measure(path: str, positions: bool, pairs: int = 128, half: int = 12) -> dict:
@@ -86,6 +111,8 @@ def measure(path: str, positions: bool, pairs: int = 128, half: int = 12) -> dic
     edges_of = lambda b: Edges(circ.graph, b.lengths, positions=positions)  # noqa: E731
     got, edges, batch = scores(circ, s, edges_of, 0, pairs, half)
     again, _, _ = scores(circ, s, edges_of, 1, pairs, half)
+    noised, _, _ = scores(circ, s, edges_of, 0, pairs, half, "noising")
+    noised_again, _, _ = scores(circ, s, edges_of, 1, pairs, half, "noising")
     prev, ind, prev_scores, ind_scores = head_roles(s, batch, half)
     comp = composition_scores(s)
     top_k = max(comp["pairs"], key=lambda p: p["k"])
@@ -103,6 +130,12 @@ def measure(path: str, positions: bool, pairs: int = 128, half: int = 12) -> dic
     r = find_circuit(s, induction_pairs(s, n=pairs, half=half, seed=0), method="eap-ig",
                      steps=5, positions=positions, fraction=0.05)  # fmt: skip
     c = r.chosen
+    rn = find_circuit(s, induction_pairs(s, n=pairs, half=half, seed=0), method="eap-ig",
+                      steps=5, positions=positions, fraction=0.05, direction="noising")  # fmt: skip
+    noising = agreement(noised, noised_again, pairs)
+    noising["circuit"] = {"faithfulness": round(rn.chosen.faithfulness, 4),
+                          "ci95": [round(rn.chosen.lo, 4), round(rn.chosen.hi, 4)],
+                          "random_mean": round(rn.chosen.random_mean, 4)}  # fmt: skip
     return {
         "run": path, "previous_token_heads": prev, "induction_heads": ind,
         "previous_token_attention": [round(x, 3) for x in prev_scores],
@@ -113,6 +146,7 @@ def measure(path: str, positions: bool, pairs: int = 128, half: int = 12) -> dic
         "units": edges.count, "positions": positions,
         "spearman_top50": rho, "sign_agreement_top50": sign,
         "units_above_noise": len(real), "spearman_above_noise": rho_real,
+        "noising": noising,
         "top_exact": [[edges.label(u), round(float(ex[u]), 3), round(float(mean["eap"][u]), 3),
                        round(float(mean["eap-ig"][u]), 3)] for u in top[:8]],
         "circuit_units": c.k, "circuit_fraction": round(c.fraction, 4),

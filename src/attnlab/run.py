@@ -551,12 +551,13 @@ class Run:
                 k: int | None = None, fraction: float | None = None, reach: float = 0.9,
                 random_sets: int = 20, resamples: int = 1000, seed: int = 0,
                 acdc: float | None = None, positions: bool = False,
-                position: int | None = None):  # fmt: skip
+                position: int | None = None, direction: str = "denoising"):  # fmt: skip
         """As ``attnlab circuit RUN``: every edge of the residual graph scored on clean/corrupt
         pairs (a TSV file ``pairs``, one pair ``clean``/``corrupt``/``target``[/``foil``], or
         ``induction`` random r r vs r' r pairs of ``half`` tokens) by ``method`` (eap, eap-ig
         with ``steps``, exact), the top-k circuit and its faithfulness curve beside random sets
-        with bootstrap CIs, and with ``acdc`` ACDC's greedy pruning at that tau. The result's
+        with bootstrap CIs, and with ``acdc`` ACDC's greedy pruning at that tau; ``direction``
+        denoising (units patched in the corrupt run) or noising (in the clean run). The result's
         ``to_dict()`` is what ``--json`` prints (plain JSON-able data)."""
         from attnlab.interventions import InterventionError
         from attnlab.interventions.circuits import find_circuit
@@ -579,7 +580,7 @@ class Run:
             self.subject, prompts, method=method, steps=steps, metric=metric, ablation=ablation,
             positions=positions, k=k, fraction=fraction, target=reach,
             random_sets=random_sets, resamples=resamples, seed=seed, acdc=acdc,
-            position=position))  # fmt: skip
+            position=position, direction=direction))  # fmt: skip
 
     def path_patch(self, clean: str, corrupt: str, target: str, sender: str,
                    receivers: list[str], *, foil: str | None = None,

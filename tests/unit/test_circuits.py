@@ -12,7 +12,7 @@ import torch
 from attnlab import hooks
 from attnlab.interventions.circuits import bootstrap, faithfulness
 from attnlab.interventions.edges import Circuits, Edges, graph_of, score_batch
-from attnlab.interventions.pairs import Batch, metric_values
+from attnlab.interventions.pairs import Batch, metric_values, prepare_pairs
 from attnlab.interventions.subjects import InterventionError, Subject
 from attnlab.models.gpt import GPT, GPTConfig
 from conformance_helpers import EXAMPLES, tokenizer_for
@@ -97,14 +97,15 @@ def test_patching_every_edge_is_the_corrupt_run_and_none_the_clean_one(cls, cfg)
     assert float((mid - got[1]).abs().max()) > 1e-6
 
 
+@pytest.mark.parametrize("direction", ["denoising", "noising"])
 @pytest.mark.parametrize("cls,cfg", RESIDUAL)
-def test_eap_ig_with_one_step_is_eap_and_node_scores_sum_their_edges(cls, cfg):
+def test_eap_ig_with_one_step_is_eap_and_node_scores_sum_their_edges(cls, cfg, direction):
     model = example(cls, cfg)
     circ = Circuits(Subject(model))
     batch = random_batch(model)
     edges = Edges(circ.graph, batch.lengths)
-    eap = score_batch(circ, batch, edges, "logit-diff", "eap", nodes=True)
-    ig1 = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=1)
+    eap = score_batch(circ, batch, edges, "logit-diff", "eap", nodes=True, direction=direction)
+    ig1 = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=1, direction=direction)
     torch.testing.assert_close(ig1.scores, eap.scores, atol=0, rtol=0)
     assert float(eap.scores.abs().max()) > 0
     sums: dict[str, torch.Tensor] = {}
@@ -338,6 +339,60 @@ def test_eap_ig_and_faithfulness_agree_with_a_naive_per_edge_implementation():
     assert f == pytest.approx(float(want_f), rel=1e-9)
 
 
+def test_noising_scores_agree_with_a_naive_per_edge_implementation():
+    """--direction noising, by hand: exact = M(clean) - M(clean with one edge's term swapped for
+    its corrupt term), one naive run per edge; EAP-IG (EAP at n = 1) = the term difference times
+    the naive model's gradient averaged over the runs whose embeddings are (1 - a) e_clean +
+    a e_corrupt, a = k/n for k = 0..n-1 (the gradient at the clean run first)."""
+    model = small_gpt()
+    g = torch.Generator().manual_seed(3)
+    clean, corrupt = (torch.randint(0, 11, (2, 6), generator=g) for _ in range(2))
+    target, foil = torch.tensor([1, 2]), torch.tensor([3, 4])
+    batch = Batch([0, 1], (clean,), (corrupt,), target, foil, torch.tensor([5, 5]), {"": 6})
+    circ = Circuits(Subject(model))
+    edges = Edges(circ.graph, batch.lengths)
+    name = lambda node: "embed" if node.kind == "embed" else node.name  # noqa: E731
+    pairs = [(name(r), name(w)) for w, r in (edges.unit(u)[:2] for u in range(edges.count))]
+    pairs = [("readout" if r.endswith("readout") else r, w) for r, w in pairs]
+    M = lambda logits: metric_values(logits, batch, "logit-diff")  # noqa: E731
+    with torch.no_grad():
+        clean_logits, c_out = naive_reader_inputs(model, clean)
+        _, r_out = naive_reader_inputs(model, corrupt)
+    exact = score_batch(circ, batch, edges, "logit-diff", "exact", direction="noising").scores
+    for u, (rn, wn) in enumerate(pairs):
+
+        def swap(reader, writer, term, wn=wn, rn=rn):
+            return r_out[writer] if (reader, writer) == (rn, wn) else term
+
+        with torch.no_grad():
+            want = M(clean_logits) - M(naive_reader_inputs(model, clean, swap)[0])
+        torch.testing.assert_close(exact[:, u], want, atol=1e-8, rtol=1e-6)
+    assert float(exact.abs().max()) > 1e-3
+    for n in (1, 3):
+        got = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=n,
+                          direction="noising").scores  # fmt: skip
+        total: dict = {}
+        for k in range(n):
+            leaves = {}
+
+            def grad_edit(reader, writer, term, leaves=leaves):
+                t = torch.zeros_like(term, requires_grad=True)
+                leaves[(reader, writer)] = t
+                return term + t
+
+            x = torch.lerp(c_out["embed"], r_out["embed"], k / n)
+            m = M(naive_reader_inputs(model, clean, grad_edit, x=x)[0]).sum()
+            keys = list(leaves)
+            grads = torch.autograd.grad(m, [leaves[q] for q in keys], allow_unused=True)
+            for q, gr in zip(keys, grads):
+                total[q] = total.get(q, 0) + (torch.zeros_like(leaves[q]) if gr is None else gr) / n
+        for u, (rn, wn) in enumerate(pairs):
+            want = ((c_out[wn] - r_out[wn]) * total[(rn, wn)]).sum((1, 2))
+            torch.testing.assert_close(got[:, u], want, atol=1e-8, rtol=1e-6)
+    denoising = score_batch(circ, batch, edges, "logit-diff", "exact").scores
+    assert not torch.allclose(denoising, exact)  # the two directions are different questions
+
+
 # ---------------------------------------------------------------------------------------------
 # Faithfulness and its interval
 # ---------------------------------------------------------------------------------------------
@@ -394,6 +449,35 @@ def test_a_circuit_says_how_it_was_found_and_its_ends_are_the_runs():
     import json
 
     json.dumps(d)  # plain data
+
+
+def test_a_noising_circuit_says_so_and_scores_from_the_clean_run():
+    from attnlab.interventions.circuits import find_circuit
+    from attnlab.interventions.pairs import induction_pairs
+
+    s = char_gpt()
+    prompts = induction_pairs(s, n=6, half=4, seed=0)
+    kw = dict(method="exact", random_sets=20, resamples=50)
+    noised = find_circuit(s, prompts, direction="noising", **kw)
+    d = noised.to_dict()
+    assert d["direction"] == "noising" and d["definitions"]["score"].startswith("noising")
+    assert "in the clean run" in noised.method_words()
+    # exact noising: M(clean) - M(clean with the unit patched to corrupt); every unit
+    # patched at once is the corrupt run, so its scores are the gap's share unit by unit
+    circ, batch = Circuits(s), prepare_pairs(s, prompts, "logit-diff")[0]
+    edges = Edges(circ.graph, batch.lengths)
+    clean = circ.record(batch.clean, batch, "logit-diff")
+    corrupt = circ.record(batch.corrupt, batch, "logit-diff")
+    u = int(np.argmax(np.abs(noised.scores)))
+    one = torch.zeros(1, edges.count, dtype=torch.bool)
+    one[0, u] = True
+    m = circ.mixed(batch, batch.clean, corrupt, one, edges, "logit-diff")[0]
+    assert noised.scores[u] == pytest.approx(float((clean.metric - m).mean()), rel=1e-6)
+    denoised = find_circuit(s, prompts, **kw)
+    assert denoised.to_dict()["direction"] == "denoising"
+    assert not np.allclose(denoised.scores, noised.scores)
+    with pytest.raises(InterventionError, match="--direction must be"):
+        find_circuit(s, prompts, direction="sideways", **kw)
 
 
 def test_pairs_that_cannot_line_up_are_refused_in_one_line(tmp_path):

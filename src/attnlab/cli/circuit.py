@@ -10,10 +10,12 @@ from attnlab.cli import Verb, output_file, register
 from attnlab.cli.common import intervention_arguments, load, position_option, show
 
 DEFINITIONS = (
-    "Scores are denoising: EAP = (term_clean - term_corrupt) . dM/d(reader input) at the "
-    "corrupt run; EAP-IG averages that gradient over STEPS points on the line from the corrupt "
-    "to the clean input embeddings (1 step = EAP); exact = M(corrupt with the edge patched to "
-    "clean) - M(corrupt). A reader's input is taken before its norm, which is recomputed from "
+    "Scores are denoising by default: EAP = (term_clean - term_corrupt) . dM/d(reader input) "
+    "at the corrupt run; EAP-IG averages that gradient over STEPS points on the line from the "
+    "corrupt to the clean input embeddings (1 step = EAP); exact = M(corrupt with the edge "
+    "patched to clean) - M(corrupt). With --direction noising the base run is the clean one: "
+    "the gradient at the clean run, EAP-IG's points from the clean input toward the corrupt "
+    "one, exact = M(clean) - M(clean with the edge patched to corrupt). A reader's input is taken before its norm, which is recomputed from "
     "the patched sum; a K/V head shared by grouped-query attention is one key and one value "
     "reader for its group. Faithfulness = (M(circuit) - M(none)) / (M(clean) - M(none)), "
     "every edge outside the circuit carrying its corrupt term (or with --ablation mean, its "
@@ -31,7 +33,7 @@ def cmd_circuit(args) -> int:
         method=args.method, steps=args.steps, ablation=args.ablation, k=args.k,
         fraction=args.fraction, reach=args.reach, random_sets=args.random_sets,
         resamples=args.resamples, seed=args.seed, acdc=args.acdc, positions=args.positions,
-        position=args.position,
+        position=args.position, direction=args.direction,
     )  # fmt: skip
     if curve is not None:
         result.save_curve_png(curve)
@@ -67,6 +69,9 @@ def add(sub) -> None:
     p.add_argument("--method", choices=("eap", "eap-ig", "exact"), default="eap-ig",
                    help="edge scores (default eap-ig)")  # fmt: skip
     p.add_argument("--steps", type=int, default=5, help="EAP-IG's points (5)")
+    p.add_argument("--direction", choices=("denoising", "noising"), default="denoising",
+                   help="patch each edge in the corrupt run (denoising, the default) or in the "
+                   "clean run (noising: what the circuit's faithfulness ablates)")  # fmt: skip
     p.add_argument("--ablation", choices=("corrupt", "mean"), default="corrupt",
                    help="what an edge outside the circuit carries (default corrupt)")  # fmt: skip
     p.add_argument("--k", type=int, help="the circuit's size in edges (default: the smallest "

@@ -31,6 +31,7 @@ import torch
 
 from attnlab.interventions.edges import (
     ABLATIONS,
+    DIRECTIONS,
     METHODS,
     Circuits,
     Edges,
@@ -45,6 +46,14 @@ from attnlab.render.display import Result
 RANDOM_SETS = 20  # random unit sets per size, at least
 BOOTSTRAP = 1000  # resamples of the pairs for each confidence interval
 BUDGET = 2**27  # bytes of terms one batched patched run may hold
+SCORE_WORDS = {
+    "denoising": "denoising: (term_clean - term_corrupt) . dM/d(reader input) at the corrupt run "
+    "(exact: M(corrupt, unit patched to clean) - M(corrupt)); positive = moving the edge toward "
+    "clean raises the metric",
+    "noising": "noising: (term_clean - term_corrupt) . dM/d(reader input) at the clean run "
+    "(exact: M(clean) - M(clean, unit patched to corrupt)); EAP-IG's points start at the clean "
+    "input; positive = moving the edge toward corrupt lowers the metric",
+}
 
 
 class Prose:
@@ -108,6 +117,7 @@ class CircuitResult(Result):
     notes: list[str] = field(default_factory=list)
     warning: str | None = None
     tokens: dict[str, list[str]] = field(default_factory=dict)
+    direction: str = "denoising"  # which run the units are patched in (edges.DIRECTIONS)
 
     # -- what it says --------------------------------------------------------------------------
 
@@ -121,11 +131,12 @@ class CircuitResult(Result):
         return self.order[: self.k].tolist()
 
     def method_words(self) -> str:
+        base, other = ("clean", "corrupt") if self.direction == "noising" else ("corrupt", "clean")
         if self.method == "eap-ig":
             return (f"EAP-IG, {self.steps} step{'s' * (self.steps != 1)} on the line from the "
-                    "corrupt to the clean input embeddings")  # fmt: skip
-        return {"eap": "EAP (one gradient, at the corrupt run)",
-                "exact": "exact patching, one unit at a time"}[self.method]  # fmt: skip
+                    f"{base} to the {other} input embeddings, {self.direction}")  # fmt: skip
+        return {"eap": f"EAP (one gradient, at the {base} run), {self.direction}",
+                "exact": f"exact patching, one unit at a time in the {base} run"}[self.method]  # fmt: skip
 
     def ablation_words(self) -> str:
         return ("every unit outside the circuit carries its term from the pair's corrupt input"
@@ -134,9 +145,7 @@ class CircuitResult(Result):
 
     def definitions(self) -> dict:
         return {
-            "score": "denoising: (term_clean - term_corrupt) . dM/d(reader input) at the "
-            "corrupt run (exact: M(corrupt, unit patched to clean) - M(corrupt)); positive = "
-            "moving the edge toward clean raises the metric",
+            "score": SCORE_WORDS[self.direction],
             "faithfulness": "(M(circuit) - M(none)) / (M(all) - M(none)), M the metric's mean "
             "over the pairs, " + self.ablation_words(),
             "reader input": "before the reader's norm; the norm is recomputed from the patched sum",
@@ -211,7 +220,8 @@ class CircuitResult(Result):
         units = [{"unit": int(u), "label": self.labels[u], "score": float(self.scores[u]),
                   **self.kinds[u]} for u in self.order[: max(top, self.k)]]  # fmt: skip
         return {
-            "method": self.method, "steps": self.steps, "metric": self.metric,
+            "method": self.method, "steps": self.steps, "direction": self.direction,
+            "metric": self.metric,
             "metric_definition": METRIC_WORDS[self.metric], "ablation": self.ablation,
             "prompts": self.prompts, "pairs": self.n_pairs, "positions": self.positions,
             "units": self.units, "edges": self.edges_total, "definitions": self.definitions(),
@@ -318,15 +328,18 @@ def find_circuit(subject: Subject, prompts: PromptSet, *, method: str = "eap-ig"
                  target: float = 0.9, random_sets: int = RANDOM_SETS,
                  resamples: int = BOOTSTRAP, seed: int = 0, acdc: float | None = None,
                  acdc_max: int = 4096, position: int | None = None,
-                 curve_points: int = 14) -> CircuitResult:  # fmt: skip
+                 curve_points: int = 14, direction: str = "denoising") -> CircuitResult:  # fmt: skip
     """Score every unit on ``prompts``, then take the top k as the circuit and measure it (see
     the module doc). The circuit's size: ``k`` units, or ``fraction`` of them, or else the
     smallest size on the curve whose faithfulness reaches ``target``. ``metric``: logit-diff
     (every pair has a foil) or logprob; default logit-diff where every pair names a foil.
     ``acdc``: also run ACDC with this tau (refused past ``acdc_max`` units: one forward pass
-    each)."""
+    each). ``direction``: the units' scores denoising (patched in the corrupt run) or noising
+    (in the clean run); faithfulness is the same measure either way."""
     if method not in METHODS:
         raise InterventionError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
+    if direction not in DIRECTIONS:
+        raise InterventionError(f"--direction must be denoising or noising, got {direction!r}")
     if ablation not in ABLATIONS:
         raise InterventionError(f"--ablation must be corrupt or mean, got {ablation!r}")
     if random_sets < RANDOM_SETS:
@@ -353,7 +366,8 @@ def find_circuit(subject: Subject, prompts: PromptSet, *, method: str = "eap-ig"
     cleans, srcs = [], []
     clean_m, corrupt_m = np.zeros(n_pairs), np.zeros(n_pairs)
     for b in batches:
-        s = score_batch(circ, b, edges, metric, method, steps, nodes=method != "exact")
+        s = score_batch(circ, b, edges, metric, method, steps, nodes=method != "exact",
+                        direction=direction)  # fmt: skip
         scores[b.index] = s.scores.cpu().numpy()
         for name, v in s.nodes.items():
             node_score.setdefault(name, np.zeros(n_pairs))[b.index] = v.cpu().numpy()
@@ -412,7 +426,7 @@ def find_circuit(subject: Subject, prompts: PromptSet, *, method: str = "eap-ig"
         _kinds(edges), mean_scores, float(clean_m.mean()), float(corrupt_m.mean()),
         float(none.mean()), k, chosen, curve, random_sets,
         _nodes(circ, edges, scores, node_score), None, notes, warning,
-        dict(batches[0].tokens),
+        dict(batches[0].tokens), direction,
     )  # fmt: skip
     if acdc is not None:
         result.acdc = run_acdc(run, acdc, clean_m, none, order)

@@ -55,6 +55,7 @@ from attnlab.interventions.subjects import InterventionError, Subject
 from attnlab.models.graph import Node, ResidualGraph, Walker
 
 METHODS = ("eap", "eap-ig", "exact")
+DIRECTIONS = ("denoising", "noising")  # which run is patched: the corrupt one, or the clean one
 ABLATIONS = ("corrupt", "mean")
 
 
@@ -483,37 +484,49 @@ def _unit_scores(circ: Circuits, edges: Edges, diffs: Callable, grads: dict) -> 
 
 
 def score_batch(circ: Circuits, batch: Batch, edges: Edges, metric: str, method: str = "eap",
-                steps: int = 1, nodes: bool = False) -> Scored:  # fmt: skip
+                steps: int = 1, nodes: bool = False, direction: str = "denoising") -> Scored:  # fmt: skip
     """Every unit's score for each pair of ``batch`` (module doc): EAP, EAP-IG with ``steps``
     points, or exact. ``nodes``: also each writer's node score, (c_w^clean - c_w^corrupt) .
     dM/d(c_w) at the corrupt run, from the gradient where its output joins the stream (EAP's
-    node attribution; with EAP-IG averaged over the same points)."""
+    node attribution; with EAP-IG averaged over the same points). ``direction``: "denoising"
+    (the module doc) or "noising", where the base run is the clean one: exact is M(clean) -
+    M(clean with that unit patched to corrupt), EAP takes the gradient at the clean run, and
+    EAP-IG's points start there, alpha_k = k / n of the way to the corrupt input."""
     if method not in METHODS:
         raise InterventionError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
-    clean = circ.record(batch.clean, batch, metric)
+    if direction not in DIRECTIONS:
+        raise InterventionError(f"--direction must be one of {', '.join(DIRECTIONS)}, got "
+                                f"{direction!r}")  # fmt: skip
+    noising = direction == "noising"
+    base_args, other_args = (
+        (batch.clean, batch.corrupt) if noising else (batch.corrupt, batch.clean)
+    )
+    other = circ.record(other_args, batch, metric)
     if method == "exact" and not nodes:
-        corrupt = circ.record(batch.corrupt, batch, metric)
-        return Scored(exact_scores(circ, batch, edges, clean, corrupt, metric), {}, clean, corrupt)
+        base = circ.record(base_args, batch, metric)
+        clean, corrupt = (base, other) if noising else (other, base)
+        scores = exact_scores(circ, batch, edges, clean, corrupt, metric, direction)
+        return Scored(scores, {}, clean, corrupt)
     n = steps if method == "eap-ig" else 1
     total: dict[str, Tensor] = {}
     wtotal: dict[str, Tensor] = {}
-    corrupt = None
+    base = None
     for k in range(n):
-        alpha = k / n
         embed = None
-        if k:  # the inputs' embeddings on the line from corrupt (alpha 0) to clean (alpha 1)
-            embed = {s: torch.lerp(corrupt.cache[_entry(circ.graph, s)],
-                                   clean.cache[_entry(circ.graph, s)], alpha)
+        if k:  # the inputs' embeddings on the line from the base run (alpha 0) to the other
+            embed = {s: torch.lerp(base.cache[_entry(circ.graph, s)],
+                                   other.cache[_entry(circ.graph, s)], k / n)
                      for s in circ.graph.stacks}  # fmt: skip
-        got = circ.gradients(batch.corrupt, batch, metric, embed=embed, writers=nodes)
+        got = circ.gradients(base_args, batch, metric, embed=embed, writers=nodes)
         m, g, cache = got[:3]
         if k == 0:
-            corrupt = Terms(*circ.terms(cache), cache, m)
+            base = Terms(*circ.terms(cache), cache, m)
         for name, v in g.items():
             total[name] = total[name] + v if name in total else v
         if nodes:
             for name, v in got[3].items():
                 wtotal[name] = wtotal[name] + v if name in wtotal else v
+    clean, corrupt = (base, other) if noising else (other, base)
     grads = {name: v / n for name, v in total.items()}
     node_scores = {}
     if nodes:
@@ -522,7 +535,7 @@ def score_batch(circ: Circuits, batch: Batch, edges: Edges, metric: str, method:
             node_scores[w.name] = torch.einsum("btc,btc->b", d.double(),
                                                (wtotal[w.name] / n).double())  # fmt: skip
     if method == "exact":
-        scores = exact_scores(circ, batch, edges, clean, corrupt, metric)
+        scores = exact_scores(circ, batch, edges, clean, corrupt, metric, direction)
     else:
         scores = _unit_scores(
             circ, edges, lambda key: differences(clean.parts[key], corrupt.parts[key], dim=2), grads
@@ -531,10 +544,11 @@ def score_batch(circ: Circuits, batch: Batch, edges: Edges, metric: str, method:
 
 
 def exact_scores(circ: Circuits, batch: Batch, edges: Edges, clean: Terms, corrupt: Terms,
-                 metric: str, budget: int = 2**27) -> Tensor:  # fmt: skip
-    """(B, units): M(corrupt, that unit patched to clean) - M(corrupt) for every unit, run
-    side by side in chunks of about ``budget`` bytes of terms. A unit whose two terms are
-    equal (at its position) changes nothing: 0, and no run."""
+                 metric: str, direction: str = "denoising", budget: int = 2**27) -> Tensor:  # fmt: skip
+    """(B, units): M(corrupt, that unit patched to clean) - M(corrupt) for every unit (with
+    ``direction`` "noising": M(clean) - M(clean, that unit patched to corrupt)), run side by
+    side in chunks of about ``budget`` bytes of terms. A unit whose two terms are equal (at its
+    position) changes nothing: 0, and no run."""
     B = len(batch)
     moved = torch.zeros(edges.count, dtype=torch.bool)
     for r in edges.readers:
@@ -548,8 +562,12 @@ def exact_scores(circ: Circuits, batch: Batch, edges: Edges, clean: Terms, corru
         units = todo[c : c + chunk]
         patched = torch.zeros(len(units), edges.count, dtype=torch.bool)
         patched[torch.arange(len(units)), units] = True
-        m = circ.mixed(batch, batch.corrupt, clean, patched, edges, metric)  # (K, B)
-        out[:, units] = (m - corrupt.metric[None]).T.cpu()
+        if direction == "noising":
+            m = circ.mixed(batch, batch.clean, corrupt, patched, edges, metric)  # (K, B)
+            out[:, units] = (clean.metric[None] - m).T.cpu()
+        else:
+            m = circ.mixed(batch, batch.corrupt, clean, patched, edges, metric)  # (K, B)
+            out[:, units] = (m - corrupt.metric[None]).T.cpu()
     return out
 
 
