@@ -15,7 +15,8 @@ with character and BPE tokens, each with softmax attention and with sigmoid atte
 (``--attention sigmoid``); and a decoder imported from the Hugging Face format: a
 Llama-architecture model built by transformers from a config (random weights, no pretrained
 model being reachable offline; its tokenizer's template puts ``<bos>`` first), saved, imported
-with ``import-hf`` and trained on the same corpus with ``--init-from``. On held-out text (``attnlab.inspect.sinks``):
+with ``import-hf`` and trained on the same corpus with ``--init-from``. On held-out text
+(``attnlab.inspect.sinks``):
   - alpha_1 of every head, on sequences of 64 tokens, and Sink_1^0.3, the share of heads with
     alpha_1 > 0.3 (Gu et al.'s metric and threshold; rows that need not sum to one are taken
     as shares of their sum, Gu et al.'s proxy);
