@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.heads import (
     SCORES,
-    composition,
     composition_scores,
     head_matrices,
     head_scores,
@@ -24,6 +23,7 @@ from attnlab.inspect.heads import (
 )
 from attnlab.inspect.recording import InspectError
 from attnlab.models.gpt import GPT, PRESETS, GPTConfig
+from attnlab.models.graph import LowRank, composition
 
 
 def pattern(T: int, key_of) -> torch.Tensor:
@@ -214,14 +214,26 @@ def test_composition_tells_keys_from_queries():
     head that writes into e2 (W_OV = e2 e3^T), and does not Q-compose with it."""
     C = 6
     e = torch.eye(C)
-    reader = {"QK": torch.outer(e[1 - 1], e[2 - 1]), "OV": torch.outer(e[4], e[5])}
+
+    def mat(m: torch.Tensor) -> LowRank:  # a dense C x C map as factors: m @ I
+        return LowRank(m.double(), torch.eye(C, dtype=torch.float64))
+
+    def scores(qk, ov, writer) -> dict[str, float]:
+        return {k.upper(): composition(k, mat(writer), mat(qk), mat(ov)) for k in "qkv"}
+
     writer = torch.outer(e[1], e[2])  # writes into e2 (index 1)
-    c = composition(reader, writer)
+    c = scores(torch.outer(e[0], e[1]), torch.outer(e[4], e[5]), writer)
     assert c["K"] == pytest.approx(1.0) and c["Q"] == pytest.approx(0.0)
     assert c["V"] == pytest.approx(0.0)
-    reader_q = {"QK": torch.outer(e[1], e[3]), "OV": torch.outer(e[1], e[3])}
-    c = composition(reader_q, writer)
+    c = scores(torch.outer(e[1], e[3]), torch.outer(e[1], e[3]), writer)
     assert c["Q"] == pytest.approx(1.0) and c["K"] == pytest.approx(0.0)
+    # against the dense definition, |M W_OV| / (|M| |W_OV|), on random maps
+    g = torch.Generator().manual_seed(0)
+    qk, ov, w = (torch.randn(C, C, generator=g, dtype=torch.float64) for _ in range(3))
+    dense = {"Q": qk.T, "K": qk, "V": ov}
+    for k, m in dense.items():
+        want = float((m @ w).norm() / (m.norm() * w.norm()))
+        assert scores(qk, ov, w)[k] == pytest.approx(want, rel=1e-9)
 
 
 def test_head_matrices_reproduce_the_module_s_scores_and_outputs():

@@ -20,8 +20,7 @@ from torch import Tensor, nn
 from attnlab.attention import MultiHeadAttention
 from attnlab.inspect.recording import InspectError
 from attnlab.models.declare import max_positions
-from attnlab.models.graph import LowRank, head_factors, norm_gain
-from attnlab.models.graph import composition as lowrank_composition
+from attnlab.models.graph import LowRank, composition, head_factors, norm_gain
 from attnlab.render.display import Result
 from attnlab.training.probes import (
     KIND_NAMES,
@@ -73,22 +72,6 @@ def _reading_norm(block: nn.Module, step) -> nn.Module | None:
     return block.get_submodule(step.norm) if step.norm else None
 
 
-def composition(reader: dict[str, Tensor], writer: Tensor) -> dict[str, float]:
-    """Elhage et al.'s composition of a later head (``reader``: its W_QK and W_OV) with an
-    earlier head's W_OV (``writer``), each ||M W_OV|| / (||M|| ||W_OV||) in the Frobenius norm:
-        Q: M = W_QK^T (the earlier head's output read by the queries)
-        K: M = W_QK   (read by the keys: how an induction head finds the previous-token
-                       head's output)
-        V: M = W_OV   (read by the values)
-    0 = the later head ignores what the earlier one writes; at most 1."""
-    wn = writer.norm()
-
-    def score(m: Tensor) -> float:
-        return float((m @ writer).norm() / (m.norm() * wn).clamp_min(1e-12))
-
-    return {"Q": score(reader["QK"].T), "K": score(reader["QK"]), "V": score(reader["OV"])}
-
-
 def composition_scores(model: nn.Module) -> list[dict] | None:
     """Q/K/V composition of every head of layer l + 1 with every head of layer l, for a model
     that declares one stack of blocks (``stacks == ("",)``: a GPT, an encoder, a ViT); None
@@ -101,7 +84,7 @@ def composition_scores(model: nn.Module) -> list[dict] | None:
     for layer in range(1, len(heads)):
         for r, (qk, ov) in enumerate(heads[layer]):
             for w, (_, writer) in enumerate(heads[layer - 1]):
-                c = {k.upper(): lowrank_composition(k, writer, qk, ov) for k in "qkv"}
+                c = {k.upper(): composition(k, writer, qk, ov) for k in "qkv"}
                 rows.append({"writer": f"{layer - 1}.{w}", "reader": f"{layer}.{r}", **c})
     return rows
 
