@@ -89,3 +89,23 @@ def test_resume_keeps_bos_as_trained_and_refuses_adding_it(bos_run, forked_cli, 
                    "--max-iters", "5", "--eval-iters", "1")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert load_run(again).tokenizer.bos_id == load_run(run).tokenizer.bos_id
+
+
+def test_export_hf_keeps_bos_first_for_hugging_face_readers(bos_run, forked_cli, tmp_path):
+    """The exported tokenizer.json puts <bos> first as attnlab does (its template), so a
+    Hugging Face reader gives the model the ids it was trained on."""
+    from tokenizers import Tokenizer
+
+    d, _ = bos_run
+    run = tmp_path / "gpt2-shaped"  # learned positions: what GPT-2 has
+    r = forked_cli("train", "--data", d / "corpus.txt", "--out", run, "--bos", *TINY_TRAIN,
+                   "--max-iters", "1", "--eval-iters", "1")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    r = forked_cli("export-hf", run, tmp_path / "hf")
+    assert r.returncode == 0, r.stderr
+    ours = load_run(run).tokenizer
+    theirs = Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json"))
+    for text in ("All:", "First Citizen", ""):
+        assert theirs.encode(text).ids == ours.encode(text)
+    special = json.loads((tmp_path / "hf" / "special_tokens_map.json").read_text())
+    assert special["bos_token"] == "<bos>"

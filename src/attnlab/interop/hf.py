@@ -311,17 +311,26 @@ def hf_tokenizer(tokenizer: Tokenizer):
     word) the vocabulary lacks: where attnlab has ``<unk>`` both give its id; where it has none
     (a language model's char tokenizer) both refuse the text (attnlab: TokenizerError naming
     the characters; transformers: an exception from the WordLevel model)."""
-    from tokenizers import Regex, decoders, models, pre_tokenizers
+    from tokenizers import Regex, decoders, models, pre_tokenizers, processors
     from tokenizers import Tokenizer as HFTok
 
-    from attnlab.tokenizers import UNK, CharTokenizer, WordTokenizer
+    from attnlab.tokenizers import BOS_TOKEN, UNK, CharTokenizer, WordTokenizer
 
     if isinstance(tokenizer, HFTokenizer):
         return HFTok.from_str(tokenizer.to_json())
     if isinstance(tokenizer, CharTokenizer):
-        tok = HFTok(models.WordLevel(dict(tokenizer.stoi), unk_token=UNK))
+        vocab = dict(tokenizer.stoi)
+        if tokenizer.bos_id is not None:  # train --bos: <bos> after the characters, put first
+            vocab[BOS_TOKEN] = tokenizer.bos_id
+        tok = HFTok(models.WordLevel(vocab, unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
         tok.decoder = decoders.Fuse()  # characters join with nothing between them
+        if tokenizer.bos_id is not None:
+            tok.add_special_tokens([BOS_TOKEN])
+            tok.post_processor = processors.TemplateProcessing(
+                single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B",
+                special_tokens=[(BOS_TOKEN, tokenizer.bos_id)],
+            )  # fmt: skip
     elif isinstance(tokenizer, WordTokenizer):
         tok = HFTok(models.WordLevel(dict(tokenizer.stoi), unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.Split(
@@ -349,6 +358,8 @@ def tokenizer_files(tokenizer: Tokenizer, max_length: int) -> dict[str, str]:
         special["unk_token"] = "<unk>"
     if "<|endoftext|>" in vocab:
         special.update(bos_token="<|endoftext|>", eos_token="<|endoftext|>")
+    if tokenizer.bos_id is not None:  # train --bos: the token every text starts with
+        special["bos_token"] = tok.id_to_token(tokenizer.bos_id)
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "model_max_length": max_length,
