@@ -274,30 +274,25 @@ def test_exact_patching_and_eap_agree_with_a_naive_per_edge_implementation():
         torch.testing.assert_close(eap[:, u], want, atol=1e-8, rtol=1e-6)
 
 
-@pytest.mark.slow  # 5 s under load 10, about 1.5 s of CPU (still run in CI)
-def test_eap_ig_and_faithfulness_agree_with_a_naive_per_edge_implementation():
-    """EAP-IG by hand: the naive model's gradient at every (reader, writer) term, on the runs
-    whose embeddings are (1 - a) e_corrupt + a e_clean, a = k/n for k = 0..n-1, averaged,
-    times the term difference. Faithfulness by hand: the naive clean run with every edge
-    outside a circuit given its corrupt term, against the library's patched run."""
-    from attnlab.interventions.circuits import Prepared
-
+def naive_setup(seed: int):
+    """The small GPT, two random clean/corrupt pairs of 6 tokens, their Batch, the Circuits and
+    Edges, and each unit's (reader, writer) as the naive model names them."""
     model = small_gpt()
-    g = torch.Generator().manual_seed(2)
+    g = torch.Generator().manual_seed(seed)
     clean, corrupt = (torch.randint(0, 11, (2, 6), generator=g) for _ in range(2))
     target, foil = torch.tensor([1, 2]), torch.tensor([3, 4])
     batch = Batch([0, 1], (clean,), (corrupt,), target, foil, torch.tensor([5, 5]), {"": 6})
     circ = Circuits(Subject(model))
     edges = Edges(circ.graph, batch.lengths)
-    n = 3
-    ig = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=n).scores
     name = lambda node: "embed" if node.kind == "embed" else node.name  # noqa: E731
     pairs = [(name(r), name(w)) for w, r in (edges.unit(u)[:2] for u in range(edges.count))]
     pairs = [("readout" if r.endswith("readout") else r, w) for r, w in pairs]
-    M = lambda logits: metric_values(logits, batch, "logit-diff")  # noqa: E731
-    with torch.no_grad():
-        _, c_out = naive_reader_inputs(model, clean)
-        _, r_out = naive_reader_inputs(model, corrupt)
+    return model, clean, corrupt, batch, circ, edges, pairs
+
+
+def naive_ig_gradients(model, M, ids, start, end, n: int) -> dict:
+    """{(reader, writer): the naive model's gradient of M at that term, averaged over the runs
+    of ``ids`` whose embeddings are (1 - a) start + a end, a = k/n for k = 0..n-1}."""
     total: dict = {}
     for k in range(n):
         leaves = {}
@@ -307,13 +302,30 @@ def test_eap_ig_and_faithfulness_agree_with_a_naive_per_edge_implementation():
             leaves[(reader, writer)] = t
             return term + t
 
-        x = torch.lerp(r_out["embed"], c_out["embed"], k / n)
-        m = M(naive_reader_inputs(model, corrupt, grad_edit, x=x)[0]).sum()
+        m = M(naive_reader_inputs(model, ids, grad_edit, x=torch.lerp(start, end, k / n))[0])
         keys = list(leaves)
-        got = torch.autograd.grad(m, [leaves[q] for q in keys], allow_unused=True)
+        got = torch.autograd.grad(m.sum(), [leaves[q] for q in keys], allow_unused=True)
         for q, gr in zip(keys, got):
-            gr = torch.zeros_like(leaves[q]) if gr is None else gr
-            total[q] = total.get(q, 0) + gr / n
+            total[q] = total.get(q, 0) + (torch.zeros_like(leaves[q]) if gr is None else gr) / n
+    return total
+
+
+@pytest.mark.slow  # 5 s under load 10, about 1.5 s of CPU (still run in CI)
+def test_eap_ig_and_faithfulness_agree_with_a_naive_per_edge_implementation():
+    """EAP-IG by hand: the naive model's gradient at every (reader, writer) term, on the runs
+    whose embeddings are (1 - a) e_corrupt + a e_clean, a = k/n for k = 0..n-1, averaged,
+    times the term difference. Faithfulness by hand: the naive clean run with every edge
+    outside a circuit given its corrupt term, against the library's patched run."""
+    from attnlab.interventions.circuits import Prepared
+
+    model, clean, corrupt, batch, circ, edges, pairs = naive_setup(2)
+    n = 3
+    ig = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=n).scores
+    M = lambda logits: metric_values(logits, batch, "logit-diff")  # noqa: E731
+    with torch.no_grad():
+        _, c_out = naive_reader_inputs(model, clean)
+        _, r_out = naive_reader_inputs(model, corrupt)
+    total = naive_ig_gradients(model, M, corrupt, r_out["embed"], c_out["embed"], n)
     for u, (rn, wn) in enumerate(pairs):
         want = ((c_out[wn] - r_out[wn]) * total[(rn, wn)]).sum((1, 2))
         torch.testing.assert_close(ig[:, u], want, atol=1e-8, rtol=1e-6)
@@ -344,16 +356,7 @@ def test_noising_scores_agree_with_a_naive_per_edge_implementation():
     its corrupt term), one naive run per edge; EAP-IG (EAP at n = 1) = the term difference times
     the naive model's gradient averaged over the runs whose embeddings are (1 - a) e_clean +
     a e_corrupt, a = k/n for k = 0..n-1 (the gradient at the clean run first)."""
-    model = small_gpt()
-    g = torch.Generator().manual_seed(3)
-    clean, corrupt = (torch.randint(0, 11, (2, 6), generator=g) for _ in range(2))
-    target, foil = torch.tensor([1, 2]), torch.tensor([3, 4])
-    batch = Batch([0, 1], (clean,), (corrupt,), target, foil, torch.tensor([5, 5]), {"": 6})
-    circ = Circuits(Subject(model))
-    edges = Edges(circ.graph, batch.lengths)
-    name = lambda node: "embed" if node.kind == "embed" else node.name  # noqa: E731
-    pairs = [(name(r), name(w)) for w, r in (edges.unit(u)[:2] for u in range(edges.count))]
-    pairs = [("readout" if r.endswith("readout") else r, w) for r, w in pairs]
+    model, clean, corrupt, batch, circ, edges, pairs = naive_setup(3)
     M = lambda logits: metric_values(logits, batch, "logit-diff")  # noqa: E731
     with torch.no_grad():
         clean_logits, c_out = naive_reader_inputs(model, clean)
@@ -371,21 +374,7 @@ def test_noising_scores_agree_with_a_naive_per_edge_implementation():
     for n in (1, 3):
         got = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=n,
                           direction="noising").scores  # fmt: skip
-        total: dict = {}
-        for k in range(n):
-            leaves = {}
-
-            def grad_edit(reader, writer, term, leaves=leaves):
-                t = torch.zeros_like(term, requires_grad=True)
-                leaves[(reader, writer)] = t
-                return term + t
-
-            x = torch.lerp(c_out["embed"], r_out["embed"], k / n)
-            m = M(naive_reader_inputs(model, clean, grad_edit, x=x)[0]).sum()
-            keys = list(leaves)
-            grads = torch.autograd.grad(m, [leaves[q] for q in keys], allow_unused=True)
-            for q, gr in zip(keys, grads):
-                total[q] = total.get(q, 0) + (torch.zeros_like(leaves[q]) if gr is None else gr) / n
+        total = naive_ig_gradients(model, M, clean, c_out["embed"], r_out["embed"], n)
         for u, (rn, wn) in enumerate(pairs):
             want = ((c_out[wn] - r_out[wn]) * total[(rn, wn)]).sum((1, 2))
             torch.testing.assert_close(got[:, u], want, atol=1e-8, rtol=1e-6)
