@@ -443,6 +443,17 @@ def build_tokenizer(
     raise TokenizerError("the wordpiece tokenizer is for encoder tasks (--task mlm or classify)")
 
 
+def put_bos_first(tok, bos_id: int):
+    """A Hugging Face ``tokenizers.Tokenizer`` whose vocabulary holds ``<bos>`` at ``bos_id``,
+    given the template that puts it before every text (``<bos> $A``) and returned."""
+    from tokenizers import processors
+
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B", special_tokens=[(BOS_TOKEN, bos_id)]
+    )
+    return tok
+
+
 def with_bos(tokenizer: Tokenizer) -> Tokenizer:
     """``tokenizer`` with a ``<bos>`` id after its others (so theirs are unchanged) that
     ``encode`` puts first: a char tokenizer, or a byte-level BPE (``<bos>`` a special token of
@@ -455,16 +466,11 @@ def with_bos(tokenizer: Tokenizer) -> Tokenizer:
         return CharTokenizer(chars, unk=tokenizer.unk_id is not None, bos=True)
     if isinstance(tokenizer, HFTokenizer) and not tokenizer.add_special_tokens:
         from tokenizers import Tokenizer as HFTok
-        from tokenizers import processors
 
         tok = HFTok.from_str(tokenizer.to_json())  # a copy: the cached one stays as it was
         if tok.token_to_id(BOS_TOKEN) is None:
             tok.add_special_tokens([BOS_TOKEN])
-        bos = tok.token_to_id(BOS_TOKEN)
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B", special_tokens=[(BOS_TOKEN, bos)]
-        )
-        return HFTokenizer(tok)
+        return HFTokenizer(put_bos_first(tok, tok.token_to_id(BOS_TOKEN)))
     raise TokenizerError(f"a <bos> token is for the char and bpe tokenizers, not {tokenizer.kind}")
 
 

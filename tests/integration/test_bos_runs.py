@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from attnlab import load_run
 from attnlab.tasks import open_task
@@ -109,3 +110,20 @@ def test_export_hf_keeps_bos_first_for_hugging_face_readers(bos_run, forked_cli,
         assert theirs.encode(text).ids == ours.encode(text)
     special = json.loads((tmp_path / "hf" / "special_tokens_map.json").read_text())
     assert special["bos_token"] == "<bos>"
+
+
+def test_the_tuned_lens_windows_read_bos_first(bos_run, tmp_path):
+    """The windows the tuned lens is fitted on start with <bos>, then the text's own tokens in
+    order; a text exactly a whole number of windows long is read to its end."""
+    from attnlab.interventions.lens import training_batches
+
+    d, run = bos_run
+    r = load_run(run)
+    block, bos = r.model.config.block_size, r.tokenizer.bos_id
+    text = (d / "corpus.txt").read_text(encoding="utf-8")
+    exact = tmp_path / "exact.txt"
+    exact.write_text(text[: 4 * (block - 1)], encoding="utf-8")
+    x = torch.cat(training_batches(r.subject, str(exact), 10_000))
+    assert x.shape == (4, block) and (x[:, 0] == bos).all()
+    body = r.tokenizer.encode(text[: 4 * (block - 1)], add_special_tokens=False)
+    assert x[:, 1:].flatten().tolist() == body

@@ -311,10 +311,10 @@ def hf_tokenizer(tokenizer: Tokenizer):
     word) the vocabulary lacks: where attnlab has ``<unk>`` both give its id; where it has none
     (a language model's char tokenizer) both refuse the text (attnlab: TokenizerError naming
     the characters; transformers: an exception from the WordLevel model)."""
-    from tokenizers import Regex, decoders, models, pre_tokenizers, processors
+    from tokenizers import Regex, decoders, models, pre_tokenizers
     from tokenizers import Tokenizer as HFTok
 
-    from attnlab.tokenizers import BOS_TOKEN, UNK, CharTokenizer, WordTokenizer
+    from attnlab.tokenizers import BOS_TOKEN, UNK, CharTokenizer, WordTokenizer, put_bos_first
 
     if isinstance(tokenizer, HFTokenizer):
         return HFTok.from_str(tokenizer.to_json())
@@ -327,10 +327,7 @@ def hf_tokenizer(tokenizer: Tokenizer):
         tok.decoder = decoders.Fuse()  # characters join with nothing between them
         if tokenizer.bos_id is not None:
             tok.add_special_tokens([BOS_TOKEN])
-            tok.post_processor = processors.TemplateProcessing(
-                single=f"{BOS_TOKEN} $A", pair=f"{BOS_TOKEN} $A $B",
-                special_tokens=[(BOS_TOKEN, tokenizer.bos_id)],
-            )  # fmt: skip
+            put_bos_first(tok, tokenizer.bos_id)
     elif isinstance(tokenizer, WordTokenizer):
         tok = HFTok(models.WordLevel(dict(tokenizer.stoi), unk_token=UNK))
         tok.pre_tokenizer = pre_tokenizers.Split(

@@ -339,7 +339,8 @@ def find_circuit(subject: Subject, prompts: PromptSet, *, method: str = "eap-ig"
     if method not in METHODS:
         raise InterventionError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
     if direction not in DIRECTIONS:
-        raise InterventionError(f"--direction must be denoising or noising, got {direction!r}")
+        raise InterventionError(f"--direction must be one of {', '.join(DIRECTIONS)}, got "
+                                f"{direction!r}")  # fmt: skip
     if ablation not in ABLATIONS:
         raise InterventionError(f"--ablation must be corrupt or mean, got {ablation!r}")
     if random_sets < RANDOM_SETS:

@@ -550,6 +550,11 @@ def exact_scores(circ: Circuits, batch: Batch, edges: Edges, clean: Terms, corru
     side in chunks of about ``budget`` bytes of terms. A unit whose two terms are equal (at its
     position) changes nothing: 0, and no run."""
     B = len(batch)
+    noising = direction == "noising"  # the clean run, each unit patched to corrupt
+    base_args, base, src = (
+        (batch.clean, clean, corrupt) if noising else (batch.corrupt, corrupt, clean)
+    )
+    sign = -1.0 if noising else 1.0  # the score is M(clean) - M(clean, patched) when noising
     moved = torch.zeros(edges.count, dtype=torch.bool)
     for r in edges.readers:
         D = differences(clean.parts[(r.stack, r.at)], corrupt.parts[(r.stack, r.at)]).abs()
@@ -562,12 +567,8 @@ def exact_scores(circ: Circuits, batch: Batch, edges: Edges, clean: Terms, corru
         units = todo[c : c + chunk]
         patched = torch.zeros(len(units), edges.count, dtype=torch.bool)
         patched[torch.arange(len(units)), units] = True
-        if direction == "noising":
-            m = circ.mixed(batch, batch.clean, corrupt, patched, edges, metric)  # (K, B)
-            out[:, units] = (clean.metric[None] - m).T.cpu()
-        else:
-            m = circ.mixed(batch, batch.corrupt, clean, patched, edges, metric)  # (K, B)
-            out[:, units] = (m - corrupt.metric[None]).T.cpu()
+        m = circ.mixed(batch, base_args, src, patched, edges, metric)  # (K, B)
+        out[:, units] = (sign * (m - base.metric[None])).T.cpu()
     return out
 
 

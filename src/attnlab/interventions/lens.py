@@ -205,12 +205,14 @@ def training_batches(subject: Subject, data: str, max_tokens: int, encoding: str
             ids.extend(tok.encode(chunk, add_special_tokens=False))
             if len(ids) >= max_tokens + block:
                 break
-        n = min(len(ids), max_tokens) // block
+        step = block if tok.bos_id is None else block - 1  # <bos> first: one text token less
+        n = min(len(ids), max_tokens) // step
         if n < 2:
             raise InterventionError(f"{data}: too short; the tuned lens needs at least two "
-                                    f"windows of {block} tokens")  # fmt: skip
-        starts = np.arange(n, dtype=np.int64) * block
-        x = corpora.windows(np.asarray(ids), starts, block, tok.bos_id)[0]  # (n, block)
+                                    f"windows of {step} tokens")  # fmt: skip
+        x = torch.tensor(ids[: n * step]).view(n, step)
+        if tok.bos_id is not None:
+            x = torch.cat([torch.full((n, 1), tok.bos_id, dtype=x.dtype), x], dim=1)
         return [x[i : i + 16].to(dev) for i in range(0, n, 16)]
     batches, total = [], 0
     for chunk in corpus.chunks():
