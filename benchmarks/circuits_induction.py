@@ -7,6 +7,7 @@ of the clean - corrupt gap a circuit of 5% of the edges recovers beside random s
     done
     PYTHONPATH=src python benchmarks/circuits_induction.py ind8h1 ind8h2 ind8h3
     PYTHONPATH=src python benchmarks/circuits_induction.py --positions ind1   # per position
+    PYTHONPATH=src python benchmarks/circuits_induction.py --acdc 0.01 mix4l1  # see below
 
 Two layers of 8 heads (the induction task's attention-only model with ``--n-head 8``) have 257
 edges, so 5% of them (12) is a circuit of several edges; the preset's 2 heads have 29, where 5%
@@ -26,6 +27,10 @@ an edge at one position) scored by exact patching, EAP and EAP-IG (5 steps):
   mean more than 2 standard errors from 0), at most 50: the ranking of the effects that exist;
 - the faithfulness of EAP-IG's top 5% of units with its bootstrap 95% CI, and the mean of 20
   random sets of that size (corrupt ablation);
+- with ``--acdc TAU`` instead (for the 4-layer models of ``benchmarks/repeat_mix.py``): ACDC's
+  circuit found on one set of pairs, its faithfulness on another set with a bootstrap CI,
+  random sets and EAP-IG's top edges of its size, the heads' roles in every layer and the top
+  K-composition pair;
 - under "noising", the same agreement figures and circuit with every method's scores taken
   the other way round (``--direction noising``): exact patching moves one unit alone in the
   clean run, EAP takes the gradient at the clean run, EAP-IG's points start there.
@@ -40,7 +45,7 @@ import numpy as np
 import torch
 
 from attnlab import hooks
-from attnlab.interventions.circuits import find_circuit
+from attnlab.interventions.circuits import Prepared, bootstrap, faithfulness, find_circuit
 from attnlab.interventions.edges import Circuits, Edges, score_batch
 from attnlab.interventions.pairs import induction_pairs, prepare_pairs
 from attnlab.interventions.weights import composition_scores
@@ -61,16 +66,16 @@ def head_roles(subject, batch, half: int) -> tuple[list[str], list[str], list, l
     names = [f"blocks.{i}.attn.weights" for i in range(len(model.blocks))]
     with torch.no_grad(), hooks.record(model, names) as c:
         subject.forward(*batch.clean)
-    w0, w1 = c[names[0]], c[names[-1]]  # (B, H, T, T)
-    T = w0.size(-1)
-    t = torch.arange(1, T)
-    prev = w0[:, :, t, t - 1].mean((0, 2))  # (H,)
-    t2 = torch.arange(half, T)
-    ind = w1[:, :, t2, t2 - half + 1].mean((0, 2))
-    last = len(model.blocks) - 1
-    return ([f"0.{h}" for h in range(len(prev)) if prev[h] > 0.5],
-            [f"{last}.{h}" for h in range(len(ind)) if ind[h] > 0.5],
-            prev.tolist(), ind.tolist())  # fmt: skip
+    T = c[names[0]].size(-1)
+    t, t2 = torch.arange(1, T), torch.arange(half, T)
+    prev = [c[n][:, :, t, t - 1].mean((0, 2)) for n in names]  # L x (H,)
+    ind = [c[n][:, :, t2, t2 - half + 1].mean((0, 2)) for n in names]
+    # the usual places (layer 0, the last layer) for the two figures printed; deeper models
+    # (--n-layer 4 on text, benchmarks/repeat_mix.py) put them in other layers, so the roles
+    # are read from every layer
+    return ([f"{i}.{h}" for i, p in enumerate(prev) for h in range(len(p)) if p[h] > 0.5],
+            [f"{i}.{h}" for i, a in enumerate(ind) if i for h in range(len(a)) if a[h] > 0.5],
+            prev[0].tolist(), ind[-1].tolist())  # fmt: skip
 
 
 def scores(circ, subject, edges_of, seed: int, pairs: int, half: int,
@@ -158,13 +163,62 @@ def measure(path: str, positions: bool, pairs: int = 128, half: int = 12) -> dic
     }  # fmt: skip
 
 
+def acdc_report(path: str, tau: float, pairs: int = 64, half: int = 12) -> dict:
+    """ACDC (exact greedy pruning, ``find_circuit(..., acdc=tau)``) on ``pairs`` induction
+    pairs (seed 0), then the circuit it keeps measured again on as many other pairs (seed 1):
+    its faithfulness with a bootstrap 95% CI, and 20 random sets of its size; beside it
+    EAP-IG's top edges of the same size on those pairs, the roles of the heads and the top
+    K-composition pair."""
+    run = load_run(path)
+    s = run.subject
+    found = find_circuit(s, induction_pairs(s, n=pairs, half=half, seed=0), method="eap-ig",
+                         steps=5, k=1, acdc=tau, random_sets=20, resamples=10)  # fmt: skip
+    kept = found.acdc["units"]
+    circ = Circuits(s)
+    (batch,) = prepare_pairs(s, induction_pairs(s, n=pairs, half=half, seed=1), "logit-diff")
+    edges = Edges(circ.graph, batch.lengths)
+    sb = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=5)
+    held = Prepared(circ, edges, [batch], [sb.clean], [sb.corrupt], "logit-diff", pairs)
+    clean, none = sb.clean.metric.numpy(), sb.corrupt.metric.numpy()
+    U, n = edges.count, len(kept)
+    rng = np.random.default_rng(0)
+    keep = torch.zeros(22, U, dtype=torch.bool)
+    keep[0, kept] = True
+    keep[1, np.argsort(-np.abs(sb.scores.numpy().mean(0)))[:n]] = True
+    for j in range(20):
+        keep[2 + j, rng.choice(U, n, replace=False)] = True
+    values = held.metric_of(keep)
+    f = faithfulness(values, clean, none)
+    lo, hi = bootstrap(values[:1], clean, none, 1000, rng)
+    prev, ind, _, _ = head_roles(s, batch, half)
+    comp = composition_scores(s)
+    top_k = max(comp["pairs"], key=lambda p: p["k"])
+    return {
+        "run": path, "tau": tau, "pairs": pairs, "edges": U, "acdc_edges": n,
+        "acdc_fraction": round(n / U, 4), "acdc_faithfulness_found_on": round(
+            found.acdc["faithfulness"], 4),
+        "acdc_faithfulness_other_pairs": round(float(f[0]), 4),
+        "ci95": [round(float(lo[0]), 4), round(float(hi[0]), 4)],
+        "random_mean": round(float(f[2:].mean()), 4), "random_max": round(float(f[2:].max()), 4),
+        "eap_ig_top_same_size": round(float(f[1]), 4),
+        "previous_token_heads": prev, "induction_heads": ind,
+        "top_k_composition": [top_k["from"], top_k["to"], round(top_k["k"], 4)],
+        "top_k_is_prev_into_induction": top_k["from"] in prev and top_k["to"] in ind,
+        "circuit": [edges.label(u) for u in kept],
+    }  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+")
     p.add_argument("--positions", action="store_true", help="a unit is an edge at one position")
     p.add_argument("--pairs", type=int, default=128, help="induction pairs in each set")
+    p.add_argument("--acdc", type=float, metavar="TAU", help="ACDC's circuit, on other pairs")
     a = p.parse_args()
     for path in a.runs:
+        if a.acdc is not None:
+            print(json.dumps(acdc_report(path, a.acdc, a.pairs)), flush=True)
+            continue
         print(json.dumps({"pairs": a.pairs, **measure(path, a.positions, a.pairs)}), flush=True)
 
 
