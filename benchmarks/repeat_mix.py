@@ -43,6 +43,11 @@ def splice(text: str, seed: int, share: float, min_text: int, max_text: int,
     return "".join(out)
 
 
+def refuse(message: str) -> None:
+    print(f"repeat_mix: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("text", type=Path)
@@ -55,14 +60,14 @@ def main() -> None:
     p.add_argument("--max-period", type=int, default=24)
     a = p.parse_args()
     if not 0 <= a.share <= 1 or not 1 <= a.min_text <= a.max_text:
-        sys.exit("repeat_mix: need 0 <= --share <= 1 and 1 <= --min-text <= --max-text")
+        refuse("need 0 <= --share <= 1 and 1 <= --min-text <= --max-text")
     if not 1 <= a.min_period <= a.max_period:
-        sys.exit("repeat_mix: need 1 <= --min-period <= --max-period")
+        refuse("need 1 <= --min-period <= --max-period")
     try:
         text = a.text.read_text(encoding="utf-8")
         mixed = splice(text, a.seed, a.share, a.min_text, a.max_text, a.min_period, a.max_period)
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        sys.exit(f"repeat_mix: {e}")
+        refuse(str(e))
     a.out.write_text(mixed, encoding="utf-8")
     print(f"{a.out}: {len(mixed):,} characters ({len(text):,} of text)")
 
