@@ -625,6 +625,7 @@ def test_acdc_prunes_every_edge_once_and_reports_what_it_kept():
     assert a["runs"] == r.units + 1 and a["k"] == len(a["units"]) <= r.units
     assert a["faithfulness"] >= 1 - 0.02 * r.units  # each removal cost < tau
     assert 0 <= a["overlap"] <= a["k"] and "ACDC" in str(r)
+    assert "on the pairs it pruned on" in " ".join(str(r).split())  # not a held-out figure
 
 
 def test_path_patching_matches_a_naive_run_and_a_path_to_the_logits_is_the_direct_edge():

@@ -210,7 +210,9 @@ class CircuitResult(Result):
             a = self.acdc
             parts.append(Prose(
                 f"ACDC (tau {a['tau']:g}, {a['runs']:,} runs): kept {a['k']:,} units, "
-                f"faithfulness {a['faithfulness']:.3f}; {a['overlap']:,} of them are among "
+                f"faithfulness {a['faithfulness']:.3f} on the pairs it pruned on (other pairs "
+                "may give less); "
+                f"{a['overlap']:,} of them are among "
                 f"{self.method.upper()}'s top {a['k']:,}, whose faithfulness is "
                 f"{a['method_faithfulness']:.3f}"))  # fmt: skip
         parts += [Prose(f"note: {n}", "dim") for n in self.notes]
