@@ -45,7 +45,13 @@ import numpy as np
 import torch
 
 from attnlab import hooks
-from attnlab.interventions.circuits import Prepared, bootstrap, faithfulness, find_circuit
+from attnlab.interventions.circuits import (
+    Prepared,
+    bootstrap,
+    faithfulness,
+    find_circuit,
+    run_acdc,
+)
 from attnlab.interventions.edges import Circuits, Edges, score_batch
 from attnlab.interventions.pairs import induction_pairs, prepare_pairs
 from attnlab.interventions.weights import composition_scores
@@ -119,8 +125,7 @@ def measure(path: str, positions: bool, pairs: int = 128, half: int = 12) -> dic
     noised, _, _ = scores(circ, s, edges_of, 0, pairs, half, "noising")
     noised_again, _, _ = scores(circ, s, edges_of, 1, pairs, half, "noising")
     prev, ind, prev_scores, ind_scores = head_roles(s, batch, half)
-    comp = composition_scores(s)
-    top_k = max(comp["pairs"], key=lambda p: p["k"])
+    top_k, comp = top_composition(s)
     mean = {m: v.mean(0) for m, v in got.items()}
     ex = mean["exact"]
     top = np.argsort(-np.abs(ex))[:50]
@@ -163,40 +168,52 @@ def measure(path: str, positions: bool, pairs: int = 128, half: int = 12) -> dic
     }  # fmt: skip
 
 
-def acdc_report(path: str, tau: float, pairs: int = 64, half: int = 12) -> dict:
-    """ACDC (exact greedy pruning, ``find_circuit(..., acdc=tau)``) on ``pairs`` induction
-    pairs (seed 0), then the circuit it keeps measured again on as many other pairs (seed 1):
-    its faithfulness with a bootstrap 95% CI, and 20 random sets of its size; beside it
-    EAP-IG's top edges of the same size on those pairs, the roles of the heads and the top
-    K-composition pair."""
-    run = load_run(path)
-    s = run.subject
-    found = find_circuit(s, induction_pairs(s, n=pairs, half=half, seed=0), method="eap-ig",
-                         steps=5, k=1, acdc=tau, random_sets=20, resamples=10)  # fmt: skip
-    kept = found.acdc["units"]
-    circ = Circuits(s)
-    (batch,) = prepare_pairs(s, induction_pairs(s, n=pairs, half=half, seed=1), "logit-diff")
+def prepared(circ: Circuits, subject, seed: int, pairs: int, half: int):
+    """The induction pairs of ``seed`` made ready for faithfulness runs (corrupt ablation) and
+    scored by EAP-IG (5 steps): (run, clean metrics, corrupt metrics, EAP-IG's order, batch)."""
+    prompts = induction_pairs(subject, n=pairs, half=half, seed=seed)
+    (batch,) = prepare_pairs(subject, prompts, "logit-diff")
     edges = Edges(circ.graph, batch.lengths)
     sb = score_batch(circ, batch, edges, "logit-diff", "eap-ig", steps=5)
-    held = Prepared(circ, edges, [batch], [sb.clean], [sb.corrupt], "logit-diff", pairs)
-    clean, none = sb.clean.metric.numpy(), sb.corrupt.metric.numpy()
-    U, n = edges.count, len(kept)
+    run = Prepared(circ, edges, [batch], [sb.clean], [sb.corrupt], "logit-diff", pairs)
+    order = np.argsort(-np.abs(sb.scores.numpy().mean(0)), kind="stable")
+    return run, sb.clean.metric.numpy(), sb.corrupt.metric.numpy(), order, batch
+
+
+def top_composition(subject) -> tuple[dict, dict]:
+    """The pair of heads with the largest K-composition, and every score."""
+    comp = composition_scores(subject)
+    return max(comp["pairs"], key=lambda p: p["k"]), comp
+
+
+def acdc_report(path: str, tau: float, pairs: int = 64, half: int = 12) -> dict:
+    """ACDC (the exact greedy pruning of ``attnlab circuit --acdc``, visiting edges in EAP-IG's
+    order for its overlap figure) on ``pairs`` induction pairs (seed 0), then the circuit it
+    keeps measured again on as many other pairs (seed 1): its faithfulness with a bootstrap
+    95% CI, and 20 random sets of its size; beside it EAP-IG's top edges of the same size on
+    those pairs, the roles of the heads and the top K-composition pair."""
+    s = load_run(path).subject
+    circ = Circuits(s)
+    run, clean, none, order, _ = prepared(circ, s, 0, pairs, half)
+    found = run_acdc(run, tau, clean, none, order)
+    kept = found["units"]
+    held, clean, none, order, batch = prepared(circ, s, 1, pairs, half)
+    U, n = held.edges.count, len(kept)
     rng = np.random.default_rng(0)
     keep = torch.zeros(22, U, dtype=torch.bool)
     keep[0, kept] = True
-    keep[1, np.argsort(-np.abs(sb.scores.numpy().mean(0)))[:n]] = True
+    keep[1, order[:n]] = True
     for j in range(20):
         keep[2 + j, rng.choice(U, n, replace=False)] = True
     values = held.metric_of(keep)
     f = faithfulness(values, clean, none)
     lo, hi = bootstrap(values[:1], clean, none, 1000, rng)
     prev, ind, _, _ = head_roles(s, batch, half)
-    comp = composition_scores(s)
-    top_k = max(comp["pairs"], key=lambda p: p["k"])
+    top_k, _ = top_composition(s)
     return {
         "run": path, "tau": tau, "pairs": pairs, "edges": U, "acdc_edges": n,
-        "acdc_fraction": round(n / U, 4), "acdc_faithfulness_found_on": round(
-            found.acdc["faithfulness"], 4),
+        "acdc_fraction": round(n / U, 4),
+        "acdc_faithfulness_found_on": round(found["faithfulness"], 4),
         "acdc_faithfulness_other_pairs": round(float(f[0]), 4),
         "ci95": [round(float(lo[0]), 4), round(float(hi[0]), 4)],
         "random_mean": round(float(f[2:].mean()), 4), "random_max": round(float(f[2:].max()), 4),
@@ -204,7 +221,7 @@ def acdc_report(path: str, tau: float, pairs: int = 64, half: int = 12) -> dict:
         "previous_token_heads": prev, "induction_heads": ind,
         "top_k_composition": [top_k["from"], top_k["to"], round(top_k["k"], 4)],
         "top_k_is_prev_into_induction": top_k["from"] in prev and top_k["to"] in ind,
-        "circuit": [edges.label(u) for u in kept],
+        "circuit": [held.edges.label(u) for u in kept],
     }  # fmt: skip
 
 
