@@ -31,11 +31,10 @@ import torch
 
 from attnlab.interventions.edges import (
     ABLATIONS,
-    DIRECTIONS,
-    METHODS,
     Circuits,
     Edges,
     Terms,
+    check_scoring,
     score_batch,
     short,
 )
@@ -338,11 +337,7 @@ def find_circuit(subject: Subject, prompts: PromptSet, *, method: str = "eap-ig"
     ``acdc``: also run ACDC with this tau (refused past ``acdc_max`` units: one forward pass
     each). ``direction``: the units' scores denoising (patched in the corrupt run) or noising
     (in the clean run); faithfulness is the same measure either way."""
-    if method not in METHODS:
-        raise InterventionError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
-    if direction not in DIRECTIONS:
-        raise InterventionError(f"--direction must be one of {', '.join(DIRECTIONS)}, got "
-                                f"{direction!r}")  # fmt: skip
+    check_scoring(method, direction)
     if ablation not in ABLATIONS:
         raise InterventionError(f"--ablation must be corrupt or mean, got {ablation!r}")
     if random_sets < RANDOM_SETS:

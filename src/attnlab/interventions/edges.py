@@ -483,6 +483,15 @@ def _unit_scores(circ: Circuits, edges: Edges, diffs: Callable, grads: dict) -> 
     return torch.cat([cols[r.name] for r in edges.readers], dim=1)
 
 
+def check_scoring(method: str, direction: str) -> None:
+    """Refuse, in one line, a scoring method or direction that is not one of ours."""
+    if method not in METHODS:
+        raise InterventionError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
+    if direction not in DIRECTIONS:
+        raise InterventionError(f"--direction must be one of {', '.join(DIRECTIONS)}, got "
+                                f"{direction!r}")  # fmt: skip
+
+
 def score_batch(circ: Circuits, batch: Batch, edges: Edges, metric: str, method: str = "eap",
                 steps: int = 1, nodes: bool = False, direction: str = "denoising") -> Scored:  # fmt: skip
     """Every unit's score for each pair of ``batch`` (module doc): EAP, EAP-IG with ``steps``
@@ -492,11 +501,7 @@ def score_batch(circ: Circuits, batch: Batch, edges: Edges, metric: str, method:
     (the module doc) or "noising", where the base run is the clean one: exact is M(clean) -
     M(clean with that unit patched to corrupt), EAP takes the gradient at the clean run, and
     EAP-IG's points start there, alpha_k = k / n of the way to the corrupt input."""
-    if method not in METHODS:
-        raise InterventionError(f"--method must be one of {', '.join(METHODS)}, got {method!r}")
-    if direction not in DIRECTIONS:
-        raise InterventionError(f"--direction must be one of {', '.join(DIRECTIONS)}, got "
-                                f"{direction!r}")  # fmt: skip
+    check_scoring(method, direction)
     noising = direction == "noising"
     base_args, other_args = (
         (batch.clean, batch.corrupt) if noising else (batch.corrupt, batch.clean)
