@@ -769,3 +769,19 @@ def test_the_weights_verb_prints_run_weights_sorted_and_refuses_a_missing_head(c
     code = main(["weights", str(char_run), "--head", "blocks.7.attn.head0"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "no self-attention head 'blocks.7.attn.head0'" in err, err
+
+
+def test_prose_wraps_at_spaces_only_so_names_with_hyphens_stay_whole():
+    """Names like EAP-IG and "embed -> 0.1.v" are never cut at their hyphens, at any width."""
+    from rich.console import Console
+
+    from attnlab.interventions.circuits import Prose
+
+    text = "15 of them are among EAP-IG's top 18; embed -> 0.1.v and 0.2 -> 1.1.k lead " * 3
+    for width in range(20, 81):
+        console = Console(width=width, record=True, color_system=None)
+        console.print(Prose(text))
+        lines = console.export_text().splitlines()
+        assert all(len(line) <= width for line in lines)
+        assert not any(line.endswith(("EAP-", "-")) or line.startswith(">") for line in lines)
+        assert " ".join(" ".join(lines).split()) == " ".join(text.split())

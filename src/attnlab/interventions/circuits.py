@@ -66,7 +66,8 @@ class Prose:
 
         from rich.text import Text
 
-        for line in textwrap.wrap(self.text, width=max(20, options.max_width)) or [""]:
+        width = max(20, options.max_width)
+        for line in textwrap.wrap(self.text, width, break_on_hyphens=False) or [""]:
             yield Text(line, style=self.style)
 
 
