@@ -38,8 +38,11 @@ def shows_walk(b, want: dict) -> bool:
     for k, step in enumerate(want["steps"]):
         if step.get("values") is None:
             continue
-        b.eval("(() => { const p = document.querySelector('[data-panel=walk] .steps select');"
-               f" p.value = '{k}'; p.onchange(); }})()")  # fmt: skip
+        picked = b.eval("(() => { const p = document.querySelector('[data-panel=walk] .steps "
+                        f"select'); if (!p) return false; p.value = '{k}'; p.onchange(); "
+                        "return true; })()")  # fmt: skip
+        if not picked:  # the panel is still being drawn after the last edit: poll again
+            return False
         cells = b.eval("Array.from(document.querySelectorAll('[data-panel=walk] td.cell'))"
                        ".map(e => e.textContent)")  # fmt: skip
         rows = step["values"] if isinstance(step["values"][0], list) else [step["values"]]
